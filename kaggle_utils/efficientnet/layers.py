@@ -1,0 +1,219 @@
+"""Layers whose numerics must match PyTorch/timm: convolution padding, BatchNorm, drop path.
+
+Why not ``flax.linen.Conv`` / ``BatchNorm`` directly:
+
+* Padding: timm's ``tf_*`` variants use TensorFlow "SAME" padding (asymmetric at stride 2),
+  the others symmetric ``((s - 1) + (k - 1)) // 2``. Both are explicit here, one rule per
+  variant, so a padding bug cannot hide at odd input sizes.
+* BatchNorm: PyTorch updates the running variance with the *unbiased* batch variance
+  (``n / (n - 1)``) while Flax uses the biased one; statistics are also kept in fp32 when the
+  compute dtype is bf16.
+* Speed: how a convolution is lowered is chosen per platform (see ``conv2d``) without
+  changing results beyond float rounding.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from jax import lax
+
+__all__ = [
+    "ACTIVATIONS",
+    "BatchNorm",
+    "Conv2d",
+    "LayerCfg",
+    "conv2d",
+    "drop_path",
+    "pad_amounts",
+]
+
+ACTIVATIONS: dict[str, Callable] = {
+    "silu": nn.silu,
+    "swish": nn.silu,
+    "relu": nn.relu,
+    "relu6": nn.relu6,
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "hard_swish": nn.hard_swish,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCfg:
+    """What every layer of one model shares; passed down as one hashable attribute."""
+
+    act: str = "silu"
+    padding: str = "symmetric"  # "same" | "symmetric"
+    bn_eps: float = 1e-5
+    bn_momentum: float = 0.9  # Flax convention: decay of the running average (= 1 - torch momentum)
+    dtype: Any = jnp.float32
+    bn_axis_name: str | None = None  # sync BN statistics across this named axis (pmap / shard_map)
+    conv_impl: str = "auto"  # "auto" | "xla" | "cpu": see conv2d
+
+    @property
+    def act_fn(self) -> Callable:
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {self.act!r}; choose one of {sorted(ACTIVATIONS)}")
+        return ACTIVATIONS[self.act]
+
+
+# --------------------------------------------------------------------------- convolution
+
+
+def pad_amounts(size: int, kernel: int, stride: int, mode: str) -> tuple[int, int]:
+    """(low, high) padding of one spatial axis under timm's rule for ``mode``."""
+    if mode == "same":  # TensorFlow SAME: output ceil(size / stride), extra pixel at the end
+        out = -(-size // stride)
+        total = max((out - 1) * stride + kernel - size, 0)
+        return total // 2, total - total // 2
+    if mode == "symmetric":
+        p = ((stride - 1) + (kernel - 1)) // 2
+        return p, p
+    raise ValueError(f"unknown padding mode {mode!r}; use 'same' or 'symmetric'")
+
+
+def _use_cpu_kernels(impl: str) -> bool:
+    if impl == "auto":
+        return jax.default_backend() == "cpu"
+    if impl not in ("xla", "cpu"):
+        raise ValueError(f"unknown conv_impl {impl!r}; use 'auto', 'xla' or 'cpu'")
+    return impl == "cpu"
+
+
+def _depthwise_shifted(x: jax.Array, kernel: jax.Array, stride: int, pads) -> jax.Array:
+    """Depthwise conv as a sum of k*k shifted multiply-adds.
+
+    XLA's CPU grouped convolution runs on about one core and is ~35x slower than this on the
+    same shapes; on TPU/GPU XLA's own kernel is the right one.
+    """
+    k = kernel.shape[0]
+    x = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+    h_out = (x.shape[1] - k) // stride + 1
+    w_out = (x.shape[2] - k) // stride + 1
+    out = None
+    for i in range(k):
+        for j in range(k):
+            patch = lax.slice(
+                x,
+                (0, i, j, 0),
+                (x.shape[0], i + (h_out - 1) * stride + 1, j + (w_out - 1) * stride + 1, x.shape[3]),
+                (1, stride, stride, 1),
+            )
+            term = patch * kernel[i, j, 0]
+            out = term if out is None else out + term
+    return out
+
+
+def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1, padding: str = "symmetric",
+           impl: str = "auto") -> jax.Array:
+    """NHWC convolution with an HWIO kernel and timm's padding rule.
+
+    On CPU, 1x1 convs become a ``dot`` (XLA's 1x1 conv runs at half its speed there) and
+    depthwise convs a sum of shifted products; elsewhere XLA's convolution is used.
+    """
+    kh, kw, _, _ = kernel.shape
+    pads = (pad_amounts(x.shape[1], kh, stride, padding), pad_amounts(x.shape[2], kw, stride, padding))
+    cpu = _use_cpu_kernels(impl)
+    if cpu and kh == kw == 1 and stride == 1 and groups == 1:
+        return jnp.dot(x, kernel[0, 0])
+    if cpu and groups > 1 and groups == x.shape[-1] == kernel.shape[-1]:
+        return _depthwise_shifted(x, kernel, stride, pads)
+    return lax.conv_general_dilated(
+        x, kernel, window_strides=(stride, stride), padding=pads,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups,
+    )
+
+
+def _fan_out_normal(groups: int):
+    """timm's ``_init_weight_goog``: N(0, sqrt(2 / fan_out)), fan_out divided by groups."""
+
+    def init(key, shape, dtype=jnp.float32):
+        kh, kw, _, out = shape
+        std = math.sqrt(2.0 / (kh * kw * out // groups))
+        return std * jax.random.normal(key, shape, dtype)
+
+    return init
+
+
+class Conv2d(nn.Module):
+    """A conv layer named like timm's (``kernel`` HWIO, optional ``bias``)."""
+
+    features: int
+    kernel_size: int
+    cfg: LayerCfg
+    stride: int = 1
+    groups: int = 1
+    use_bias: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        k = self.kernel_size
+        kernel = self.param("kernel", _fan_out_normal(self.groups), (k, k, x.shape[-1] // self.groups, self.features))
+        y = conv2d(x, kernel.astype(self.cfg.dtype), stride=self.stride, groups=self.groups,
+                   padding=self.cfg.padding, impl=self.cfg.conv_impl)
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(self.cfg.dtype)
+        return y
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+class BatchNorm(nn.Module):
+    """BatchNorm with PyTorch's semantics and fp32 statistics.
+
+    ``train=True`` normalises with the batch statistics (biased variance) and moves the
+    running ones towards them, the variance unbiased by ``n / (n - 1)`` exactly as
+    ``torch.nn.BatchNorm2d`` does. With ``cfg.bn_axis_name`` the statistics are averaged
+    across that mapped axis (synchronised BN), so a step on 8 devices equals a step on one.
+    """
+
+    cfg: LayerCfg
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        c = x.shape[-1]
+        f32 = jnp.float32
+        scale = self.param("scale", nn.initializers.ones, (c,), f32)
+        bias = self.param("bias", nn.initializers.zeros, (c,), f32)
+        ra_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros((c,), f32))
+        ra_var = self.variable("batch_stats", "var", lambda: jnp.ones((c,), f32))
+        if train:
+            mean, var, n = self._batch_stats(x.astype(f32))
+            if not self.is_initializing():
+                m = self.cfg.bn_momentum
+                ra_mean.value = m * ra_mean.value + (1 - m) * mean
+                ra_var.value = m * ra_var.value + (1 - m) * var * (n / jnp.maximum(n - 1, 1))
+        else:
+            mean, var = ra_mean.value, ra_var.value
+        mul = scale * lax.rsqrt(var + self.cfg.bn_eps)
+        shift = bias - mean * mul
+        dtype = self.cfg.dtype
+        return x.astype(dtype) * mul.astype(dtype) + shift.astype(dtype)
+
+    def _batch_stats(self, x):
+        axes = tuple(range(x.ndim - 1))
+        n = math.prod(x.shape[:-1])
+        mean = x.mean(axes)
+        name = self.cfg.bn_axis_name
+        if name is not None:
+            mean = lax.pmean(mean, name)
+            n = n * lax.psum(1, name)
+        var = jnp.square(x - mean).mean(axes)  # two passes: exact where E[x^2]-E[x]^2 is not
+        if name is not None:
+            var = lax.pmean(var, name)
+        return mean, var, n
+
+
+# --------------------------------------------------------------------------- regularisation
+
+
+def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
+    """Stochastic depth: drops whole residual branches per sample, rescaling the survivors."""
+    keep = 1.0 - rate
+    mask = jax.random.bernoulli(rng, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+    return jnp.where(mask, x / keep, 0).astype(x.dtype)

@@ -1,0 +1,196 @@
+"""The EfficientNet module, ``create_model`` and loading of ported weights.
+
+Training mode follows the seed tutorial's convention: a forward with ``batch_stats`` mutable
+is a training forward (batch statistics, dropout, drop path), anything else is evaluation.
+``train=`` overrides it explicitly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from .. import checkpoint
+from .arch import ModelSpec, build_blocks, feature_stages, get_spec, resolve_name
+from .blocks import BLOCKS
+from .layers import BatchNorm, Conv2d, LayerCfg
+
+__all__ = ["EfficientNet", "create_model", "efficientnet_v2_pretrained", "load_weights"]
+
+
+def _classifier_init(key, shape, dtype=jnp.float32):
+    """timm's Linear init for EfficientNet: U(-1/sqrt(out), 1/sqrt(out))."""
+    bound = 1.0 / np.sqrt(shape[1])
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class EfficientNet(nn.Module):
+    """Any timm EfficientNet / EfficientNetV2 / Lite variant, from its :class:`ModelSpec`.
+
+    Outputs, by configuration: logits ``[B, num_classes]`` (fp32); pooled features
+    (``num_classes=0``); the last feature map (``num_classes=0, global_pool=""``); or, with
+    ``features_only``, the list of per-level feature maps timm's ``features_only`` returns.
+    Each stage's output is also sown into the ``intermediates`` collection as ``stage_{i}``
+    when that collection is mutable (used by parity checks and feature visualisation).
+    """
+
+    spec: ModelSpec
+    num_classes: int = 1000
+    dtype: Any = jnp.float32
+    drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    features_only: bool = False
+    out_indices: Sequence[int] = (0, 1, 2, 3, 4)
+    global_pool: str = "avg"
+    act: str | None = None  # override the variant's activation (surgery: e.g. "gelu")
+    bn_axis_name: str | None = None
+    conv_impl: str = "auto"
+
+    @property
+    def layer_cfg(self) -> LayerCfg:
+        return LayerCfg(act=self.act or self.spec.act, padding=self.spec.padding, bn_eps=self.spec.bn_eps,
+                        dtype=self.dtype, bn_axis_name=self.bn_axis_name, conv_impl=self.conv_impl)
+
+    @property
+    def num_features(self) -> int:
+        """Channels of the final feature map (the head width)."""
+        return self.spec.head_chs
+
+    @property
+    def stages(self):
+        return build_blocks(self.spec, self.drop_path_rate)
+
+    @nn.compact
+    def __call__(self, x, train: bool | None = None):
+        if train is None:
+            train = self.is_mutable_collection("batch_stats") and not self.is_initializing()
+        cfg, act = self.layer_cfg, self.layer_cfg.act_fn
+        stages = self.stages
+        levels = feature_stages(stages)
+        try:
+            wanted = {levels[i] for i in self.out_indices} if self.features_only else set()
+        except IndexError:
+            raise ValueError(f"out_indices {tuple(self.out_indices)} out of range: {self.spec.name} has "
+                             f"{len(levels)} feature levels") from None
+
+        x = x.astype(self.dtype)
+        x = act(BatchNorm(cfg, name="bn1")(Conv2d(self.spec.stem_chs, 3, cfg, stride=2, name="conv_stem")(x), train))
+        features = [x] if -1 in wanted else []
+        for i, stage in enumerate(stages):
+            for j, block in enumerate(stage):
+                x = BLOCKS[block.block_type](block, cfg, name=f"blocks_{i}_{j}")(x, train)
+            self.sow("intermediates", f"stage_{i}", x)
+            if i in wanted:
+                features.append(x)
+        if self.features_only:
+            return features
+
+        x = act(BatchNorm(cfg, name="bn2")(Conv2d(self.num_features, 1, cfg, name="conv_head")(x), train))
+        if not self.global_pool:
+            if self.num_classes:
+                raise ValueError("a classifier needs pooling: use global_pool='avg' with num_classes > 0")
+            return x
+        if self.global_pool != "avg":
+            raise ValueError(f"global_pool {self.global_pool!r} not supported; use 'avg' or ''")
+        x = x.astype(jnp.float32).mean(axis=(1, 2))
+        if not self.num_classes:
+            return x
+        x = nn.Dropout(self.drop_rate, deterministic=not train)(x)
+        x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=_classifier_init, name="classifier")(x)
+        return x.astype(jnp.float32)
+
+
+def create_model(
+    name: str,
+    *,
+    num_classes: int = 1000,
+    dtype: Any = jnp.float32,
+    drop_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+    features_only: bool = False,
+    out_indices: Sequence[int] = (0, 1, 2, 3, 4),
+    global_pool: str = "avg",
+    **overrides,
+) -> EfficientNet:
+    """Builds a registered variant by timm's name (or a short V2 name such as ``"m"``).
+
+    ``overrides`` are other :class:`EfficientNet` fields (``act``, ``bn_axis_name``,
+    ``conv_impl``) or :class:`ModelSpec` fields (``channel_multiplier``, ``arch_def``, ...)
+    for surgery-style variants of a registered architecture.
+    """
+    spec = get_spec(name)
+    spec_fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    spec_changes = {k: v for k, v in overrides.items() if k in spec_fields}
+    if spec_changes:
+        spec = dataclasses.replace(spec, **spec_changes)
+    module_fields = {f.name for f in dataclasses.fields(EfficientNet)}
+    unknown = set(overrides) - spec_fields - module_fields
+    if unknown:
+        raise TypeError(f"create_model({name!r}): unknown argument(s) {sorted(unknown)}")
+    module_kw = {k: v for k, v in overrides.items() if k not in spec_fields}
+    return EfficientNet(spec, num_classes=num_classes, dtype=dtype, drop_rate=drop_rate,
+                        drop_path_rate=drop_path_rate, features_only=features_only,
+                        out_indices=tuple(out_indices), global_pool=global_pool, **module_kw)
+
+
+def _abstract_variables(model: nn.Module, input_size: int) -> dict:
+    x = jax.ShapeDtypeStruct((1, input_size, input_size, 3), jnp.float32)
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(x.shape, x.dtype)))
+
+
+def _read_manifest(path: Path) -> dict | None:
+    m = checkpoint.manifest_path(path)
+    return json.loads(m.read_text()) if m.is_file() else None
+
+
+def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64) -> dict:
+    """Loads ported weights into ``model``'s variable tree, checking variant and every shape.
+
+    Extra ``classifier`` weights in the file are dropped when ``model`` has no classifier
+    (a backbone); any other difference (another variant, another ``num_classes``) is a
+    :class:`~kaggle_utils.checkpoint.CheckpointError` that names the keys.
+    """
+    path = Path(path)
+    manifest = _read_manifest(path)
+    if manifest and manifest.get("model") and manifest["model"] != model.spec.name:
+        raise checkpoint.CheckpointError(
+            f"{path} holds weights of {manifest['model']!r} (per {checkpoint.manifest_path(path).name}), "
+            f"but the model is {model.spec.name!r}")
+    raw = checkpoint.load(path)
+    expected = _abstract_variables(model, input_size)
+    expected = {k: v for k, v in expected.items() if k in ("params", "batch_stats")}
+    if "classifier" not in expected.get("params", {}):
+        raw = {**raw, "params": {k: v for k, v in raw.get("params", {}).items() if k != "classifier"}}
+    checkpoint.check_tree(raw, expected, what=f"weights file {path} for {model.spec.name}"
+                          f" (num_classes={model.num_classes})")
+    return jax.tree.map(lambda r, e: jnp.asarray(r, e.dtype), raw, expected)
+
+
+def efficientnet_v2_pretrained(
+    name: str,
+    weights_path: str | Path,
+    input_size: int | None = None,
+    dtype: Any = jnp.float32,
+    verbose: bool = False,
+    **overrides,
+) -> tuple[EfficientNet, dict]:
+    """A pretrained backbone: ``(module, variables)``; ``module`` returns the last feature map.
+
+    ``name`` is a timm name or a short V2 name (``s, m, l, xl, b0..b3`` -> ``tf_efficientnetv2_*``).
+    The classifier in the weights file is dropped; add a head with ``kaggle_utils.surgery``.
+    """
+    name = resolve_name(name)
+    backbone = create_model(name, num_classes=0, global_pool="", dtype=dtype, **overrides)
+    size = input_size or backbone.spec.input_size
+    variables = load_weights(backbone, weights_path, input_size=min(size, 64))
+    if verbose:
+        n = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(variables["params"]))
+        print(f"{name}: {n / 1e6:.1f}M backbone parameters from {weights_path}; "
+              f"input {size}x{size} -> feature map {-(-size // 32)}x{-(-size // 32)}x{backbone.num_features}")
+    return backbone, variables

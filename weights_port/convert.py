@@ -1,0 +1,103 @@
+"""timm state_dict -> Flax variables, by a few generic rules (no per-model table).
+
+The Flax tree mirrors timm's module names, so converting is renaming plus layout:
+``blocks.3.11.conv_pw.weight`` -> ``params/blocks_3_11/conv_pw/kernel`` (OIHW -> HWIO),
+BatchNorm ``weight/bias/running_mean/running_var`` -> ``params/{scale,bias}`` and
+``batch_stats/{mean,var}``, Linear ``(out, in)`` -> Dense kernel ``(in, out)``.
+The result is checked against the Flax model's own variable tree in both directions.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kaggle_utils.checkpoint import CheckpointError, check_tree
+from kaggle_utils.efficientnet import create_model, resolve_name
+
+__all__ = ["ConversionError", "convert_state_dict", "convert_timm", "flax_name"]
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.(\d+)\.")
+_BN_RENAME = {"weight": ("params", "scale"), "bias": ("params", "bias"),
+              "running_mean": ("batch_stats", "mean"), "running_var": ("batch_stats", "var")}
+
+
+class ConversionError(CheckpointError):
+    """The checkpoint does not fit the named Flax model; the message names the keys."""
+
+
+def flax_name(module_path: str) -> list[str]:
+    """``'blocks.3.11.se.conv_reduce'`` -> ``['blocks_3_11', 'se', 'conv_reduce']``."""
+    module_path = _BLOCK.sub(lambda m: f"blocks_{m.group(1)}_{m.group(2)}.", module_path + ".").rstrip(".")
+    return module_path.split(".") if module_path else []
+
+
+def _to_numpy(value) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch here
+        value = value.detach().cpu().float().numpy() if value.is_floating_point() else value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _set(tree: dict, path: list[str], value) -> None:
+    for p in path[:-1]:
+        tree = tree.setdefault(p, {})
+    tree[path[-1]] = value
+
+
+def convert_state_dict(state_dict: Mapping[str, Any]) -> dict:
+    """Applies the generic rules to every tensor; no knowledge of the architecture."""
+    bn_modules = {k.rsplit(".", 1)[0] for k in state_dict if k.endswith(".running_mean") or k == "running_mean"}
+    out: dict = {"params": {}, "batch_stats": {}}
+    for key, tensor in state_dict.items():
+        module, _, leaf = key.rpartition(".")
+        if leaf == "num_batches_tracked":
+            continue
+        value = _to_numpy(tensor)
+        path = flax_name(module)
+        if module in bn_modules:
+            collection, name = _BN_RENAME.get(leaf, (None, None))
+            if collection is None:
+                raise ConversionError(f"unexpected BatchNorm tensor {key!r}")
+            _set(out[collection], path + [name], value.astype(np.float32))
+        elif leaf == "weight" and value.ndim == 4:
+            _set(out["params"], path + ["kernel"], value.transpose(2, 3, 1, 0))  # OIHW -> HWIO
+        elif leaf == "weight" and value.ndim == 2:
+            _set(out["params"], path + ["kernel"], value.T)  # Linear (out, in) -> Dense (in, out)
+        elif leaf == "bias" and value.ndim == 1:
+            _set(out["params"], path + ["bias"], value)
+        else:
+            raise ConversionError(f"no conversion rule for {key!r} with shape {value.shape}")
+    return out
+
+
+def _state_dict_of(model_or_state_dict) -> Mapping[str, Any]:
+    if hasattr(model_or_state_dict, "state_dict"):
+        return model_or_state_dict.state_dict()
+    if isinstance(model_or_state_dict, Mapping):
+        return model_or_state_dict
+    raise TypeError(f"expected a torch module or a state_dict, got {type(model_or_state_dict).__name__}")
+
+
+def convert_timm(model_or_state_dict, name: str, *, num_classes: int | None = None) -> dict:
+    """Converts a timm EfficientNet (module or state_dict) into ``{"params", "batch_stats"}``.
+
+    ``num_classes`` defaults to what the checkpoint's classifier holds (ImageNet-21k weights
+    have 21843). The tree is checked against ``create_model(name, num_classes=...)`` in both
+    directions: any missing, unexpected or mis-shaped key raises :class:`ConversionError`.
+    """
+    name = resolve_name(name)
+    state_dict = _state_dict_of(model_or_state_dict)
+    variables = convert_state_dict(state_dict)
+    head = state_dict.get("classifier.weight")
+    if num_classes is None:
+        num_classes = int(head.shape[0]) if head is not None else 0
+    model = create_model(name, num_classes=num_classes)
+    expected = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 64, 64, 3)))
+    try:
+        check_tree(variables, expected, what=f"timm checkpoint converted for {name} (num_classes={num_classes})")
+    except CheckpointError as e:
+        raise ConversionError(str(e)) from None
+    return variables
