@@ -1,0 +1,135 @@
+"""Host batches -> device arrays, a couple of batches ahead of the step that needs them.
+
+A host batch is a dict of numpy arrays (``image`` uint8, ``label``, ``mask``, and ``id`` bytes
+for unlabeled data). Two layouts, one per way of running the step functions:
+
+* ``"pmap"``: every numeric field gets a leading axis of local devices,
+  ``[B, ...] -> [n_local, B / n_local, ...]``, each slice placed on its device (the layout
+  ``jax.pmap`` maps over, as the seed tutorial's ``shard`` made it).
+* ``"jit"``: one global ``jax.Array`` of shape ``[B * process_count, ...]`` split on the batch
+  axis over the mesh axis ``"data"``. ``jax.make_array_from_process_local_data`` builds it from
+  each process's own rows, so the same call serves one host and many.
+
+Ids stay on the host (numpy): strings have no place on an accelerator, and the caller needs
+them next to the predictions anyway. Images stay uint8 until the step normalises them on the
+device: a quarter of the host-to-device traffic of float32.
+
+This module imports no TensorFlow: it works with any iterator of numpy dicts.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Iterable, Iterator, Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = ["AXIS", "MODES", "check_mode", "local_devices", "local_rows", "make_mesh", "prefetch_to_device",
+           "shard_batch"]
+
+AXIS = "data"  # the one mesh / pmap axis name every step function reduces over
+MODES = ("pmap", "jit")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def make_mesh(devices=None) -> Mesh:
+    """A 1-D mesh named ``"data"``, each process's devices in one contiguous block.
+
+    Process-major order makes the global batch the concatenation of the processes' local
+    batches in process order, which is what gathered predictions rely on.
+    """
+    devices = jax.devices() if devices is None else list(devices)
+    if not devices:
+        raise ValueError("make_mesh: no devices given")
+    devices = sorted(devices, key=lambda d: (d.process_index, d.id))
+    return Mesh(np.array(devices), (AXIS,))
+
+
+def local_devices(mesh: Mesh) -> list:
+    """The mesh's devices that belong to this process, in mesh order."""
+    me = jax.process_index()
+    return [d for d in mesh.devices.flat if d.process_index == me]
+
+
+def _is_host_only(x: np.ndarray) -> bool:
+    return np.asarray(x).dtype.kind in "OSU"  # object / bytes / str: ids
+
+
+def _batch_size(batch: Mapping[str, np.ndarray]) -> int:
+    sizes = {k: len(v) for k, v in batch.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"batch fields disagree on the batch size: {sizes}")
+    return next(iter(sizes.values()))
+
+
+def shard_batch(batch: Mapping[str, np.ndarray], *, mode: str, mesh: Mesh) -> dict:
+    """Places one host batch on the devices; ids (bytes/str fields) stay numpy on the host."""
+    check_mode(mode)
+    n = len(local_devices(mesh))
+    size = _batch_size(batch)
+    if n == 0:
+        raise ValueError(f"mesh {mesh.devices.tolist()} holds no device of process {jax.process_index()}")
+    if size % n:
+        raise ValueError(
+            f"a batch of {size} examples cannot be split evenly over {n} local devices: make the "
+            f"per-process batch size a multiple of {n} (e.g. {max(n, size // n * n)} or {(size // n + 1) * n})")
+    out = {}
+    for key, value in batch.items():
+        value = np.asarray(value)
+        if _is_host_only(value):
+            out[key] = value
+        elif mode == "pmap":
+            per_device = value.reshape(n, size // n, *value.shape[1:])
+            out[key] = jax.device_put(per_device, NamedSharding(Mesh(np.array(local_devices(mesh)), (AXIS,)),
+                                                                PartitionSpec(AXIS)))
+        else:
+            out[key] = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec(AXIS)), value)
+    return out
+
+
+def local_rows(batch: Mapping[str, np.ndarray], *, process_index: int | None = None,
+               process_count: int | None = None) -> dict:
+    """This process's contiguous slice of a *global* host batch that every process holds.
+
+    Evaluation and prediction read the whole split on every process and keep their own rows:
+    every process then runs the same number of steps (no hang on uneven files) and the
+    gathered outputs come back in file order.
+    """
+    index = jax.process_index() if process_index is None else process_index
+    count = jax.process_count() if process_count is None else process_count
+    size = _batch_size(batch)
+    if size % count:
+        raise ValueError(f"a global batch of {size} cannot be split over {count} processes")
+    rows = slice(index * size // count, (index + 1) * size // count)
+    return {k: np.asarray(v)[rows] for k, v in batch.items()}
+
+
+def prefetch_to_device(batches: Iterable[Mapping[str, np.ndarray]], size: int = 2, *, mode: str,
+                       mesh: Mesh) -> Iterator[dict]:
+    """Yields device batches while the next ``size - 1`` are already being transferred.
+
+    ``jax.device_put`` is asynchronous, so queueing a transfer before the current step is
+    dispatched lets copy and compute overlap; ``size=2`` is enough for a step that takes
+    longer than a copy, more only holds more device memory.
+    """
+    if size < 1:
+        raise ValueError(f"prefetch size must be >= 1, got {size}")
+    check_mode(mode)
+    queue: collections.deque = collections.deque()
+    iterator = iter(batches)
+
+    def enqueue(k: int) -> None:
+        for batch in itertools.islice(iterator, k):
+            queue.append(shard_batch(batch, mode=mode, mesh=mesh))
+
+    enqueue(size)
+    while queue:
+        yield queue.popleft()
+        enqueue(1)

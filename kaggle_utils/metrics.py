@@ -1,0 +1,74 @@
+"""Classification metrics from confusion counts: accuracy, per-class and macro F1.
+
+Everything derives from one ``[num_classes, num_classes]`` count matrix (rows: true class,
+columns: predicted class). Counts add up exactly across batches, devices and hosts, so the
+macro F1 of a split is exact however it was batched; averaging per-batch F1 scores is not.
+
+``confusion_counts`` is the jnp version used inside the jitted evaluation step; the rest is
+numpy on the host. Macro F1 follows scikit-learn's ``f1_score(average="macro")`` (the
+competition's metric): classes that occur neither as a label nor as a prediction are left out
+of the average, and a class with no true positives scores 0.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["accuracy", "confusion_counts", "confusion_matrix", "macro_f1", "per_class_f1", "summarize"]
+
+
+def confusion_counts(labels: jax.Array, preds: jax.Array, num_classes: int, mask: jax.Array) -> jax.Array:
+    """int32 ``[C, C]`` counts of (label, prediction) pairs where ``mask`` is True (jnp)."""
+    true = jax.nn.one_hot(labels, num_classes, dtype=jnp.int32) * mask[:, None].astype(jnp.int32)
+    pred = jax.nn.one_hot(preds, num_classes, dtype=jnp.int32)
+    return true.T @ pred
+
+
+def confusion_matrix(labels, preds, num_classes: int, mask=None) -> np.ndarray:
+    """int64 ``[C, C]`` counts (numpy); rejects labels or predictions outside ``[0, C)``."""
+    labels, preds = np.asarray(labels).ravel(), np.asarray(preds).ravel()
+    if mask is not None:
+        keep = np.asarray(mask, bool).ravel()
+        labels, preds = labels[keep], preds[keep]
+    for name, v in (("label", labels), ("prediction", preds)):
+        if v.size and (v.min() < 0 or v.max() >= num_classes):
+            raise ValueError(f"{name} {int(v.min() if v.min() < 0 else v.max())} outside [0, {num_classes})")
+    counts = np.zeros((num_classes, num_classes), np.int64)
+    np.add.at(counts, (labels, preds), 1)
+    return counts
+
+
+def accuracy(confusion) -> float:
+    confusion = np.asarray(confusion)
+    total = confusion.sum()
+    return float(np.trace(confusion) / total) if total else float("nan")
+
+
+def per_class_f1(confusion) -> np.ndarray:
+    """F1 of each class, 2 TP / (2 TP + FP + FN); 0 where the class never occurs."""
+    confusion = np.asarray(confusion, np.float64)
+    tp = np.diag(confusion)
+    denom = confusion.sum(0) + confusion.sum(1)  # (TP + FP) + (TP + FN)
+    return np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
+
+
+def macro_f1(confusion) -> float:
+    """Mean F1 over the classes present as a label or a prediction (scikit-learn's rule)."""
+    confusion = np.asarray(confusion)
+    present = (confusion.sum(0) + confusion.sum(1)) > 0
+    return float(per_class_f1(confusion)[present].mean()) if present.any() else float("nan")
+
+
+def summarize(sums: dict, prefix: str = "") -> dict:
+    """Per-split figures from summed step outputs (``loss_sum``, ``correct``, ``count``,
+    optionally ``confusion``): mean loss, accuracy and, with confusion counts, macro F1."""
+    count = int(sums["count"])
+    out = {
+        f"{prefix}loss": float(sums["loss_sum"]) / count if count else float("nan"),
+        f"{prefix}acc": float(sums["correct"]) / count if count else float("nan"),
+        f"{prefix}count": count,
+    }
+    if "confusion" in sums:
+        out[f"{prefix}f1"] = macro_f1(sums["confusion"])
+    return out
