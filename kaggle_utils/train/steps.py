@@ -1,0 +1,212 @@
+"""Train / eval / predict steps, written once per replica, run under pmap or jit + shard_map.
+
+Each step function sees one replica's slice of the batch and reduces across replicas over the
+named axis ``"data"`` with ``lax.psum`` / ``lax.pmean``: gradients, BatchNorm statistics and
+metric counts. :func:`make_steps` wraps the same functions either way:
+
+* ``mode="pmap"``: ``jax.pmap`` over the mesh's devices (the seed tutorial's way); state and
+  outputs carry a leading device axis.
+* ``mode="jit"``: ``jax.jit(jax.shard_map(...))`` over a ``Mesh`` (what JAX recommends now);
+  state and outputs are replicated global arrays, the batch is split on the batch axis.
+
+``shard_map`` runs with ``check_vma=False``: with the check on, JAX differentiates an
+unvarying parameter by summing its gradient across replicas on its own, and the explicit
+``psum`` written for pmap would count it again. Off, both modes share one meaning: a gradient
+is per replica until the step sums it.
+
+Losses are sums over real examples divided by the *global* count of real examples, so padding
+never counts and an uneven split of real examples over replicas changes nothing: with
+synchronised BatchNorm (the model's ``bn_axis_name="data"``) a step on 8 devices equals the
+step on one device with the same global batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ..data.feed import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
+from ..metrics import confusion_counts
+from .state import TrainState
+
+__all__ = ["AXIS", "StepConfig", "Steps", "eval_step", "make_steps", "normalize", "predict_step", "replica_key",
+           "train_step"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """What the steps need besides model and optimizer (hashable: part of the compiled step)."""
+
+    num_classes: int
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # of pixel values in [0, 1]; the model's pretrained_cfg
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    label_smoothing: float = 0.0
+    ema_decay: float = 0.999  # used only when the state keeps ema_params
+    tta_flip: bool = False  # predict: average with the horizontally flipped image
+
+
+def normalize(images: jax.Array, config: StepConfig) -> jax.Array:
+    """uint8 ``[B, H, W, C]`` -> float32 ``(x / 255 - mean) / std``, on the device."""
+    x = images.astype(jnp.float32) / 255.0
+    return (x - jnp.asarray(config.mean, jnp.float32)) / jnp.asarray(config.std, jnp.float32)
+
+
+def replica_key(rng: jax.Array, step: jax.Array) -> jax.Array:
+    """Dropout key of this step on this replica: different per step and per device."""
+    key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
+    return jax.random.fold_in(key, lax.axis_index(AXIS))
+
+
+def _targets(labels: jax.Array, width: int, config: StepConfig) -> jax.Array:
+    """Smoothed one-hot over the real classes, zero-padded to the logit width (padded heads)."""
+    if width < config.num_classes:
+        raise ValueError(f"the model outputs {width} logits but num_classes is {config.num_classes}")
+    onehot = optax.smooth_labels(jax.nn.one_hot(labels, config.num_classes), config.label_smoothing)
+    return jnp.pad(onehot, ((0, 0), (0, width - config.num_classes)))
+
+
+def _class_logits(logits: jax.Array, config: StepConfig) -> jax.Array:
+    return logits.astype(jnp.float32)[:, :config.num_classes]
+
+
+def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTransformation,
+               config: StepConfig) -> tuple[TrainState, dict]:
+    """One optimizer step on one replica's shard; returns the new state and summed metrics."""
+    images = normalize(batch["image"], config)
+    labels, mask = batch["label"], batch["mask"]
+    count = lax.psum(jnp.sum(mask, dtype=jnp.int32), AXIS)
+    rngs = {"dropout": replica_key(state.rng, state.step)}
+
+    def loss_fn(params):
+        variables = {"params": params, "batch_stats": state.batch_stats}
+        logits, updates = model.apply(variables, images, mutable=["batch_stats"], rngs=rngs)
+        losses = optax.softmax_cross_entropy(logits.astype(jnp.float32), _targets(labels, logits.shape[-1], config))
+        loss_sum = jnp.sum(jnp.where(mask, losses, 0.0))
+        return loss_sum / jnp.maximum(count, 1), (loss_sum, logits, updates.get("batch_stats", {}))
+
+    (_, (loss_sum, logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    grads = lax.psum(grads, AXIS)  # sum of per-replica sums / global count = global mean
+    batch_stats = lax.pmean(batch_stats, AXIS)  # already equal with synchronised BN; averages otherwise
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    ema = state.ema_params
+    if ema is not None:
+        # TF's num_updates warm-up: early on the average follows the weights instead of the init
+        decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
+        ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
+    correct = jnp.sum((jnp.argmax(_class_logits(logits, config), -1) == labels) & mask, dtype=jnp.int32)
+    metrics = {"loss_sum": lax.psum(loss_sum, AXIS), "correct": lax.psum(correct, AXIS), "count": count}
+    new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state,
+                              ema_params=ema)
+    return new_state, metrics
+
+
+def eval_step(state: TrainState, batch: dict, *, model, config: StepConfig) -> dict:
+    """Summed loss, correct count, example count and confusion counts of one batch (global)."""
+    logits = _class_logits(model.apply(state.variables(), normalize(batch["image"], config)), config)
+    labels, mask = batch["label"], batch["mask"]
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    preds = jnp.argmax(logits, -1)
+    sums = {
+        "loss_sum": jnp.sum(jnp.where(mask, losses, 0.0)),
+        "correct": jnp.sum((preds == labels) & mask, dtype=jnp.int32),
+        "count": jnp.sum(mask, dtype=jnp.int32),
+        "confusion": confusion_counts(labels, preds, config.num_classes, mask),
+    }
+    return lax.psum(sums, AXIS)
+
+
+def predict_step(state: TrainState, batch: dict, *, model, config: StepConfig) -> jax.Array:
+    """Class probabilities of the whole global batch (gathered, in batch order) on every replica."""
+    images = normalize(batch["image"], config)
+    probs = jax.nn.softmax(_class_logits(model.apply(state.variables(), images), config))
+    if config.tta_flip:
+        flipped = model.apply(state.variables(), images[:, :, ::-1])
+        probs = 0.5 * (probs + jax.nn.softmax(_class_logits(flipped, config)))
+    return lax.all_gather(probs, AXIS, tiled=True)
+
+
+def _first_shard(x, drop_device_axis: bool) -> np.ndarray:
+    if not isinstance(x, jax.Array):
+        return np.asarray(x)
+    data = np.asarray(x.addressable_shards[0].data)
+    return data[0] if drop_device_axis else data
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """Compiled steps plus the placement rules of their mode (state, batches, outputs)."""
+
+    mode: str
+    mesh: Mesh
+    train: Callable  # (state, device_batch) -> (state, metrics); donates the state
+    evaluate: Callable  # (state, device_batch) -> metrics
+    predict: Callable  # (state, device_batch) -> probabilities [global batch, C]
+
+    @property
+    def device_count(self) -> int:
+        return self.mesh.devices.size
+
+    def put_state(self, tree: Any) -> Any:
+        """Host tree -> replicated device tree (pmap: leading device axis; jit: replicated)."""
+        if self.mode == "pmap":
+            devices = local_devices(self.mesh)
+            sharding = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))
+
+            def put(x):
+                x = np.asarray(x)
+                pieces = [jax.device_put(x[None], d) for d in devices]
+                return jax.make_array_from_single_device_arrays((len(devices), *x.shape), sharding, pieces)
+        else:
+            sharding = NamedSharding(self.mesh, P())
+
+            def put(x):
+                x = np.asarray(x)
+                return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+        return jax.tree.map(put, tree)
+
+    def get(self, tree: Any) -> Any:
+        """Replicated device tree -> numpy tree, read from this process's first device."""
+        return jax.tree.map(lambda x: _first_shard(x, self.mode == "pmap"), tree)
+
+    def put_batch(self, batch: dict) -> dict:
+        return shard_batch(batch, mode=self.mode, mesh=self.mesh)
+
+    def prefetch(self, batches, size: int = 2):
+        return prefetch_to_device(batches, size, mode=self.mode, mesh=self.mesh)
+
+
+def _device_fields(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if isinstance(v, jax.Array)}
+
+
+def make_steps(model, tx: optax.GradientTransformation, config: StepConfig, *, mode: str = "jit",
+               mesh: Mesh | None = None) -> Steps:
+    """Compiles the three steps for ``mode`` ("pmap" or "jit") over ``mesh`` (all devices by default)."""
+    check_mode(mode)
+    mesh = make_mesh() if mesh is None else mesh
+    train_fn = lambda s, b: train_step(s, b, model=model, tx=tx, config=config)  # noqa: E731
+    eval_fn = lambda s, b: eval_step(s, b, model=model, config=config)  # noqa: E731
+    predict_fn = lambda s, b: predict_step(s, b, model=model, config=config)  # noqa: E731
+
+    def distribute(fn, donate=()):
+        if mode == "pmap":
+            # every replica returns replicated values (psum / all_gather), one copy per device
+            return jax.pmap(fn, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=donate)
+        mapped = jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(), check_vma=False)
+        return jax.jit(mapped, donate_argnums=donate)
+
+    train_c, eval_c, predict_c = distribute(train_fn, donate=(0,)), distribute(eval_fn), distribute(predict_fn)
+    return Steps(
+        mode=mode,
+        mesh=mesh,
+        train=lambda state, batch: train_c(state, _device_fields(batch)),
+        evaluate=lambda state, batch: eval_c(state, _device_fields(batch)),
+        predict=lambda state, batch: predict_c(state, _device_fields(batch)),
+    )
