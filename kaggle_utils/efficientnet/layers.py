@@ -192,8 +192,9 @@ class BatchNorm(nn.Module):
             mean, var = ra_mean.value, ra_var.value
         mul = scale * lax.rsqrt(var + self.cfg.bn_eps)
         shift = bias - mean * mul
-        dtype = self.cfg.dtype
-        return x.astype(dtype) * mul.astype(dtype) + shift.astype(dtype)
+        # The affine is applied in fp32 and cast once: in bf16, x * mul + shift cancels badly
+        # when the two terms are large and opposite. XLA fuses it into the conv epilogue.
+        return (x.astype(jnp.float32) * mul + shift).astype(self.cfg.dtype)
 
     def _batch_stats(self, x):
         axes = tuple(range(x.ndim - 1))

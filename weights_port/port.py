@@ -1,0 +1,147 @@
+"""Port a timm EfficientNet to a Flax msgpack: load, convert, verify numerically, then write.
+
+Verification runs the timm model and the Flax model on the same input in full fp32 and
+measures the largest logit difference; the files are written only if it passes, so a
+weights file that exists has been checked. Torch checkpoints are read without unpickling
+arbitrary objects (``torch.load(weights_only=True)`` or safetensors).
+"""
+from __future__ import annotations
+
+import dataclasses
+import platform
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kaggle_utils import checkpoint
+from kaggle_utils.efficientnet import create_model, resolve_name
+
+from .convert import ConversionError, convert_timm
+
+__all__ = ["PortResult", "VerificationError", "load_torch_state_dict", "port", "timm_model", "verify"]
+
+DEFAULT_TOLERANCE = 1e-4  # max |logit diff| / max |logit|, fp32 with highest matmul precision
+
+
+class VerificationError(RuntimeError):
+    """The Flax port does not reproduce timm's outputs; nothing was written."""
+
+
+@dataclasses.dataclass
+class PortResult:
+    name: str
+    num_classes: int
+    max_abs_diff: float
+    max_rel_diff: float
+    out: Path | None
+    sha256: str | None
+
+
+def load_torch_state_dict(path: str | Path) -> dict:
+    """Reads ``.safetensors`` / ``.pth`` / ``.pt`` / ``.bin`` tensors only, never pickled code."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ConversionError(f"cannot read {path} as a tensor-only torch checkpoint: {e}") from e
+    for wrapper in ("state_dict", "model", "state_dict_ema"):  # training-script checkpoints
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+            break
+    if not isinstance(state, dict) or not state:
+        raise ConversionError(f"{path} holds no state_dict (got {type(state).__name__})")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def timm_model(name: str, *, checkpoint_path: str | Path | None = None, pretrained: bool = False,
+               num_classes: int | None = None, seed: int = 0):
+    """The timm model to port: from a local checkpoint, timm's pretrained weights, or random."""
+    import timm
+    import torch
+
+    if checkpoint_path is not None:
+        state = load_torch_state_dict(checkpoint_path)
+        head = state.get("classifier.weight")
+        n = num_classes if num_classes is not None else (int(head.shape[0]) if head is not None else 0)
+        model = timm.create_model(name, pretrained=False, num_classes=n)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ConversionError(f"{checkpoint_path} does not fit timm's {name}: missing {list(missing)[:8]}, "
+                                  f"unexpected {list(unexpected)[:8]}")
+        return model.eval()
+    if pretrained:
+        try:
+            model = timm.create_model(name, pretrained=True, **({} if num_classes is None else
+                                                                  {"num_classes": num_classes}))
+        except Exception as e:
+            raise ConnectionError(
+                f"timm could not fetch pretrained weights for {name} ({type(e).__name__}: {e}). "
+                "This needs internet (e.g. a Kaggle notebook with internet on); offline, pass "
+                "--checkpoint FILE with a downloaded .safetensors/.pth, or --random for a demo.") from e
+        return model.eval()
+    torch.manual_seed(seed)
+    return timm.create_model(name, pretrained=False, num_classes=1000 if num_classes is None else num_classes).eval()
+
+
+def verify(model, variables: dict, name: str, *, input_size: int = 128, batch: int = 2, seed: int = 0,
+           tolerance: float = DEFAULT_TOLERANCE) -> tuple[float, float]:
+    """Runs timm and Flax on one random batch in full fp32; returns (max abs, max relative) diff."""
+    import torch
+
+    x = np.random.default_rng(seed).standard_normal((batch, input_size, input_size, 3), dtype=np.float32)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        ref = model(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).float().numpy()
+    flax_model = create_model(name, num_classes=ref.shape[-1] if ref.ndim == 2 else 0)
+    with jax.default_matmul_precision("highest"):
+        out = np.asarray(jax.jit(flax_model.apply)(variables, jnp.asarray(x)))
+    abs_diff = float(np.max(np.abs(out - ref)))
+    rel_diff = abs_diff / max(float(np.max(np.abs(ref))), 1e-12)
+    if not rel_diff <= tolerance:  # also catches NaN
+        raise VerificationError(f"{name}: Flax logits differ from timm's by {abs_diff:.3g} "
+                                f"({rel_diff:.3g} of the logit scale > {tolerance:g}); nothing written")
+    return abs_diff, rel_diff
+
+
+def port(name: str, out: str | Path | None, *, checkpoint_path: str | Path | None = None, pretrained: bool = True,
+         num_classes: int | None = None, verify_size: int = 128, seed: int = 0,
+         tolerance: float = DEFAULT_TOLERANCE) -> PortResult:
+    """Loads, converts, verifies and (if ``out``) writes ``out`` + its JSON manifest atomically."""
+    import timm
+
+    name = resolve_name(name)
+    model = timm_model(name, checkpoint_path=checkpoint_path, pretrained=pretrained and checkpoint_path is None,
+                       num_classes=num_classes, seed=seed)
+    variables = convert_timm(model, name, num_classes=num_classes)
+    n_cls = int(variables["params"]["classifier"]["bias"].shape[0]) if "classifier" in variables["params"] else 0
+    abs_diff, rel_diff = verify(model, variables, name, input_size=verify_size, seed=seed, tolerance=tolerance)
+    sha = None
+    if out is not None:
+        if checkpoint_path is not None:
+            source = f"checkpoint {Path(checkpoint_path).name}"
+        elif pretrained:
+            source = f"timm pretrained {getattr(model, 'pretrained_cfg', {}).get('hf_hub_id') or name}"
+        else:
+            source = f"random init (seed {seed}); for demos and tests only"
+        cfg = {k: v for k, v in dict(getattr(model, "pretrained_cfg", {}) or {}).items()
+               if k in ("mean", "std", "input_size", "test_input_size", "crop_pct", "interpolation", "tag",
+                        "hf_hub_id", "license")}
+        manifest = dict(model=name, source=source, num_classes=n_cls, pretrained_cfg=cfg,
+                        max_abs_logit_diff=abs_diff, max_rel_logit_diff=rel_diff,
+                        verify_input=[2, verify_size, verify_size, 3], timm_version=timm.__version__,
+                        jax_version=jax.__version__, python=platform.python_version(),
+                        format="flax.serialization msgpack of {params, batch_stats}")
+        sha = checkpoint.save(out, variables, manifest=manifest)
+    return PortResult(name, n_cls, abs_diff, rel_diff, Path(out) if out else None, sha)
