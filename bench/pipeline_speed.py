@@ -1,0 +1,110 @@
+"""Input pipeline throughput: decode-only vs augmentation routes, at 224 and 512, in one run.
+
+    python bench/pipeline_speed.py            # ~3 minutes on 2 cores
+    python bench/pipeline_speed.py --sizes 512 --seconds 5 --rounds 5
+
+Routes (all through ``load_dataset``, uint8 host batches, shuffled, repeated):
+
+* decode-only                  - parse + JPEG decode + batch: the ceiling for any augmentation
+* tf-randaugment               - ``augment="randaugment"``: TF-native RandAugment(2, 15), per image
+* imgaug py_function, in-thread - imgaug RandAugment(2, 15) per batch inside tf.py_function, as the
+                                 seed tutorial does (GIL-bound)
+* imgaug py_function, 1 worker  - the same callable in one worker process, via shared memory
+* imgaug py_function, 2 workers - ... two worker processes
+
+Images are synthetic 104-class JPEGs (``make_sample_dataset(source="synthetic")``) written to a
+temp dir. Rounds are interleaved (A, B, C, ... A, B, C, ...) and the median per route is
+reported, because other processes share the CPUs; the load average is printed to show how
+busy the machine was. Targets (2-core machine, 512x512): tf-randaugment >= 0.35x decode-only,
+2 workers >= 1.6x 1 worker.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def measure(dataset, seconds: float, warmup_batches: int = 2) -> float:
+    """Images per second over about ``seconds``, after a warm-up; a fresh pipeline each time."""
+    iterator = iter(dataset)
+    for _ in range(warmup_batches):
+        next(iterator)
+    images, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        images += len(next(iterator)["image"])
+    elapsed = time.perf_counter() - start
+    del iterator
+    return images / elapsed
+
+
+def run(args) -> None:
+    import kaggle_utils.data as kd
+
+    pools = {workers: kd.ProcessPoolAugmenter(kd.ImgaugRandAugment(n=2, m=15), workers, seed=0)
+             for workers in (1, 2)}
+    routes = {
+        "decode-only": None,
+        "tf-randaugment": kd.RandAugment(2, 15),
+        "imgaug py_function, in-thread": kd.ImgaugRandAugment(n=2, m=15),
+        "imgaug py_function, 1 worker": pools[1],
+        "imgaug py_function, 2 workers": pools[2],
+    }
+    print(f"cpus={os.cpu_count()} batch={args.batch_size} seconds/run={args.seconds} rounds={args.rounds} "
+          f"loadavg(start)={os.getloadavg()[0]:.2f}")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            sample = kd.make_sample_dataset(os.path.join(tmp, str(size)), "synthetic", image_size=size,
+                                            num_examples=args.images, num_files=(8, 1, 1), quality=90)
+            files = kd.list_tfrecords(sample.split_dirs["train"])
+            jpeg_kb = sum(os.path.getsize(f) for f in files) / sample.counts["train"] / 1024
+            datasets = {
+                name: kd.load_dataset(files, labeled=True, image_size=size, batch_size=args.batch_size,
+                                      augment=augment, augment_workers=0, repeat=True, seed=0,
+                                      shuffle_buffer_size=256, process_index=0, process_count=1)
+                for name, augment in routes.items()}
+            runs = {name: [] for name in routes}
+            for _ in range(args.rounds):
+                for name, dataset in datasets.items():
+                    runs[name].append(measure(dataset, args.seconds))
+            results[size] = ({name: statistics.median(v) for name, v in runs.items()}, runs, jpeg_kb)
+    for pool in pools.values():
+        pool.close()
+    report(results, args)
+
+
+def report(results, args) -> None:
+    print(f"loadavg(end)={os.getloadavg()[0]:.2f}\n")
+    print("| size | route | images/s (median) | runs | x decode-only |")
+    print("|---|---|---|---|---|")
+    for size, (medians, runs, jpeg_kb) in results.items():
+        for name, value in medians.items():
+            runs_text = " ".join(f"{v:.0f}" for v in runs[name])
+            print(f"| {size} | {name} | {value:.0f} | {runs_text} | {value / medians['decode-only']:.2f} |")
+    print()
+    for size, (medians, _, jpeg_kb) in results.items():
+        scaling = medians["imgaug py_function, 2 workers"] / medians["imgaug py_function, 1 worker"]
+        over_thread = medians["imgaug py_function, 1 worker"] / medians["imgaug py_function, in-thread"]
+        print(f"{size}x{size} (JPEG {jpeg_kb:.0f} kB): tf-randaugment / decode-only = "
+              f"{medians['tf-randaugment'] / medians['decode-only']:.2f} (target >= 0.35 at 512); "
+              f"2 workers / 1 worker = {scaling:.2f} (target >= 1.6 at 512); "
+              f"1 worker / in-thread = {over_thread:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[224, 512])
+    parser.add_argument("--images", type=int, default=320, help="synthetic images per size (train gets 70%%)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per run")
+    parser.add_argument("--rounds", type=int, default=3)
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":  # worker processes are spawned and re-import this file
+    main()

@@ -1,0 +1,51 @@
+"""TFRecord input pipeline: Kaggle's flower records -> uint8 host batches for JAX.
+
+Nothing here imports TensorFlow at import time: it is loaded on first use, with GPUs and
+TPUs hidden from it (:func:`tensorflow_on_host`), so JAX keeps the accelerator and the
+augmentation worker processes, which import this package, stay light.
+"""
+from .augment import (
+    AugmentWorkerError,
+    ImgaugRandAugment,
+    ProcessPoolAugmenter,
+    RANDAUGMENT_OPS,
+    RandAugment,
+    apply_batch_augment,
+    augment_images,
+    default_worker_count,
+    resolve_augment,
+    show_augmented,
+)
+from .imgaug_compat import import_imgaug_augmenters
+from .sample import SampleDataset, make_sample_dataset
+from .tfrecords import (
+    DataError,
+    HostDataset,
+    NoTFRecordsError,
+    RecordProblem,
+    check_tfrecords,
+    count_data_items,
+    count_from_name,
+    count_records,
+    decode_example,
+    encode_jpeg,
+    list_tfrecords,
+    load_dataset,
+    locate_competition_data,
+    serialize_example,
+    shard_files,
+    shard_name,
+    tensorflow_on_host,
+    write_split,
+    write_tfrecord,
+)
+
+__all__ = [
+    "AugmentWorkerError", "DataError", "HostDataset", "ImgaugRandAugment", "NoTFRecordsError",
+    "ProcessPoolAugmenter", "RANDAUGMENT_OPS", "RandAugment", "RecordProblem", "SampleDataset",
+    "apply_batch_augment", "augment_images", "check_tfrecords", "count_data_items", "count_from_name",
+    "count_records", "decode_example", "default_worker_count", "encode_jpeg", "import_imgaug_augmenters",
+    "list_tfrecords", "load_dataset", "locate_competition_data", "make_sample_dataset", "resolve_augment",
+    "serialize_example", "shard_files", "shard_name", "show_augmented", "tensorflow_on_host", "write_split",
+    "write_tfrecord",
+]

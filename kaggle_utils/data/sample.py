@@ -1,0 +1,198 @@
+"""Sample data in the competition's exact layout, made from what is installed, no download.
+
+The notebooks and the training job fall back to this when the Kaggle flower data is not
+mounted (CPU runs, CI, a laptop), so the same code path - TFRecords, file names, feature
+keys, test ids - runs everywhere:
+
+* ``source="digits"`` (default): scikit-learn's 1797 real 8x8 handwritten digits (10 classes),
+  upscaled to RGB JPEGs. Real images, so a model really learns something on a CPU.
+* ``source="synthetic"``: 104 classes of coloured shapes in the flower format, for shape and
+  format checks (the class count of the competition, any image size).
+
+Layout: ``out_dir/{train,val,test}/NN-SxS-COUNT.tfrec``; train/val records hold ``image`` +
+``class``, test records ``image`` + ``id``. The test labels the competition keeps hidden
+are written to ``out_dir/test_labels.csv`` (``id,label``) so a sample submission can be
+scored. A ``sample_manifest.json`` makes a repeated call with the same arguments a no-op.
+"""
+from __future__ import annotations
+
+import colorsys
+import csv
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .tfrecords import atomic_output_path, list_tfrecords, tensorflow_on_host, write_split
+
+__all__ = ["SampleDataset", "make_sample_dataset", "SPLITS"]
+
+SPLITS = ("train", "val", "test")
+SYNTHETIC_NUM_CLASSES = 104
+MANIFEST = "sample_manifest.json"
+TEST_LABELS = "test_labels.csv"
+
+
+@dataclass(frozen=True)
+class SampleDataset:
+    root: str
+    source: str
+    image_size: int
+    num_classes: int
+    class_names: list[str]
+    split_dirs: dict[str, str]
+    counts: dict[str, int]
+    test_labels: dict[str, int]  # id -> class, hidden in the competition
+
+
+def _upscale(images: np.ndarray, image_size: int) -> np.ndarray:
+    """Grey [N, h, w] uint8 -> RGB [N, S, S, 3] uint8 (bilinear)."""
+    tf = tensorflow_on_host()
+    resized = tf.image.resize(images[..., np.newaxis].astype(np.float32), [image_size, image_size], "bilinear")
+    return np.repeat(np.clip(np.round(resized.numpy()), 0, 255).astype(np.uint8), 3, axis=-1)
+
+
+def _digits(image_size: int, num_examples: int | None):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    count = len(digits.images) if num_examples is None else num_examples
+    if not 0 < count <= len(digits.images):
+        raise ValueError(f"num_examples must be in [1, {len(digits.images)}] for source='digits', got {count}")
+    grey = np.round(digits.images[:count] * (255.0 / 16.0)).astype(np.uint8)
+    return _upscale(grey, image_size), digits.target[:count].astype(np.int64), [str(d) for d in range(10)]
+
+
+def _synthetic(image_size: int, num_examples: int | None, seed: int):
+    """Coloured shapes: class = (shape kind, size/frequency, colour), with jitter and noise."""
+    count = 4 * SYNTHETIC_NUM_CLASSES if num_examples is None else num_examples
+    if count < 1:
+        raise ValueError(f"num_examples must be >= 1, got {count}")
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count) % SYNTHETIC_NUM_CLASSES
+    rng.shuffle(labels)
+    yy, xx = np.mgrid[0:image_size, 0:image_size] / image_size
+    images = np.empty((count, image_size, image_size, 3), np.uint8)
+    for i, label in enumerate(labels):
+        kind, variant = label % 4, (label // 4) % 3
+        foreground = np.array(colorsys.hsv_to_rgb(label / SYNTHETIC_NUM_CLASSES, 0.8, 0.95)) * 255
+        background = np.array(colorsys.hsv_to_rgb(((label * 37) % SYNTHETIC_NUM_CLASSES) / SYNTHETIC_NUM_CLASSES,
+                                                  0.4, 0.5)) * 255
+        cx, cy = 0.5 + rng.uniform(-0.15, 0.15, 2)
+        radius = 0.18 + 0.08 * variant
+        distance = np.hypot(xx - cx, yy - cy)
+        if kind == 0:
+            mask = distance < radius
+        elif kind == 1:
+            mask = np.maximum(abs(xx - cx), abs(yy - cy)) < radius
+        elif kind == 2:
+            mask = np.sin(2 * np.pi * (3 + 2 * variant) * (xx + cx)) > 0
+        else:
+            mask = abs(distance - radius) < 0.06
+        shade = 0.75 + 0.25 * (xx + yy) / 2  # a gradient, so JPEGs are not trivially flat
+        pixels = np.where(mask[..., None], foreground, background) * shade[..., None]
+        pixels += rng.normal(0, 6, pixels.shape)
+        images[i] = np.clip(pixels, 0, 255).astype(np.uint8)
+    return images, labels.astype(np.int64), [f"class_{c:03d}" for c in range(SYNTHETIC_NUM_CLASSES)]
+
+
+def _test_id(source: str, index: int) -> str:
+    return hashlib.sha1(f"{source}-{index}".encode()).hexdigest()[:9]  # 9 hex digits, like Kaggle's ids
+
+
+def _split_sizes(count: int, fractions) -> list[int]:
+    if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(f"split_fractions must be three positive numbers summing to 1, got {fractions}")
+    train, val = int(round(count * fractions[0])), int(round(count * fractions[1]))
+    sizes = [train, val, count - train - val]
+    if min(sizes) < 1:
+        raise ValueError(f"{count} examples are too few for three splits {fractions}")
+    return sizes
+
+
+def _load_existing(root: str, params: dict) -> SampleDataset | None:
+    path = os.path.join(root, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        manifest = json.load(f)
+    if manifest.get("params") != params:
+        return None
+    if not all(os.path.exists(os.path.join(root, p)) for p in manifest["files"]):
+        return None
+    split_dirs = {split: os.path.join(root, split) for split in SPLITS}  # the folder may have moved
+    return SampleDataset(**{**manifest["dataset"], "root": root, "split_dirs": split_dirs})
+
+
+def _clear_or_refuse(root: str, overwrite: bool) -> None:
+    existing = []
+    for split in SPLITS:
+        folder = os.path.join(root, split)
+        if os.path.isdir(folder):
+            try:
+                existing += list_tfrecords(folder)
+            except FileNotFoundError:
+                pass
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{root} already holds {len(existing)} TFRecord file(s) written with other settings (e.g. "
+            f"{existing[0]}); pass overwrite=True to replace them or choose another out_dir")
+    for path in existing:
+        os.unlink(path)
+
+
+def make_sample_dataset(out_dir: str | os.PathLike, source: str = "digits", *, image_size: int = 64,
+                        num_examples: int | None = None, split_fractions=(0.70, 0.15, 0.15),
+                        num_files: tuple[int, int, int] = (4, 2, 2), seed: int = 0, quality: int = 95,
+                        overwrite: bool = False) -> SampleDataset:
+    """Write a sample dataset in the flower competition's layout and return where/what it is.
+
+    ``num_examples``: all 1797 digits by default (about 1258/270/269 after the 70/15/15
+    split), 416 synthetic images (4 per class). Examples are shuffled with ``seed`` before
+    splitting. Calling again with the same arguments reuses the files.
+    """
+    if source not in ("digits", "synthetic"):
+        raise ValueError(f"source must be 'digits' or 'synthetic', got {source!r}")
+    if image_size < 8:
+        raise ValueError(f"image_size must be >= 8, got {image_size}")
+    root = os.path.abspath(os.fspath(out_dir))
+    params = dict(source=source, image_size=image_size, num_examples=num_examples,
+                  split_fractions=list(split_fractions), num_files=list(num_files), seed=seed, quality=quality)
+    existing = _load_existing(root, params)
+    if existing is not None:
+        return existing
+    _clear_or_refuse(root, overwrite)
+
+    if source == "digits":
+        images, labels, class_names = _digits(image_size, num_examples)
+    else:
+        images, labels, class_names = _synthetic(image_size, num_examples, seed)
+    order = np.random.default_rng(seed).permutation(len(images))
+    sizes = _split_sizes(len(images), split_fractions)
+    bounds = np.cumsum([0] + sizes)
+    files, split_dirs, counts, test_labels = [], {}, {}, {}
+    for split, start, stop, n_files in zip(SPLITS, bounds[:-1], bounds[1:], num_files):
+        chosen = order[start:stop]
+        folder = os.path.join(root, split)
+        if split == "test":
+            ids = [_test_id(source, int(i)) for i in chosen]
+            test_labels = {id_: int(labels[i]) for id_, i in zip(ids, chosen)}
+            paths = write_split(folder, images[chosen], ids=ids, num_files=min(n_files, len(chosen)), quality=quality)
+        else:
+            paths = write_split(folder, images[chosen], labels=labels[chosen], num_files=min(n_files, len(chosen)),
+                                quality=quality)
+        files += [os.path.relpath(p, root) for p in paths]
+        split_dirs[split], counts[split] = folder, len(chosen)
+
+    with atomic_output_path(os.path.join(root, TEST_LABELS)) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "label"])
+        writer.writerows(test_labels.items())
+    dataset = SampleDataset(root=root, source=source, image_size=image_size, num_classes=len(class_names),
+                            class_names=class_names, split_dirs=split_dirs, counts=counts, test_labels=test_labels)
+    manifest = {"params": params, "files": files + [TEST_LABELS], "dataset": asdict(dataset)}
+    with atomic_output_path(os.path.join(root, MANIFEST)) as tmp, open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+    return dataset

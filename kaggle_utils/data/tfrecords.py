@@ -1,0 +1,690 @@
+"""Kaggle's flower TFRecords -> batches of numpy arrays for JAX.
+
+The competition ships ``{train,val,test}/NN-SxS-COUNT.tfrec`` files: ``image`` (JPEG bytes)
+with ``class`` (int64) for train/val, ``image`` with ``id`` (bytes) for test. This module
+finds those files, counts them, writes them (for the sample data and the tests), and
+turns them into an iterable of host batches::
+
+    {"image": uint8 [B, H, W, 3], "label": int32 [B] | "id": object (bytes) [B], "mask": bool [B]}
+
+Design choices, and why:
+
+* Images stay uint8 on the host; normalisation happens on the device inside the jitted
+  step, so the host sends a quarter of the bytes float32 would need.
+* TensorFlow is imported lazily, only here, and told to see no GPU/TPU: tf.data runs on the
+  host CPUs and JAX owns the accelerator (see :func:`tensorflow_on_host`). Worker processes
+  of :mod:`kaggle_utils.data.augment` import this package without loading TensorFlow.
+* Every record travels with its file name and index through the pipeline, so a bad record
+  is reported as ``<file>, record <i>: <what is wrong>`` instead of TensorFlow's anonymous
+  op error, and ``skip_errors=True`` can drop it and count it.
+* Evaluation sees every example exactly once: the final partial batch is padded to the full
+  batch size (static shapes, no recompilation) and ``mask`` marks the padding.
+* Multi-host: each JAX process reads its own subset of the files (:func:`shard_files`).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob as _glob
+import math
+import os
+import re
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+__all__ = [
+    "DataError",
+    "NoTFRecordsError",
+    "HostDataset",
+    "RecordProblem",
+    "atomic_output_path",
+    "check_tfrecords",
+    "count_data_items",
+    "count_from_name",
+    "count_records",
+    "decode_example",
+    "encode_jpeg",
+    "list_tfrecords",
+    "load_dataset",
+    "locate_competition_data",
+    "serialize_example",
+    "shard_files",
+    "shard_name",
+    "tensorflow_on_host",
+    "write_split",
+    "write_tfrecord",
+]
+
+TFRECORD_SUFFIXES = (".tfrec", ".tfrecord", ".tfrecords")
+KAGGLE_INPUT_ROOTS = ("/kaggle/input",)
+DEFAULT_SHUFFLE_BUFFER = 2048  # serialized records (~50-150 kB each at 512x512), not decoded images
+_COUNT_IN_NAME = re.compile(r"-(\d+)\.[A-Za-z]+$")  # NN-512x512-798.tfrec -> 798
+_MAX_SKIPPED_KEPT = 100
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the file (and record) and what is wrong."""
+
+
+class NoTFRecordsError(DataError, FileNotFoundError):
+    """A path, directory or glob that resolves to no TFRecord files."""
+
+
+# --------------------------------------------------------------------------------------
+# TensorFlow, kept on the host
+# --------------------------------------------------------------------------------------
+_tf_module = None
+_tf_lock = threading.Lock()
+
+
+def tensorflow_on_host():
+    """Import TensorFlow with GPUs and TPUs hidden from it, once per process.
+
+    JAX and TensorFlow must not both claim the accelerator: TF would pre-allocate GPU memory
+    (or grab the TPU) that the model needs. The data pipeline only needs CPUs. If TF was
+    already initialised elsewhere with a visible accelerator the setting can no longer be
+    changed; a warning says so instead of failing.
+    """
+    global _tf_module
+    with _tf_lock:
+        if _tf_module is None:
+            import tensorflow as tf
+
+            for kind in ("GPU", "TPU"):
+                try:
+                    tf.config.set_visible_devices([], kind)
+                except (RuntimeError, ValueError):
+                    if tf.config.get_visible_devices(kind):
+                        warnings.warn(
+                            f"TensorFlow was initialised before kaggle_utils.data and can see a {kind}; "
+                            "it may take accelerator memory from JAX. Import kaggle_utils.data (or call "
+                            "tensorflow_on_host()) before any other TensorFlow use.", RuntimeWarning,
+                            stacklevel=2)
+            _tf_module = tf
+        return _tf_module
+
+
+# --------------------------------------------------------------------------------------
+# Finding and counting files
+# --------------------------------------------------------------------------------------
+def _resolve_one(source: str) -> list[str]:
+    tf = tensorflow_on_host()
+    gfile = tf.io.gfile
+    if _glob.has_magic(source):
+        found = sorted(gfile.glob(source))
+        if not found:
+            raise NoTFRecordsError(f"no files match the pattern {source!r}")
+        return found
+    if gfile.isdir(source):
+        found = sorted(p for s in TFRECORD_SUFFIXES for p in gfile.glob(os.path.join(source, "*" + s)))
+        if not found:
+            subdirs = sorted(d.rstrip("/") for d in gfile.listdir(source) if gfile.isdir(os.path.join(source, d)))
+            hint = f" (it has subfolders {', '.join(subdirs)}: pass one of them)" if subdirs else ""
+            raise NoTFRecordsError(
+                f"directory {source!r} contains no TFRecord files ({', '.join('*' + s for s in TFRECORD_SUFFIXES)})"
+                + hint)
+        return found
+    if gfile.exists(source):
+        return [source]
+    raise NoTFRecordsError(f"TFRecord path {source!r} does not exist")
+
+
+def list_tfrecords(source: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    """Resolve a directory, a glob, a file, or a list of those to a sorted list of files.
+
+    Sorting by path gives every process the same order (sharding depends on it) and gives
+    ordered mode the order of Kaggle's ``NN-`` prefixes.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        sources = [os.fspath(source)]
+    else:
+        sources = [os.fspath(s) for s in source]
+    if not sources:
+        raise NoTFRecordsError("an empty list of TFRecord files was given")
+    files = sorted({f for s in sources for f in _resolve_one(s)})
+    return files
+
+
+def count_from_name(filename: str) -> int | None:
+    """The record count Kaggle writes into the name (``00-512x512-798.tfrec`` -> 798), or None."""
+    match = _COUNT_IN_NAME.search(os.path.basename(filename))
+    return int(match.group(1)) if match else None
+
+
+def count_records(filename: str) -> int:
+    """Count the records of one file by reading it (inside TF, no Python per record)."""
+    tf = tensorflow_on_host()
+    try:
+        return int(tf.data.TFRecordDataset(filename).reduce(np.int64(0), lambda n, _: n + 1))
+    except tf.errors.OpError as err:
+        raise DataError(f"{filename}: not a readable TFRecord file ({err.message.strip()})") from None
+
+
+def count_data_items(filenames: str | Sequence[str]) -> int:
+    """Number of examples in the files: from the counts in their names, else by counting."""
+    files = [filenames] if isinstance(filenames, (str, os.PathLike)) else list(filenames)
+    total = 0
+    for f in files:
+        n = count_from_name(os.fspath(f))
+        total += count_records(os.fspath(f)) if n is None else n
+    return total
+
+
+def shard_files(filenames: Sequence[str], process_index: int, process_count: int) -> list[str]:
+    """The files JAX process ``process_index`` of ``process_count`` reads (every k-th file).
+
+    Sharding is by file because each TFRecord file is read sequentially; with fewer files
+    than processes some process would get nothing, which is an error (write more files).
+    """
+    files = sorted(filenames)
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} is not in [0, process_count={process_count})")
+    if len(files) < process_count:
+        raise DataError(
+            f"{len(files)} TFRecord file(s) cannot be split over {process_count} processes: each process "
+            f"reads whole files, so at least {process_count} files are needed (re-write the data into "
+            f"more files, e.g. with write_split(..., num_files={process_count}))")
+    return files[process_index::process_count]
+
+
+def locate_competition_data(image_size: int, roots: Sequence[str] = KAGGLE_INPUT_ROOTS,
+                            max_depth: int = 5) -> dict[str, str] | None:
+    """Find ``tfrecords-jpeg-SxS/{train,val,test}`` under ``roots``; None when absent.
+
+    Kaggle has mounted the competition data at several places over time
+    (``/kaggle/input/tpu-getting-started``, ``/kaggle/input/competitions/...``,
+    ``/kaggle/input/datasets/<owner>/<slug>``), so this searches instead of assuming.
+    """
+    wanted = f"tfrecords-jpeg-{image_size}x{image_size}"
+    for root in roots:
+        base_depth = root.rstrip(os.sep).count(os.sep)
+        for dirpath, dirnames, _ in os.walk(root):
+            if os.path.basename(dirpath) == wanted:
+                splits = {s: os.path.join(dirpath, s) for s in ("train", "val", "test")}
+                if all(os.path.isdir(d) for d in splits.values()):
+                    return splits
+            if dirpath.count(os.sep) - base_depth >= max_depth:
+                dirnames[:] = []
+            dirnames.sort()
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def atomic_output_path(path: str | os.PathLike) -> Iterator[str]:
+    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``.
+
+    The temporary name starts with a dot and ends in ``.partial``, so a crash never leaves a
+    half-written file that a ``*.tfrec`` glob (or a reader) would take for a real shard.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
+    """uint8 [H, W, 3] -> JPEG bytes (TensorFlow's libjpeg, as the competition files)."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
+        raise ValueError(f"encode_jpeg needs a uint8 [H, W, 3] image, got {image.dtype} {image.shape}")
+    return tensorflow_on_host().io.encode_jpeg(image, quality=quality).numpy()
+
+
+def serialize_example(image_jpeg: bytes, *, label: int | None = None, id: bytes | str | None = None) -> bytes:
+    """One ``tf.train.Example`` in the competition's format: image + class, or image + id."""
+    if (label is None) == (id is None):
+        raise ValueError("give exactly one of label= (train/val records) or id= (test records)")
+    tf = tensorflow_on_host()
+    feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_jpeg]))}
+    if label is not None:
+        feature["class"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))
+    else:
+        id_bytes = id.encode("utf-8") if isinstance(id, str) else bytes(id)
+        feature["id"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[id_bytes]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
+    """Write serialized records with ``tf.io.TFRecordWriter``, atomically; returns the count."""
+    tf = tensorflow_on_host()
+    count = 0
+    with atomic_output_path(path) as tmp:
+        with tf.io.TFRecordWriter(tmp) as writer:
+            for record in records:
+                writer.write(record)
+                count += 1
+    return count
+
+
+def shard_name(index: int, image_size: int, count: int) -> str:
+    """Kaggle's file name: ``NN-SxS-COUNT.tfrec`` (the count lets readers skip counting)."""
+    return f"{index:02d}-{image_size}x{image_size}-{count}.tfrec"
+
+
+def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Sequence[int] | None = None,
+                ids: Sequence[bytes | str] | None = None, num_files: int = 1, quality: int = 95) -> list[str]:
+    """Write square uint8 images [N, S, S, 3] as ``num_files`` Kaggle-layout shards.
+
+    Like the competition, all files but the last hold ``ceil(N / num_files)`` records.
+    """
+    images = np.asarray(images)
+    if images.ndim != 4 or images.shape[1] != images.shape[2] or images.shape[3] != 3:
+        raise ValueError(f"write_split needs square uint8 images [N, S, S, 3], got {images.shape}")
+    targets = labels if labels is not None else ids
+    if (labels is None) == (ids is None) or len(targets) != len(images):
+        raise ValueError("give labels= or ids= (one of them), one per image")
+    if not 1 <= num_files <= max(1, len(images)):
+        raise ValueError(f"num_files={num_files} must be between 1 and the number of images ({len(images)})")
+    per_file = math.ceil(len(images) / num_files)
+    paths = []
+    for index, start in enumerate(range(0, len(images), per_file)):
+        stop = min(start + per_file, len(images))
+        key = "label" if labels is not None else "id"
+        records = (serialize_example(encode_jpeg(images[i], quality), **{key: targets[i]}) for i in range(start, stop))
+        path = os.path.join(os.fspath(split_dir), shard_name(index, images.shape[1], stop - start))
+        write_tfrecord(path, records)
+        paths.append(path)
+    return paths
+
+
+# --------------------------------------------------------------------------------------
+# Parsing one record, with every problem described rather than raised
+# --------------------------------------------------------------------------------------
+def _target_feature(labeled: bool):
+    tf = tensorflow_on_host()
+    return ("class", tf.int64) if labeled else ("id", tf.string)
+
+
+def _count_problem(tf, name: str, count, what: str):
+    return tf.where(tf.equal(count, 0), tf.constant(f"missing feature '{name}'"),
+                    tf.strings.format("feature '{}' has {} values, expected one " + what, (name, count)))
+
+
+def _parse_features(serialized, labeled: bool):
+    """All values of ``image`` and of ``class``/``id`` (missing -> empty); raises only on a malformed record."""
+    tf = tensorflow_on_host()
+    key, dtype = _target_feature(labeled)
+    parsed = tf.io.parse_single_example(serialized, {
+        "image": tf.io.VarLenFeature(tf.string), key: tf.io.VarLenFeature(dtype)})
+    return parsed["image"].values, parsed[key].values
+
+
+def _malformed(labeled: bool) -> str:
+    key, dtype = _target_feature(labeled)
+    return f"record is not a tf.train.Example with the expected feature types (image: bytes, {key}: {dtype.name})"
+
+
+UNDECODABLE = "image bytes are not a decodable JPEG"
+
+
+def decode_example(serialized, *, labeled: bool, image_size: int):
+    """Parse + decode one serialized record inside a tf.data map.
+
+    Returns ``(image uint8 [S, S, 3], target, problem)``: ``target`` is the int64 class or
+    the id string, ``problem`` an empty string for a good record, else a description
+    ("missing feature 'class'", "image is 331x331, expected 512x512"). Structural problems
+    do not raise, so the caller can name the file and decide to skip; a JPEG that cannot
+    be decoded still raises (TF has no non-raising decode), see :func:`load_dataset`.
+    """
+    tf = tensorflow_on_host()
+    key, dtype = _target_feature(labeled)
+    jpeg, target = _parse_features(serialized, labeled)
+    n_image, n_target = tf.size(jpeg), tf.size(target)
+    has_image = tf.equal(n_image, 1)
+    image = tf.cond(has_image, lambda: tf.io.decode_jpeg(jpeg[0], channels=3),
+                    lambda: tf.zeros([0, 0, 3], tf.uint8))
+    height_width = tf.shape(image)[:2]
+    size_ok = tf.reduce_all(tf.equal(height_width, [image_size, image_size]))
+    fits = has_image & tf.equal(n_target, 1) & size_ok
+    image = tf.cond(fits, lambda: tf.reshape(image, [image_size, image_size, 3]),
+                    lambda: tf.zeros([image_size, image_size, 3], tf.uint8))
+    default = tf.constant([-1 if labeled else b""], dtype)
+    target = tf.concat([target[:1], default], 0)[0]
+
+    def describe():
+        size_problem = tf.strings.format(
+            "image is {}x{} (height x width), expected {}x{}",
+            (height_width[0], height_width[1], image_size, image_size))
+        return tf.where(~has_image, _count_problem(tf, "image", n_image, "JPEG"),
+                        tf.where(tf.equal(n_target, 1), size_problem,
+                                 _count_problem(tf, key, n_target, "value")))
+
+    problem = tf.cond(fits, lambda: tf.constant(""), describe)
+    return image, target, problem
+
+
+def _decode_without_raising(serialized, *, labeled: bool, image_size: int):
+    """:func:`decode_example` that also turns undecodable JPEGs / unparsable records into a problem.
+
+    tf.data has no try/except, but ``ignore_errors`` on a one-element dataset is one: the
+    element either comes out decoded or is replaced by the fallback. It costs a few tens of
+    microseconds per record, so it is used only with ``skip_errors=True``.
+    """
+    tf = tensorflow_on_host()
+    _, dtype = _target_feature(labeled)
+
+    def attempt(parse_fn, fallback):
+        tried = tf.data.Dataset.from_tensors(serialized).map(lambda s: (parse_fn(s), True)).ignore_errors()
+        return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()
+
+    zeros = tf.zeros([image_size, image_size, 3], tf.uint8)
+    fallback = (zeros, tf.constant(-1 if labeled else b"", dtype), tf.constant(""))
+    (image, target, problem), decoded = attempt(
+        lambda s: decode_example(s, labeled=labeled, image_size=image_size), fallback)
+
+    def explain_failure():
+        _, parsed = attempt(lambda s: tf.size(_parse_features(s, labeled)[0]), tf.constant(0))
+        return tf.where(parsed, tf.constant(UNDECODABLE), tf.constant(_malformed(labeled)))
+
+    problem = tf.cond(decoded, lambda: problem, explain_failure)
+    return image, target, problem
+
+
+# --------------------------------------------------------------------------------------
+# Reporting bad records
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RecordProblem:
+    filename: str
+    index: int
+    problem: str
+
+    def __str__(self):
+        return f"{self.filename}, record {self.index}: {self.problem}"
+
+
+class _ProblemLog:
+    """Collects bad records (called from tf.data threads) and the first error to re-raise.
+
+    ``skip=False``: the first bad record raises :class:`DataError`; the iterator re-raises
+    that exception (TF would otherwise wrap it in an anonymous op error).
+    ``skip=True``: bad records are counted, the first few kept, a warning is issued once.
+    """
+
+    def __init__(self, skip: bool):
+        self.skip = skip
+        self.num_skipped = 0
+        self.skipped: list[RecordProblem] = []
+        self.first_error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def record_error(self, error: BaseException) -> None:
+        with self._lock:
+            if self.first_error is None:
+                self.first_error = error
+
+    def report(self, filename, index, problem) -> bool:
+        item = RecordProblem(filename.numpy().decode(), int(index.numpy()), problem.numpy().decode())
+        if not self.skip:
+            error = DataError(f"{item} (pass skip_errors=True to skip bad records)")
+            self.record_error(error)
+            raise error
+        with self._lock:
+            self.num_skipped += 1
+            if len(self.skipped) < _MAX_SKIPPED_KEPT:
+                self.skipped.append(item)
+            first = self.num_skipped == 1
+        if first:
+            warnings.warn(f"skipping bad record {item}; further skips are counted in .num_skipped",
+                          RuntimeWarning, stacklevel=1)
+        return False
+
+
+# --------------------------------------------------------------------------------------
+# Checking files outside the pipeline (used to explain TF errors that carry no file name)
+# --------------------------------------------------------------------------------------
+def check_tfrecords(filenames: Sequence[str], *, labeled: bool, image_size: int,
+                    max_problems: int | None = None) -> list[RecordProblem]:
+    """Read every record of ``filenames`` eagerly and list what is wrong (empty: all good).
+
+    Slow (one record at a time) but exact; :func:`load_dataset` calls it when TensorFlow
+    fails with an error that does not say which file was at fault.
+    """
+    tf = tensorflow_on_host()
+    problems: list[RecordProblem] = []
+    for filename in filenames:
+        index = 0
+        try:
+            for index, serialized in enumerate(tf.data.TFRecordDataset(filename)):
+                problem = _check_record(serialized, labeled=labeled, image_size=image_size)
+                if problem:
+                    problems.append(RecordProblem(filename, index, problem))
+                if max_problems is not None and len(problems) >= max_problems:
+                    return problems
+        except tf.errors.OpError as err:  # raised by the reader: the file itself is damaged
+            problems.append(RecordProblem(filename, index, f"not a readable TFRecord file ({err.message.strip()})"))
+            if max_problems is not None and len(problems) >= max_problems:
+                return problems
+    return problems
+
+
+def _check_record(serialized, *, labeled: bool, image_size: int) -> str:
+    tf = tensorflow_on_host()
+    try:
+        _parse_features(serialized, labeled)
+    except tf.errors.OpError as err:
+        return f"{_malformed(labeled)} ({err.message.strip()})"
+    try:
+        return decode_example(serialized, labeled=labeled, image_size=image_size)[2].numpy().decode()
+    except tf.errors.OpError as err:
+        return f"{UNDECODABLE} ({err.message.strip()})"
+
+
+# --------------------------------------------------------------------------------------
+# The pipeline
+# --------------------------------------------------------------------------------------
+def _read_records(files: list[str], *, ordered: bool, seed: int | None):
+    """(filename, index-in-file, serialized) for every record; file order kept when ordered."""
+    tf = tensorflow_on_host()
+
+    def read_file(filename):
+        records = tf.data.TFRecordDataset(filename)
+        return records.enumerate().map(lambda index, record: (filename, index, record))
+
+    files_ds = tf.data.Dataset.from_tensor_slices(files)
+    if ordered:
+        return files_ds.flat_map(read_file)
+    files_ds = files_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    return files_ds.interleave(read_file, cycle_length=min(len(files), 16),
+                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+
+
+class HostDataset:
+    """Iterable of host batches; iterating again starts a new epoch.
+
+    Attributes: ``filenames`` (this process's files), ``num_examples`` (their count, from the
+    file names), ``batch_size`` (per process), ``steps_per_epoch``, ``num_skipped`` and
+    ``skipped_records`` (with ``skip_errors=True``), ``tf_dataset`` (the underlying
+    ``tf.data.Dataset`` of unpadded batches, without ``mask``).
+    """
+
+    def __init__(self, tf_dataset, *, filenames, num_examples, batch_size, labeled, repeat,
+                 drop_remainder, problems: _ProblemLog, image_size, closers=()):
+        self.tf_dataset = tf_dataset
+        self.filenames = list(filenames)
+        self.num_examples = num_examples
+        self.batch_size = batch_size
+        self.labeled = labeled
+        self.repeat = repeat
+        self.drop_remainder = drop_remainder
+        self.image_size = image_size
+        self._problems = problems
+        self._closers = list(closers)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        round_ = math.floor if self.drop_remainder else math.ceil
+        return int(round_(self.num_examples / self.batch_size))
+
+    def __len__(self) -> int:
+        if self.repeat:
+            raise TypeError("a repeating dataset has no length; use .steps_per_epoch")
+        return self.steps_per_epoch
+
+    @property
+    def num_skipped(self) -> int:
+        return self._problems.num_skipped
+
+    @property
+    def skipped_records(self) -> list[RecordProblem]:
+        """The first 100 skipped records (file, index, problem)."""
+        return list(self._problems.skipped)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        tf = tensorflow_on_host()
+        skipped_before = self._problems.num_skipped
+        delivered = 0
+        iterator = iter(self.tf_dataset)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            except tf.errors.OpError as err:
+                raise self._explain(err) from None
+            host = self._to_host(batch)
+            delivered += int(host["mask"].sum())
+            yield host
+        self._check_epoch(delivered, self._problems.num_skipped - skipped_before)
+
+    def _to_host(self, batch) -> dict[str, np.ndarray]:
+        host = {key: value.numpy() for key, value in batch.items()}
+        size = len(host["image"])
+        host["mask"] = np.ones(self.batch_size, bool)
+        if size < self.batch_size:  # the final partial batch: pad to a static shape
+            host["mask"][size:] = False
+            for key in list(host):
+                if key != "mask":
+                    pad = np.zeros((self.batch_size - size,) + host[key].shape[1:], host[key].dtype)
+                    if host[key].dtype == object:
+                        pad[...] = b""
+                    host[key] = np.concatenate([host[key], pad])
+        return host
+
+    def _check_epoch(self, delivered: int, skipped: int) -> None:
+        if skipped:
+            warnings.warn(f"skipped {skipped} bad record(s) this epoch; first: {self._problems.skipped[0]} "
+                          "(all: .skipped_records)", RuntimeWarning, stacklevel=3)
+        if not self.drop_remainder and delivered + skipped != self.num_examples:
+            warnings.warn(f"read {delivered + skipped} records but the file names promise {self.num_examples}: "
+                          "the counts in the names are wrong, so steps_per_epoch is off", RuntimeWarning, stacklevel=3)
+
+    def _explain(self, err) -> BaseException:
+        if self._problems.first_error is not None:
+            return self._problems.first_error
+        found = check_tfrecords(self.filenames, labeled=self.labeled, image_size=self.image_size, max_problems=1)
+        if found:
+            return DataError(f"{found[0]} (pass skip_errors=True to skip bad records)")
+        return DataError(f"reading {len(self.filenames)} TFRecord file(s) failed: {type(err).__name__}: "
+                         f"{err.message.strip()}")
+
+    def close(self) -> None:
+        """Stop augmentation workers this dataset started (also done at interpreter exit)."""
+        for close in self._closers:
+            close()
+        self._closers = []
+
+
+def _process_defaults(process_index, process_count):
+    if process_index is None or process_count is None:
+        import jax
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    return process_index, process_count
+
+
+def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, ordered: bool = False,
+                 augment=None, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER, drop_remainder: bool = False,
+                 repeat: bool = False, skip_errors: bool = False, process_index: int | None = None,
+                 process_count: int | None = None, seed: int | None = None,
+                 augment_workers: int | None = None) -> HostDataset:
+    """TFRecords -> :class:`HostDataset` of host batches (dicts of numpy arrays).
+
+    Args:
+      filenames: files, a directory, a glob, or a list of those (see :func:`list_tfrecords`).
+      labeled: train/val records (``image`` + ``class`` -> ``label``) or test (``image`` + ``id``).
+      image_size: every image must be ``image_size`` x ``image_size``; others are bad records.
+      batch_size: per-process batch (the global batch divided by the process count).
+      ordered: file order (sorted names) and record order kept, deterministic, no shuffling:
+        for evaluation and prediction, so ids line up with predictions.
+      augment: None; ``"randaugment"`` (TF-native, per image, fast); ``"imgaug"`` (imgaug's
+        RandAugment(2, 15) in worker processes); a :class:`~kaggle_utils.data.augment.RandAugment`;
+        any numpy callable ``uint8 [B,H,W,3] -> uint8 [B,H,W,3]`` (run per batch in
+        ``augment_workers`` processes; 0 runs it in the tf.data thread); or a
+        :class:`~kaggle_utils.data.augment.ProcessPoolAugmenter` you manage yourself.
+      shuffle_buffer_size: records in the shuffle buffer (unordered mode only).
+      drop_remainder: drop the final partial batch instead of padding and masking it.
+      repeat: repeat forever (training); batches then span epochs.
+      skip_errors: skip bad records (counted in ``.num_skipped``, with a warning) instead of
+        raising :class:`DataError`.
+      process_index, process_count: this process's shard of the files; default from JAX.
+      seed: seeds shuffling and TF-native augmentation (and the augmentation workers).
+      augment_workers: worker processes for numpy callables (default: CPU count - 1).
+    """
+    from . import augment as augment_lib  # augment imports this module
+
+    tf = tensorflow_on_host()
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    process_index, process_count = _process_defaults(process_index, process_count)
+    files = shard_files(list_tfrecords(filenames), process_index, process_count)
+    problems = _ProblemLog(skip=skip_errors)
+    plan = augment_lib.resolve_augment(augment, workers=augment_workers, seed=seed)
+
+    records = _read_records(files, ordered=ordered, seed=seed)
+    if not ordered:
+        records = records.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        records = records.repeat()
+    if plan.per_image is not None:  # one stateless seed pair per record
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+        records = tf.data.Dataset.zip(records, seeds)
+    decode = _decode_without_raising if skip_errors else decode_example
+    target_key = "label" if labeled else "id"
+
+    def to_example(filename, index, serialized, image_seed=None):
+        image, target, problem = decode(serialized, labeled=labeled, image_size=image_size)
+        keep = tf.cond(tf.equal(problem, ""), lambda: tf.constant(True),
+                       lambda: tf.reshape(tf.py_function(problems.report, [filename, index, problem], tf.bool), []))
+        if plan.per_image is not None:
+            image = plan.per_image(image, image_seed)
+        if labeled:
+            target = tf.cast(target, tf.int32)
+        return {"image": image, target_key: target, "keep": keep}
+
+    if plan.per_image is not None:
+        to_example_fn = lambda record, image_seed: to_example(*record, image_seed)  # noqa: E731
+    else:
+        to_example_fn = to_example
+    examples = records.map(to_example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+    examples = examples.filter(lambda ex: ex["keep"])  # only with skip_errors can keep be False
+    examples = examples.map(lambda ex: {k: v for k, v in ex.items() if k != "keep"})
+    batches = examples.batch(batch_size, drop_remainder=drop_remainder)
+    if plan.per_batch is not None:
+        batches = augment_lib.apply_batch_augment(batches, plan.per_batch, num_parallel_calls=plan.parallel_calls,
+                                                  deterministic=ordered, on_error=problems.record_error)
+    batches = batches.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = ordered
+    options.threading.max_intra_op_parallelism = 1  # parallelism comes from the maps, not inside ops
+    batches = batches.with_options(options)
+    return HostDataset(batches, filenames=files, num_examples=count_data_items(files), batch_size=batch_size,
+                       labeled=labeled, repeat=repeat, drop_remainder=drop_remainder, problems=problems,
+                       image_size=image_size, closers=plan.closers)

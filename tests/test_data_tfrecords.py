@@ -1,0 +1,275 @@
+"""TFRecord reading: counts, ordered/unordered coverage, padding, sharding, bad input.
+
+Records are written here with TensorFlow's own ``tf.train.Example`` + ``tf.io.TFRecordWriter``
+(not with the kit's writers), in Kaggle's layout ``NN-SxS-COUNT.tfrec``. Every image is a
+flat grey square whose level encodes its example number, so a test can check that each
+image still travels with its own label or id.
+"""
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kaggle_utils.data as kd
+
+SIZE = 32
+
+
+def grey_jpeg(level: int, size: int = SIZE) -> bytes:
+    return tf.io.encode_jpeg(np.full((size, size, 3), level, np.uint8), quality=100).numpy()
+
+
+def example(features: dict) -> bytes:
+    def feature(value):
+        if isinstance(value, int):
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+    return tf.train.Example(features=tf.train.Features(
+        feature={k: feature(v) for k, v in features.items()})).SerializeToString()
+
+
+def level_of(number: int) -> int:
+    return 10 + 5 * number  # distinct grey levels, far apart enough to survive JPEG
+
+
+def write_kaggle_split(folder, counts, *, labeled=True, start=0, size=SIZE, name_counts=True):
+    """Files NN-SxS-COUNT.tfrec; example number k has label k (or id b'id-k') and grey level level_of(k)."""
+    os.makedirs(folder, exist_ok=True)
+    number = start
+    for index, count in enumerate(counts):
+        name = f"{index:02d}-{size}x{size}-{count}.tfrec" if name_counts else f"part{index:02d}.tfrec"
+        with tf.io.TFRecordWriter(os.path.join(folder, name)) as writer:
+            for _ in range(count):
+                target = {"class": number} if labeled else {"id": f"id-{number}".encode()}
+                writer.write(example({"image": grey_jpeg(level_of(number), size), **target}))
+                number += 1
+    return folder
+
+
+def collect(dataset):
+    batches = list(dataset)
+    return batches, {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def load(folder, **kwargs):
+    defaults = dict(labeled=True, image_size=SIZE, batch_size=8, process_index=0, process_count=1)
+    return kd.load_dataset(folder, **{**defaults, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def train_dir(tmp_path_factory):
+    return write_kaggle_split(tmp_path_factory.mktemp("train") / "train", [10, 10, 7])
+
+
+@pytest.fixture(scope="module")
+def test_dir(tmp_path_factory):
+    return write_kaggle_split(tmp_path_factory.mktemp("test") / "test", [6, 5], labeled=False)
+
+
+# ------------------------------------------------------------------ finding and counting
+def test_count_data_items_reads_counts_from_names_and_counts_unnamed_files(tmp_path):
+    named = write_kaggle_split(tmp_path / "named", [4, 3])
+    unnamed = write_kaggle_split(tmp_path / "unnamed", [5], name_counts=False, start=7)
+    named_files, unnamed_files = kd.list_tfrecords(named), kd.list_tfrecords(unnamed)
+    assert [kd.count_from_name(f) for f in named_files] == [4, 3]
+    assert kd.count_from_name(unnamed_files[0]) is None
+    assert kd.count_records(unnamed_files[0]) == 5
+    assert kd.count_data_items(named_files + unnamed_files) == 12
+
+
+def test_list_tfrecords_accepts_dirs_globs_and_lists_and_sorts(train_dir):
+    names = ["00-32x32-10.tfrec", "01-32x32-10.tfrec", "02-32x32-7.tfrec"]
+    expected = [os.path.join(train_dir, n) for n in names]
+    assert kd.list_tfrecords(train_dir) == expected
+    assert kd.list_tfrecords(os.path.join(train_dir, "*.tfrec")) == expected
+    assert kd.list_tfrecords(list(reversed(expected))) == expected
+
+
+def test_locate_competition_data_finds_any_mount(tmp_path):
+    mount = tmp_path / "competitions" / "tpu-getting-started" / "tfrecords-jpeg-32x32"
+    for split in ("train", "val", "test"):
+        (mount / split).mkdir(parents=True)
+    found = kd.locate_competition_data(32, roots=[str(tmp_path)])
+    assert found == {s: str(mount / s) for s in ("train", "val", "test")}
+    assert kd.locate_competition_data(512, roots=[str(tmp_path)]) is None
+
+
+# ------------------------------------------------------------------ ordered mode, padding
+def test_ordered_labeled_gives_every_example_once_in_file_order_with_padding(train_dir):
+    dataset = load(train_dir, ordered=True)
+    batches, data = collect(dataset)
+    assert len(batches) == len(dataset) == 4  # 27 examples in batches of 8
+    for batch in batches:
+        assert batch["image"].shape == (8, SIZE, SIZE, 3) and batch["image"].dtype == np.uint8
+        assert batch["label"].dtype == np.int32 and batch["mask"].dtype == np.bool_
+        assert set(batch) == {"image", "label", "mask"}
+    assert batches[-1]["mask"].tolist() == [True] * 3 + [False] * 5
+    real = data["mask"]
+    np.testing.assert_array_equal(data["label"][real], np.arange(27))
+    levels = data["image"][real].reshape(27, -1).mean(axis=1)
+    np.testing.assert_allclose(levels, [level_of(k) for k in range(27)], atol=2)
+    assert not data["image"][~real].any()
+
+
+def test_ordered_unlabeled_gives_ids_in_file_order(test_dir):
+    batches, data = collect(load(test_dir, labeled=False, ordered=True, batch_size=4))
+    assert set(batches[0]) == {"image", "id", "mask"}
+    assert data["id"].dtype == object
+    assert data["id"][data["mask"]].tolist() == [f"id-{k}".encode() for k in range(11)]
+    assert batches[-1]["mask"].tolist() == [True] * 3 + [False]
+
+
+def test_drop_remainder_drops_the_partial_batch(train_dir):
+    dataset = load(train_dir, ordered=True, drop_remainder=True)
+    batches, data = collect(dataset)
+    assert len(batches) == len(dataset) == 3 and data["mask"].all()
+    np.testing.assert_array_equal(data["label"], np.arange(24))
+
+
+# ------------------------------------------------------------------ shuffled, repeated
+def test_shuffled_epochs_cover_every_example_once_in_a_new_order(train_dir):
+    dataset = load(train_dir, seed=3, shuffle_buffer_size=64)
+    orders = []
+    for _ in range(2):  # iterating again is the next epoch
+        _, data = collect(dataset)
+        labels = data["label"][data["mask"]]
+        assert sorted(labels.tolist()) == list(range(27))
+        orders.append(labels.tolist())
+    assert orders[0] != list(range(27)) and orders[0] != orders[1]
+
+
+def test_repeat_continues_past_the_epoch_with_full_batches(train_dir):
+    dataset = load(train_dir, repeat=True, seed=0)
+    with pytest.raises(TypeError):
+        len(dataset)
+    iterator = iter(dataset)
+    batches = [next(iterator) for _ in range(7)]  # 56 examples: more than two epochs of 27
+    labels = np.concatenate([b["label"] for b in batches])
+    assert all(b["mask"].all() for b in batches)
+    counts = np.bincount(labels, minlength=27)
+    assert counts.min() >= 2 and counts.max() <= 3
+
+
+# ------------------------------------------------------------------ sharding
+@pytest.mark.parametrize("process_count", [1, 2, 3])
+def test_process_shards_cover_all_files_and_examples_exactly_once(tmp_path, process_count):
+    folder = write_kaggle_split(tmp_path / "train", [3, 4, 2, 5, 3])
+    files = kd.list_tfrecords(folder)
+    shards = [kd.shard_files(files, i, process_count) for i in range(process_count)]
+    assert sorted(f for shard in shards for f in shard) == files
+    seen = []
+    for index in range(process_count):
+        dataset = load(folder, ordered=True, batch_size=4, process_index=index, process_count=process_count)
+        assert dataset.filenames == shards[index]
+        _, data = collect(dataset)
+        seen += data["label"][data["mask"]].tolist()
+        assert dataset.num_examples == int(data["mask"].sum())
+    assert sorted(seen) == list(range(17))
+
+
+def test_fewer_files_than_processes_is_an_error(train_dir):
+    with pytest.raises(kd.DataError, match="3 TFRecord file.*4 processes"):
+        load(train_dir, process_index=0, process_count=4)
+
+
+# ------------------------------------------------------------------ bad input
+def test_empty_glob_is_an_error_naming_the_pattern(tmp_path):
+    pattern = str(tmp_path / "*.tfrec")
+    with pytest.raises(kd.NoTFRecordsError, match="no files match") as info:
+        load(pattern)
+    assert pattern in str(info.value)
+
+
+def test_directory_without_tfrecords_is_an_error_naming_it(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "notes.txt").write_text("no records here")
+    with pytest.raises(kd.NoTFRecordsError, match="contains no TFRecord files") as info:
+        load(str(tmp_path))
+    assert str(tmp_path) in str(info.value) and "train" in str(info.value)
+
+
+def write_with_one_bad_record(folder, bad_record: bytes, *, labeled=True):
+    """Two good files around one file whose third record is bad."""
+    write_kaggle_split(folder, [4], labeled=labeled)
+    bad_file = os.path.join(folder, f"01-{SIZE}x{SIZE}-5.tfrec")
+    with tf.io.TFRecordWriter(bad_file) as writer:
+        for k in range(5):
+            key = {"class": 100 + k} if labeled else {"id": f"id-{100 + k}".encode()}
+            writer.write(bad_record if k == 2 else example({"image": grey_jpeg(level_of(k)), **key}))
+    return bad_file
+
+
+BAD_RECORDS = {
+    "missing class": (example({"image": grey_jpeg(50)}), True, "missing feature 'class'"),
+    "missing image": (example({"class": 3}), True, "missing feature 'image'"),
+    "missing id": (example({"image": grey_jpeg(50)}), False, "missing feature 'id'"),
+    "undecodable jpeg": (example({"image": b"\xff\xd8 not really a jpeg", "class": 3}), True,
+                         "not a decodable JPEG"),
+    "wrong size": (example({"image": grey_jpeg(50, size=16), "class": 3}), True,
+                   "image is 16x16 .*expected 32x32"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECORDS))
+def test_bad_record_raises_an_error_naming_file_record_and_problem(tmp_path, case):
+    record, labeled, problem = BAD_RECORDS[case]
+    bad_file = write_with_one_bad_record(tmp_path / "split", record, labeled=labeled)
+    with pytest.raises(kd.DataError, match=problem) as info:
+        list(load(tmp_path / "split", labeled=labeled, ordered=True))
+    assert f"{bad_file}, record 2" in str(info.value)
+
+
+@pytest.mark.parametrize("case", ["missing class", "undecodable jpeg", "wrong size"])
+def test_skip_errors_skips_and_counts_bad_records(tmp_path, case):
+    record, labeled, problem = BAD_RECORDS[case]
+    bad_file = write_with_one_bad_record(tmp_path / "split", record, labeled=labeled)
+    dataset = load(tmp_path / "split", ordered=True, skip_errors=True)
+    with pytest.warns(RuntimeWarning, match="skipped 1 bad record"):
+        _, data = collect(dataset)
+    assert data["label"][data["mask"]].tolist() == [0, 1, 2, 3, 100, 101, 103, 104]
+    assert dataset.num_skipped == 1
+    (skipped,) = dataset.skipped_records
+    assert (skipped.filename, skipped.index) == (bad_file, 2)
+    assert re.search(problem, skipped.problem)
+
+
+def test_corrupt_file_is_an_error_naming_the_file(tmp_path):
+    folder = write_kaggle_split(tmp_path / "split", [4, 4])
+    broken = kd.list_tfrecords(folder)[1]
+    with open(broken, "r+b") as f:
+        f.truncate(os.path.getsize(broken) - 10)
+    with pytest.raises(kd.DataError) as info:
+        list(load(folder, ordered=True))
+    assert broken in str(info.value)
+
+
+def test_names_that_promise_more_records_than_read_give_a_warning(tmp_path):
+    folder = write_kaggle_split(tmp_path / "split", [4])
+    os.rename(os.path.join(folder, "00-32x32-4.tfrec"), os.path.join(folder, "00-32x32-6.tfrec"))
+    with pytest.warns(RuntimeWarning, match="read 4 records but the file names promise 6"):
+        list(load(folder, ordered=True))
+
+
+# ------------------------------------------------------------------ writing
+def test_write_split_round_trips_in_kaggle_layout(tmp_path):
+    images = np.stack([np.full((SIZE, SIZE, 3), level_of(k), np.uint8) for k in range(7)])
+    paths = kd.write_split(tmp_path / "val", images, labels=list(range(7)), num_files=3)
+    assert [os.path.basename(p) for p in paths] == ["00-32x32-3.tfrec", "01-32x32-3.tfrec", "02-32x32-1.tfrec"]
+    raw = next(iter(tf.data.TFRecordDataset(paths[0]))).numpy()
+    assert set(tf.train.Example.FromString(raw).features.feature) == {"image", "class"}
+    _, data = collect(load(tmp_path / "val", ordered=True))
+    assert data["label"][data["mask"]].tolist() == list(range(7))
+
+
+def test_interrupted_write_leaves_no_file_that_looks_like_a_shard(tmp_path):
+    def records():
+        yield example({"image": grey_jpeg(1), "class": 1})
+        raise KeyboardInterrupt  # e.g. the user stops the cell mid-write
+
+    target = tmp_path / "00-32x32-2.tfrec"
+    with pytest.raises(KeyboardInterrupt):
+        kd.write_tfrecord(target, records())
+    assert os.listdir(tmp_path) == []
