@@ -211,13 +211,14 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], *, 
     if write:
         out_dir.mkdir(parents=True, exist_ok=True)
     manifest = dict(manifest or {})
-    show = progress and _is_main()
+    show = progress and _is_main()  # bars
+    report = _is_main()  # one line per epoch
 
     history: list[dict] = []
     last_path = out_dir / "last.msgpack" if out_dir is not None else None
     if resume and last_path is not None and last_path.is_file():
         state, history = load_last(last_path, state)
-        if show:
+        if report:
             tqdm.write(f"resumed from {last_path}: {len(history)} epoch(s) done, step {int(state.step)}")
     dev_state = steps.put_state(state)
     host_state = state
@@ -250,7 +251,7 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], *, 
             best = row
         if write:
             _save_epoch(out_dir, host_state, history, best if improved else None, monitor, manifest)
-        if show:
+        if report:
             tqdm.write(_format_row(row, monitor, improved))
         if any(bool(cb(row, host_state)) for cb in list(callbacks)):
             stop_reason = f"stopped by a callback after epoch {epoch}"
@@ -263,7 +264,7 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], *, 
             break
     if write and history:  # also after a resume that found the run already complete
         _write_reports(out_dir, history, best, monitor, stop_reason)
-    if show and stop_reason != "completed":
+    if report and stop_reason != "completed":
         tqdm.write(stop_reason)
     return FitResult(state=host_state, history=history, best=best, stop_reason=stop_reason)
 

@@ -1,0 +1,87 @@
+"""Predict an unlabeled split in file order and write ``submission.csv`` (``id,label``).
+
+Every process reads the whole split in order and keeps its own rows of each global batch
+(:func:`~kaggle_utils.data.feed.local_rows`); the predict step gathers the probabilities of
+the whole global batch back onto every device. So the ids of a batch (known to every process)
+line up with its predictions, and process 0 can write the file alone.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import jax
+import numpy as np
+
+from . import checkpoint
+from .data.feed import local_rows
+from .train.state import TrainState, inference_state
+from .train.steps import Steps
+
+__all__ = ["predict", "predict_split", "write_submission"]
+
+
+def predict(steps: Steps, variables: dict | TrainState, batches: Iterable[dict], *, prefetch: int = 2
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, probabilities ``[N, C]``) of the real examples of global host ``batches``, in order."""
+    state = variables if isinstance(variables, TrainState) else inference_state(variables)
+    state = steps.put_state(state)
+    kept: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, mask) of each batch, in feeding order
+
+    def local(batches):
+        for batch in batches:
+            kept.append((np.asarray(batch["id"]), np.asarray(batch["mask"], bool)))
+            yield local_rows(batch)
+
+    outputs = [steps.predict(state, b) for b in steps.prefetch(local(batches), prefetch)]
+    if not outputs:
+        return np.array([], dtype=object), np.zeros((0, 0), np.float32)
+    probs = [steps.get(o) for o in outputs]  # one sync, after every step is dispatched
+    ids = np.concatenate([i[m] for i, m in kept])
+    return ids, np.concatenate([p[m] for p, (_, m) in zip(probs, kept)])
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
+
+
+def write_submission(path: str | Path, ids: Sequence, labels: Sequence[int]) -> Path:
+    """Atomic ``id,label`` CSV, one row per id in the given order."""
+    if len(ids) != len(labels):
+        raise ValueError(f"{len(ids)} ids but {len(labels)} labels")
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["id", "label"])
+    writer.writerows((_text(i), int(label)) for i, label in zip(ids, labels))
+    checkpoint.atomic_write_text(path, text.getvalue())
+    return Path(path)
+
+
+def predict_split(steps: Steps, variables: dict | TrainState, filenames, *, image_size: int, batch_size: int,
+                  out_path: str | Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """Predicts the TFRecords ``filenames`` (test split) and writes the submission on process 0.
+
+    ``batch_size`` is the global batch. The number of predicted rows is checked against
+    ``count_data_items`` (the counts in the file names) and ids must be unique, so a
+    submission never silently misses or repeats an image.
+    """
+    from .data import count_data_items, list_tfrecords, load_dataset  # TensorFlow lives there
+
+    files = list_tfrecords(filenames)
+    expected = count_data_items(files)
+    dataset = load_dataset(files, labeled=False, image_size=image_size, batch_size=batch_size, ordered=True,
+                           process_index=0, process_count=1)
+    ids, probs = predict(steps, variables, dataset)
+    if len(ids) != expected:
+        raise ValueError(f"predicted {len(ids)} test images but the file names of {len(files)} file(s) "
+                         f"promise {expected}: refusing to write an incomplete submission")
+    texts = [_text(i) for i in ids]
+    if len(set(texts)) != len(texts):
+        dupes = sorted({t for t in texts if texts.count(t) > 1})[:5]
+        raise ValueError(f"test ids repeat (e.g. {dupes}): refusing to write an ambiguous submission")
+    out_path = Path(out_path)
+    if jax.process_index() == 0:
+        write_submission(out_path, texts, probs.argmax(-1))
+    return out_path, ids, probs
