@@ -1,7 +1,6 @@
 """Augmentation: TF-native RandAugment ops, the imgaug path on NumPy 2, the worker-process hook."""
 import functools
 import glob
-import os
 
 import numpy as np
 import pytest

@@ -3,11 +3,11 @@
 Two routes, selected by ``load_dataset(..., augment=...)``:
 
 * ``"randaugment"`` -> :class:`RandAugment`: pure TensorFlow ops on one uint8 image inside
-  the parallel decode map. For each of ``num_ops`` slots a ``tf.switch_case`` runs exactly
-  one randomly drawn operation (Keras' RandAugment layer computes all of them for every
-  slot, which is why it crawls inside tf.data). The op set and magnitude scale follow
-  imgaug's RandAugment (``m`` in [0, 30]), so ``"randaugment"`` and ``"imgaug"`` with the
-  same ``n, m`` augment about equally hard.
+  the parallel decode map, compiled with XLA. For each of ``num_ops`` slots a
+  ``tf.switch_case`` runs exactly one randomly drawn operation (Keras' RandAugment layer
+  computes all of them for every slot, which is why it crawls inside tf.data). The op set
+  and magnitude scale follow imgaug's RandAugment (``m`` in [0, 30]), so ``"randaugment"``
+  and ``"imgaug"`` with the same ``n, m`` augment about equally hard.
 * any numpy callable ``uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]`` (imgaug, albumentations,
   your own; ``"imgaug"`` is imgaug's ``RandAugment(n=2, m=15)``), run once per batch
   through ``tf.py_function`` as in the seed tutorial. Python under ``tf.py_function`` holds
@@ -316,8 +316,9 @@ class ImgaugRandAugment:
     def __getstate__(self):
         return {"n": self.n, "m": self.m}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state):  # unpickled in a worker: import imgaug now, before the first batch
         self.__init__(**state)
+        import_imgaug_augmenters()
 
     def __repr__(self):
         return f"ImgaugRandAugment(n={self.n}, m={self.m})"
@@ -562,6 +563,15 @@ class ProcessPoolAugmenter:
         return f"ProcessPoolAugmenter({self.fn!r}, num_workers={self.num_workers})"
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
+        return self.run(images, np.copy)
+
+    def run(self, images: np.ndarray, take: Callable[[np.ndarray], object]):
+        """Augment ``images`` in a worker; ``take`` copies the result out of shared memory.
+
+        ``take`` runs before the slot is handed to the next call, so it may read the shared
+        buffer directly: the tf.data hook passes ``tf.convert_to_tensor``, whose own copy is
+        then the only one (``np.copy`` followed by TF's conversion would copy twice).
+        """
         if not self._finalizer.alive:
             raise RuntimeError(f"{self!r} is closed")
         images = np.asarray(images)
@@ -575,7 +585,7 @@ class ProcessPoolAugmenter:
             error = slot.worker.submit(next(self._task_ids), slot.index, slot.shm.name, images.shape).result()
             if error is not None:
                 raise AugmentWorkerError(f"{self.fn!r} failed in augmentation worker {slot.worker.index}:\n{error}")
-            return shared.copy()
+            return take(shared)
         finally:
             del shared
             self._free.put(slot)
@@ -599,12 +609,19 @@ def apply_batch_augment(batches, fn: Callable[[np.ndarray], np.ndarray], *, num_
     Python exception before TensorFlow wraps it, so the caller can re-raise the original.
     """
     tf = tensorflow_on_host()
-    is_pool = isinstance(fn, ProcessPoolAugmenter)
+
+    def tensor_copy(shared: np.ndarray):
+        tensor = tf.convert_to_tensor(shared)
+        if np.asarray(tensor).ctypes.data == shared.ctypes.data:  # a TF build that aliases numpy memory
+            tensor = tf.convert_to_tensor(shared.copy())
+        return tensor
 
     def call(images):
         try:
             array = images.numpy()
-            return _check_augmented(fn(array if is_pool else array.copy()), array.shape, repr(fn))
+            if isinstance(fn, ProcessPoolAugmenter):  # checked in the worker; one copy out of shared memory
+                return fn.run(array, tensor_copy)
+            return _check_augmented(fn(array.copy()), array.shape, repr(fn))
         except BaseException as err:
             if on_error is not None:
                 on_error(err)

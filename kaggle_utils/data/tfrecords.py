@@ -32,7 +32,7 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -92,6 +92,7 @@ def tensorflow_on_host():
     global _tf_module
     with _tf_lock:
         if _tf_module is None:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ INFO lines are noise here
             import tensorflow as tf
 
             for kind in ("GPU", "TPU"):
