@@ -39,19 +39,40 @@ def sample(tmp_path_factory):
     return make_sample_dataset(tmp_path_factory.mktemp("sample"), image_size=16)
 
 
-# --------------------------------------------------------------------------- learning
+# --------------------------------------------------------------------------- learning and resume
+
+README_ARGS = ["train", "--epochs", "6", "--no-progress"]  # the README command, fewer epochs for time
 
 
-def test_readme_command_learns_digits_and_submits_every_test_id(tmp_path):
-    """The README's main command (no --data-dir: the embedded sample), fewer epochs for time."""
-    out = tmp_path / "run"
+def start_job(args, out, cache, cwd):
+    return subprocess.Popen([sys.executable, "-m", "kaggle_utils", *args, "--out", str(out)], cwd=cwd,
+                            env=job_env(cache=cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc, timeout=900):
+    log = proc.communicate(timeout=timeout)[0]
+    assert proc.returncode == 0, log[-3000:]
+    return log
+
+
+@pytest.fixture(scope="module")
+def learning_run(tmp_path_factory):
+    """One uninterrupted run of the README command on one CPU device (no --data-dir: the sample)."""
+    tmp = tmp_path_factory.mktemp("learning")
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kaggle_utils", "train", "--out", str(out), "--epochs", "6",
-                           "--no-progress"], cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=900)
-    seconds = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    finish(start_job(README_ARGS, tmp / "run", tmp / "jax_cache", tmp))
+    return tmp, time.perf_counter() - start
+
+
+def comparable(history):
+    return [{k: v for k, v in row.items() if k not in ("img_per_s", "seconds")} for row in history]
+
+
+def test_readme_command_learns_digits_and_submits_every_test_id(learning_run, tmp_path):
+    tmp, seconds = learning_run
+    out = tmp / "run"
     report = json.loads((out / "metrics.json").read_text())
-    print(f"learning test: {seconds:.0f}s, history {report['history']}")
+    print(f"learning run: {seconds:.0f}s; val_acc by epoch {[round(r['val_acc'], 3) for r in report['history']]}")
     assert report["best"]["val_acc"] >= 0.9
     assert {p.name for p in out.iterdir()} >= {"best.msgpack", "last.msgpack", "metrics.json", "history.csv",
                                                 "config.json", "submission.csv"}
@@ -64,6 +85,29 @@ def test_readme_command_learns_digits_and_submits_every_test_id(tmp_path):
     assert len(ids) == len(set(ids)) == len(truth) and set(ids) == set(truth)
     test_acc = np.mean([int(label) == truth[i] for i, label in rows[1:]])
     assert test_acc >= 0.85
+
+
+def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(learning_run, tmp_path):
+    tmp, _ = learning_run
+    out = tmp_path / "run"
+    proc = start_job(README_ARGS, out, tmp / "jax_cache", tmp_path)
+    deadline = time.monotonic() + 600
+    while not (out / "last.json").is_file() or json.loads((out / "last.json").read_text())["epoch"] < 2:
+        assert proc.poll() is None, "the job ended before it could be killed"
+        assert time.monotonic() < deadline, "no epoch finished in time"
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL, somewhere in epoch 3
+    proc.communicate()
+    assert proc.returncode == -9
+    epochs_kept = json.loads((out / "last.json").read_text())["epoch"]
+    assert 2 <= epochs_kept < 6
+
+    log = finish(start_job(README_ARGS + ["--resume"], out, tmp / "jax_cache", tmp_path))
+    assert f"resumed from {out / 'last.msgpack'}: {epochs_kept} epoch(s) done" in log
+    full, resumed = (json.loads((d / "metrics.json").read_text()) for d in (tmp / "run", out))
+    assert comparable(resumed["history"]) == comparable(full["history"])
+    for name in ("best.msgpack", "submission.csv"):
+        assert (out / name).read_bytes() == (tmp / "run" / name).read_bytes(), name
 
 
 # --------------------------------------------------------------------------- bad input
