@@ -200,8 +200,8 @@ def prepare_out_dir(out: Path, settings: dict, *, resume: bool, overwrite: bool)
     changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
     if changed:
         detail = "; ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
-        raise JobError(f"--out {out} holds a run with other settings ({detail}); pass --overwrite to start a new "
-                       "run there, or choose another folder" + ("" if resume else " (--resume needs the same settings)"))
+        raise JobError(f"--out {out} holds a run with other settings ({detail}); --resume continues only the same "
+                       "settings: pass --overwrite to start a new run there, or choose another folder")
     if not resume:
         raise JobError(f"--out {out} already holds this run ({', '.join(existing)}); pass --resume to continue it "
                        "or --overwrite to start again")

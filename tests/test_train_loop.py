@@ -124,6 +124,9 @@ def test_early_stopping_when_the_monitor_stops_improving(run, tmp_path):
     assert len(result.history) == 3  # epoch 1 is best, 2 and 3 are no better
     assert result.best["epoch"] == 1 and result.stop_reason.startswith("early stopping after epoch 3")
     assert json.loads((tmp_path / "metrics.json").read_text())["stop_reason"] == result.stop_reason
+    again = fit(steps, state, train_batches, steps_per_epoch=2, epochs=10, out_dir=tmp_path, monitor="lr",
+                lr_schedule=lambda step: 1.0 / (1 + step), patience=2, progress=False, resume=True)
+    assert len(again.history) == 3 and again.stop_reason == result.stop_reason  # resuming a finished run: no steps
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

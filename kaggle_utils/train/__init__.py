@@ -12,7 +12,7 @@ from .steps import AXIS, StepConfig, Steps, eval_step, make_steps, normalize, pr
 
 __all__ = [
     "AXIS", "FitResult", "HISTORY_COLUMNS", "StepConfig", "Steps", "TIMING_COLUMNS", "TrainState",
-    "TrainingDiverged", "create_train_state", "eval_step", "evaluate", "fit", "inference_state", "init_variables", "load_last",
-    "make_optimizer", "make_steps", "normalize", "predict_step", "replica_key", "scaled_lr", "train_step",
-    "warmup_cosine",
+    "TrainingDiverged", "create_train_state", "eval_step", "evaluate", "fit", "inference_state", "init_variables",
+    "load_last", "make_optimizer", "make_steps", "normalize", "predict_step", "replica_key", "scaled_lr",
+    "train_step", "warmup_cosine",
 ]

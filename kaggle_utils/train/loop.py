@@ -155,8 +155,9 @@ def _best_row(history: list[dict], monitor: str) -> dict | None:
 
 
 def _train_epoch(steps: Steps, state, batches, n_steps: int, *, epoch: int, log_every: int, bar, prefetch: int):
-    total, window, window_start, window_count, done = None, None, time.perf_counter(), 0, 0
-    images_per_s = float("nan")
+    """``n_steps`` train steps; returns the state and the epoch's summed metrics (host)."""
+    total = window = None  # device-side sums: of the epoch, and since the last pull
+    window_start, done = time.perf_counter(), 0
     for batch in steps.prefetch(itertools.islice(batches, n_steps), prefetch):
         state, metrics = steps.train(state, batch)
         total, window = _accumulate(total, metrics), _accumulate(window, metrics)
@@ -165,14 +166,10 @@ def _train_epoch(steps: Steps, state, batches, n_steps: int, *, epoch: int, log_
         if done % log_every == 0 or done == n_steps:
             host = steps.get(window)  # the one device -> host sync of the window
             _check_finite(float(host["loss_sum"]), epoch=epoch, step=done)
-            elapsed = time.perf_counter() - window_start
-            images_per_s = (int(host["count"]) - window_count) / elapsed if elapsed > 0 else float("nan")
-            window_count = int(host["count"])
+            images_per_s = int(host["count"]) / max(time.perf_counter() - window_start, 1e-9)
             running = summarize(host)
             bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}", img_s=f"{images_per_s:.0f}")
-            window_start = time.perf_counter()
-            window = None
-            window_count = 0
+            window, window_start = None, time.perf_counter()
     if done < n_steps:
         raise ValueError(f"train data for epoch {epoch} ran out after {done} of {n_steps} steps: "
                          f"use repeat=True or fewer steps per epoch")
@@ -222,10 +219,12 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], *, 
             tqdm.write(f"resumed from {last_path}: {len(history)} epoch(s) done, step {int(state.step)}")
     dev_state = steps.put_state(state)
     host_state = state
-    stop_reason = "completed"
     best = _best_row(history, monitor)
+    stop_reason = _early_stop(history, best, monitor, patience) or "completed"  # a resumed run may be done
 
     for epoch in range(len(history) + 1, num_epochs + 1):
+        if stop_reason != "completed":
+            break
         start = time.perf_counter()
         n_steps = min(steps_per_epoch, total_steps - (epoch - 1) * steps_per_epoch)
         bar = tqdm(total=n_steps, desc=f"epoch {epoch}/{num_epochs}", disable=not show, unit="step")
@@ -255,18 +254,23 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], *, 
             tqdm.write(_format_row(row, monitor, improved))
         if any(bool(cb(row, host_state)) for cb in list(callbacks)):
             stop_reason = f"stopped by a callback after epoch {epoch}"
-        elif patience is not None and best is not None and epoch - best["epoch"] >= patience:
-            stop_reason = (f"early stopping after epoch {epoch}: {monitor} did not improve for {patience} "
-                           f"epoch(s) (best {best[monitor]:.4f} at epoch {best['epoch']})")
+        else:
+            stop_reason = _early_stop(history, best, monitor, patience) or stop_reason
         if write:
             _write_reports(out_dir, history, best, monitor, stop_reason)
-        if stop_reason != "completed":
-            break
     if write and history:  # also after a resume that found the run already complete
         _write_reports(out_dir, history, best, monitor, stop_reason)
     if report and stop_reason != "completed":
         tqdm.write(stop_reason)
     return FitResult(state=host_state, history=history, best=best, stop_reason=stop_reason)
+
+
+def _early_stop(history: list[dict], best: dict | None, monitor: str, patience: int | None) -> str | None:
+    """The reason to stop when ``patience`` epochs have passed since the best one, else None."""
+    if patience is None or best is None or history[-1]["epoch"] - best["epoch"] < patience:
+        return None
+    return (f"early stopping after epoch {history[-1]['epoch']}: {monitor} did not improve for {patience} "
+            f"epoch(s) (best {best[monitor]:.4f} at epoch {best['epoch']})")
 
 
 def _save_epoch(out_dir: Path, state, history: list[dict], new_best: dict | None, monitor: str,
