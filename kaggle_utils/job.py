@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, runtime
 from .data.feed import AXIS, MODES, local_rows, make_mesh
 
 __all__ = ["JobError", "build_parser", "main", "predict_command", "train_command"]
@@ -114,7 +114,7 @@ def _add_runtime_flags(parser):
 
 def _global_batch(batch_size: int | None) -> int:
     n = jax.device_count()
-    default = max(16 * n, -(-64 // n) * n)
+    default = runtime.global_batch(n)  # 16 per device, at least 64: the notebooks' rule too
     size = default if batch_size is None else batch_size
     if size < 1 or size % n:
         raise JobError(f"--batch-size {size} must be a positive multiple of the {n} devices "
@@ -287,7 +287,7 @@ def _settings(args, image_size: int, batch_size: int) -> dict:
 
 
 def _default_dtype() -> str:
-    return "bfloat16" if jax.default_backend() == "tpu" else "float32"
+    return runtime.default_dtype(runtime.current_platform())
 
 
 def train_command(args) -> dict:

@@ -1,0 +1,231 @@
+"""kaggle_utils.runtime: the notebooks' first cell on fake Kaggle trees (tmp_path), on this CPU."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import pytest
+
+from kaggle_utils import job, runtime
+
+ENV = (runtime.ROOT_ENV, runtime.SMOKE_ENV, runtime.DATA_ENV, runtime.WEIGHTS_ENV, "KAGGLE_KERNEL_RUN_TYPE")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def competition(root: Path, size: int, mount: str = "input/tpu-getting-started") -> Path:
+    folder = root / mount / f"tfrecords-jpeg-{size}x{size}"
+    for split in ("train", "val", "test"):
+        (folder / split).mkdir(parents=True)
+    return folder
+
+
+def ported(folder: Path, name: str, model) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.msgpack").write_bytes(b"\x80")
+    (folder / f"{name}.json").write_text(json.dumps({"model": model, "source": "test"}))
+    return folder / f"{name}.msgpack"
+
+
+def stub_kit(parent: Path) -> Path:
+    """A kit whose runtime.setup() says where it was imported from."""
+    pkg = parent / "kaggle_utils"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "runtime.py").write_text("def setup():\n    print('KIT', __file__)\n")
+    return parent
+
+
+# ------------------------------------------------------------------ the first cell
+
+
+LAYOUTS = {  # name -> (folder holding the kit, working directory), relative to tmp_path
+    "dataset": ("kaggle/input/kaggle-utils", "kaggle/working"),
+    "dataset, newer mount": ("kaggle/input/datasets/someone/kaggle-utils", "kaggle/working"),
+    "utility script": ("kaggle/usr/lib/kaggle-utils", "kaggle/working"),
+    "utility script, notebooks path": ("kaggle/usr/lib/notebooks/someone/kaggle-utils", "kaggle/working"),
+    "repository, from notebooks/": ("repo", "repo/notebooks"),
+    "repository root": ("repo", "repo"),
+}
+
+
+def run_bootstrap(root: Path, cwd: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ENV and k != "PYTHONPATH"}
+    env[runtime.ROOT_ENV] = str(root)
+    done = subprocess.run([sys.executable, "-c", runtime.BOOTSTRAP], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bootstrap_and_find_kit_import_the_kit_from_each_layout(tmp_path, layout):
+    kit_dir, cwd = (tmp_path / p for p in LAYOUTS[layout])
+    stub_kit(kit_dir)
+    cwd.mkdir(parents=True, exist_ok=True)
+    root = tmp_path / "kaggle"
+    assert runtime.find_kit(root, cwd) == kit_dir
+    # the pasted snippet, in a fresh interpreter where the real kit is also installed: the stub must win
+    assert run_bootstrap(root, cwd).split() == ["KIT", str(kit_dir / "kaggle_utils" / "runtime.py")]
+
+
+def test_kit_search_order_and_absence(tmp_path):
+    root, work = tmp_path / "kaggle", tmp_path / "kaggle" / "working"
+    work.mkdir(parents=True)
+    assert runtime.find_kit(root, work) is None
+    stub_kit(root / "input" / "kaggle-utils")
+    stub_kit(root / "usr" / "lib" / "kaggle-utils")
+    assert runtime.find_kit(root, work) == root / "usr" / "lib" / "kaggle-utils"  # utility script first
+    assert "usr/lib/kaggle-utils/" in run_bootstrap(root, work)
+    stub_kit(work)  # a checkout in the working directory beats both
+    assert runtime.find_kit(root, work) == work
+
+
+def test_docstring_shows_the_bootstrap_verbatim():
+    assert textwrap.indent(runtime.BOOTSTRAP, "    ") in runtime.__doc__
+    for pattern in runtime.KAGGLE_KIT_DIRS:  # the snippet probes what find_kit probes
+        assert f'"{pattern}"' in runtime.BOOTSTRAP
+
+
+def test_import_and_cpu_setup_load_neither_tensorflow_nor_torch(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        from kaggle_utils import runtime
+        assert not {{"tensorflow", "torch"}} & set(sys.modules), "import"
+        rt = runtime.setup(root={str(tmp_path)!r}, quiet=True)
+        assert rt.platform == "cpu"
+        assert not {{"tensorflow", "torch"}} & set(sys.modules), "setup"
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ENV}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# ------------------------------------------------------------------ smoke mode and defaults
+
+
+@pytest.mark.parametrize("raw, expected", [("1", True), ("true", True), ("ON", True), ("0", False), ("no", False),
+                                           ("", None)])
+def test_smoke_override_reads_the_environment(monkeypatch, raw, expected):
+    monkeypatch.setenv(runtime.SMOKE_ENV, raw)
+    assert runtime.smoke_override() is expected
+
+
+def test_smoke_override_rejects_other_values(monkeypatch):
+    monkeypatch.setenv(runtime.SMOKE_ENV, "maybe")
+    with pytest.raises(runtime.RuntimeSetupError, match=f"{runtime.SMOKE_ENV}='maybe'"):
+        runtime.smoke_override()
+
+
+def test_cpu_without_data_is_smoke_sized(tmp_path):
+    (tmp_path / "input").mkdir()
+    rt = runtime.detect(root=tmp_path)
+    full = runtime.defaults("cpu")
+    assert (rt.platform, rt.device_count, rt.smoke, rt.data_dir) == ("cpu", jax.device_count(), True, None)
+    assert rt.image_size < full.image_size and rt.image_size <= 64  # small images
+    assert rt.steps_per_epoch is not None and rt.steps_per_epoch * rt.epochs <= 10  # few steps
+    assert rt.model == full.model  # the smallest network the CPU defaults use
+    assert rt.dtype == "float32" and rt.global_batch % rt.device_count == 0
+    assert rt.on_kaggle and rt.out_dir == tmp_path / "working"
+
+
+def test_cpu_with_competition_data_trains_on_it(tmp_path):
+    competition(tmp_path, 224, "input/competitions/tpu-getting-started")
+    competition(tmp_path, 512, "input/competitions/tpu-getting-started")
+    rt = runtime.detect(root=tmp_path)
+    assert not rt.smoke
+    # the CPU default size (192) is not mounted: the nearest one that is
+    assert (rt.data_dir, rt.image_size) == (tmp_path / "input/competitions/tpu-getting-started/tfrecords-jpeg-224x224",
+                                            224)
+    assert rt.model == runtime.defaults("cpu").model
+    assert runtime.detect(root=tmp_path, image_size=500).image_size == 512
+
+
+def test_environment_forces_smoke_either_way(tmp_path, monkeypatch):
+    competition(tmp_path, 192)
+    competition(tmp_path, 512)
+    monkeypatch.setenv(runtime.SMOKE_ENV, "1")
+    rt = runtime.detect(root=tmp_path)
+    assert rt.smoke and runtime.SMOKE_ENV in rt.smoke_reason
+    assert (rt.data_dir.name, rt.image_size) == ("tfrecords-jpeg-192x192", 192)  # real data, its smallest images
+    empty = tmp_path / "elsewhere"
+    (empty / "input").mkdir(parents=True)
+    monkeypatch.setenv(runtime.SMOKE_ENV, "0")
+    rt = runtime.detect(root=empty)
+    assert not rt.smoke and rt.image_size == runtime.defaults("cpu").image_size and rt.data_dir is None
+    assert runtime.detect(root=empty, smoke=True).smoke  # the argument beats the variable
+
+
+def test_data_variable_points_at_a_local_copy(tmp_path, monkeypatch):
+    local = competition(tmp_path, 331, "downloads/flowers")
+    monkeypatch.setenv(runtime.DATA_ENV, str(tmp_path / "downloads"))
+    assert runtime.find_competition_data(512, tmp_path / "kaggle") == (local, 331)
+    monkeypatch.setenv(runtime.DATA_ENV, str(tmp_path / "kaggle"))
+    with pytest.raises(runtime.RuntimeSetupError, match=runtime.DATA_ENV):
+        runtime.find_competition_data(512, tmp_path / "kaggle")
+
+
+def test_weights_are_matched_to_the_model_by_their_manifest(tmp_path, monkeypatch):
+    inputs = tmp_path / "input"
+    b0 = ported(inputs / "efficientnetv2-jax", "b0", "tf_efficientnetv2_b0")
+    m = ported(inputs / "datasets" / "someone" / "efficientnetv2-jax", "m", "tf_efficientnetv2_m")
+    ported(inputs / "my-run", "best", {"name": "tf_efficientnetv2_b0"})  # a training checkpoint: not ported weights
+    (inputs / "efficientnetv2-jax" / "orphan.msgpack").write_bytes(b"\x80")  # no manifest
+    assert runtime.find_weights(root=tmp_path) == [b0, m]
+    assert runtime.find_weights("m", root=tmp_path) == [m]  # short names too
+    assert runtime.detect(root=tmp_path).weights == b0  # the smoke model's weights
+    assert runtime.detect(root=tmp_path, model="tf_efficientnetv2_m").weights == m
+    monkeypatch.setenv(runtime.WEIGHTS_ENV, str(m))
+    assert runtime.find_weights(root=tmp_path) == [m]
+    with pytest.raises(runtime.RuntimeSetupError, match="no ported weights of tf_efficientnetv2_b0"):
+        runtime.find_weights("tf_efficientnetv2_b0", root=tmp_path)
+    monkeypatch.setenv(runtime.WEIGHTS_ENV, str(tmp_path / "missing"))
+    with pytest.raises(runtime.RuntimeSetupError, match="does not exist"):
+        runtime.find_weights(root=tmp_path)
+
+
+def test_report_names_machine_versions_sizes_and_inputs(tmp_path):
+    data = competition(tmp_path, 192)
+    weights = ported(tmp_path / "input" / "w", "b0", "tf_efficientnetv2_b0")
+    rt = runtime.detect(root=tmp_path)
+    report = str(rt)
+    for expected in (f"cpu: {jax.device_count()} x", f"jax {jax.__version__}", "smoke     off", str(data), str(weights),
+                     str(REPO), f"{rt.global_batch} per step", rt.model, rt.dtype):
+        assert expected in report, (expected, report)
+
+
+def test_setup_hides_the_accelerator_from_tensorflow_only_on_accelerators(tmp_path, monkeypatch, capsys):
+    from kaggle_utils.data import tfrecords
+
+    calls = []
+    monkeypatch.setattr(tfrecords, "tensorflow_on_host", lambda: calls.append(1))
+    (tmp_path / "input").mkdir()  # a Kaggle-like root: outputs go to tmp_path/working
+    runtime.setup(root=tmp_path)
+    assert calls == [] and "kaggle_utils runtime" in capsys.readouterr().out
+    monkeypatch.setattr(runtime, "current_platform", lambda: "gpu")
+    rt = runtime.setup(root=tmp_path, quiet=True)
+    assert calls == [1] and rt.platform == "gpu" and not rt.smoke
+    assert (rt.model, rt.dtype) == (runtime.defaults("gpu").model, "float32")
+    assert capsys.readouterr().out == ""
+
+
+def test_batch_and_dtype_rules_are_shared_with_the_job():
+    # 16 per device, at least 64 images, a multiple of the device count
+    assert [runtime.global_batch(n) for n in (1, 2, 3, 8, 16)] == [64, 64, 66, 128, 256]
+    assert runtime.global_batch(8, per_device=2) == 64
+    assert runtime.default_dtype("tpu") == "bfloat16"
+    assert {p: runtime.defaults(p).dtype for p in ("tpu", "gpu", "cpu")} == {
+        p: runtime.default_dtype(p) for p in ("tpu", "gpu", "cpu")}
+    assert job._global_batch(None) == runtime.global_batch(jax.device_count())
+    assert job._default_dtype() == "float32"  # this CPU
+    with pytest.raises(ValueError, match="unknown platform"):
+        runtime.defaults("npu")
