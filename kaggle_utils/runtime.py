@@ -8,11 +8,11 @@ rest of the notebook needs to choose::
     # kaggle_utils bootstrap: put the kit on sys.path (this repository, or a Kaggle dataset / utility script)
     import glob, os, sys
     _root = os.environ.get("KAGGLE_UTILS_ROOT", "/kaggle")
-    _kits = [os.path.dirname(os.path.dirname(f)) for p in ["kaggle_utils", "../kaggle_utils", *(
-             f"{_root}/{d}/kaggle_utils" for d in ("usr/lib/*", "usr/lib/*/*/*", "input/*", "input/*/*", "input/*/*/*"))]
-             for f in sorted(glob.glob(f"{p}/runtime.py"))]
-    if _kits and os.path.abspath(_kits[0]) not in sys.path:
-        sys.path.insert(0, os.path.abspath(_kits[0]))
+    _dirs = ["kaggle_utils", "../kaggle_utils"] + [f"{_root}/{d}/kaggle_utils" for d in (
+        "usr/lib/*", "usr/lib/*/*/*", "input/*", "input/*/*", "input/*/*/*")]
+    _kits = [os.path.abspath(f"{f}/../..") for d in _dirs for f in sorted(glob.glob(f"{d}/runtime.py"))]
+    if _kits and _kits[0] not in sys.path:
+        sys.path.insert(0, _kits[0])
     from kaggle_utils import runtime  # ModuleNotFoundError: attach the kit dataset (kaggle-utils) to the notebook
     RT = runtime.setup()
 
@@ -95,11 +95,11 @@ BOOTSTRAP = '''\
 # kaggle_utils bootstrap: put the kit on sys.path (this repository, or a Kaggle dataset / utility script)
 import glob, os, sys
 _root = os.environ.get("KAGGLE_UTILS_ROOT", "/kaggle")
-_kits = [os.path.dirname(os.path.dirname(f)) for p in ["kaggle_utils", "../kaggle_utils", *(
-         f"{_root}/{d}/kaggle_utils" for d in ("usr/lib/*", "usr/lib/*/*/*", "input/*", "input/*/*", "input/*/*/*"))]
-         for f in sorted(glob.glob(f"{p}/runtime.py"))]
-if _kits and os.path.abspath(_kits[0]) not in sys.path:
-    sys.path.insert(0, os.path.abspath(_kits[0]))
+_dirs = ["kaggle_utils", "../kaggle_utils"] + [f"{_root}/{d}/kaggle_utils" for d in (
+    "usr/lib/*", "usr/lib/*/*/*", "input/*", "input/*/*", "input/*/*/*")]
+_kits = [os.path.abspath(f"{f}/../..") for d in _dirs for f in sorted(glob.glob(f"{d}/runtime.py"))]
+if _kits and _kits[0] not in sys.path:
+    sys.path.insert(0, _kits[0])
 from kaggle_utils import runtime  # ModuleNotFoundError: attach the kit dataset (kaggle-utils) to the notebook
 RT = runtime.setup()
 '''
@@ -253,7 +253,8 @@ def find_weights(model: str | None = None, root: str | os.PathLike | None = None
         candidates = [base] if base.is_file() else sorted(base.glob("*.msgpack")) + sorted(base.glob("*/*.msgpack"))
     else:
         inputs = kaggle_root(root) / "input"
-        candidates = [Path(p) for depth in ("*", "*/*", "*/*/*") for p in sorted(glob.glob(f"{inputs}/{depth}/*.msgpack"))]
+        candidates = [Path(p) for depth in ("*", "*/*", "*/*/*")
+                      for p in sorted(glob.glob(f"{inputs}/{depth}/*.msgpack"))]
     wanted = None
     if model is not None:
         from .efficientnet.arch import resolve_name  # accepts the short names ("m") too
