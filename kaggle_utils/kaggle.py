@@ -191,7 +191,7 @@ def dataset_metadata_for_kit(user: str = DEFAULT_USER) -> dict:
     }
 
 
-_KAGGLE_LICENSES = {"apache-2.0": "apache-2.0", "cc0-1.0": "CC0-1.0", "cc-by-sa-4.0": "CC-BY-SA-4.0",
+_KAGGLE_LICENSES = {"unknown": "unknown", "apache-2.0": "apache-2.0", "cc0-1.0": "CC0-1.0", "cc-by-sa-4.0": "CC-BY-SA-4.0",
                     "cc-by-nc-sa-4.0": "CC-BY-NC-SA-4.0", "gpl-2.0": "GPL-2.0"}
 
 
@@ -547,27 +547,37 @@ def _check_weights(files: Sequence[str | Path]) -> dict[Path, dict]:
     return checked
 
 
-def _build_notebook(src: Path, dest: Path, user: str) -> list[str]:
+def _read_notebook(src: Path) -> dict:
     try:
         notebook = json.loads(src.read_text(encoding="utf-8"))
     except ValueError as e:
         raise PackagingError(f"{src}: not a readable notebook: {e}") from None
     if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
         raise PackagingError(f"{src}: not a Jupyter notebook (no cells)")
+    return notebook
+
+
+def _build_notebook(src: Path, notebook: dict, dest: Path, user: str) -> list[str]:
+    """The copy without pinned-image keys (returned) and its kernel-metadata.json."""
     removed = strip_pinned_image(notebook)
     _write_json(dest / src.name, notebook, indent=1)
     _write_json(dest / KERNEL_METADATA, kernel_metadata(src, user=user))
     return removed
 
 
-def _build_kit(dest: Path, user: str, repo: Path) -> None:
+def _check_kit(repo: Path) -> None:
     for name in KIT_PACKAGES:
         if not (repo / name / "__init__.py").is_file():
             raise PackagingError(f"the kit package {repo / name} is missing")
-        shutil.copytree(repo / name, dest / name, ignore=_COPY_IGNORE)
     for name in KIT_FILES:
         if not (repo / name).is_file():
             raise PackagingError(f"{repo / name} is missing; the kit dataset ships it")
+
+
+def _build_kit(dest: Path, user: str, repo: Path) -> None:
+    for name in KIT_PACKAGES:
+        shutil.copytree(repo / name, dest / name, ignore=_COPY_IGNORE)
+    for name in KIT_FILES:
         shutil.copy2(repo / name, dest / name)
     _write_json(dest / DATASET_METADATA, dataset_metadata_for_kit(user))
 
@@ -594,6 +604,8 @@ def _replace_dir(staged: Path, target: Path) -> None:
 
 @dataclass
 class PackageResult:
+    """What ``package`` built, what it changed on the way and what lint says about the result."""
+
     folders: dict[str, Path]  # folder name -> path
     stripped: dict[str, list[str]]  # notebook -> pinned keys removed from its copy
     notes: list[str]
@@ -614,6 +626,7 @@ def package(out: str | Path, *, user: str = DEFAULT_USER, notebooks_dir: str | P
     notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else repo / "notebooks"
     notebooks = sorted(notebooks_dir.glob("*.ipynb")) if notebooks_dir.is_dir() else []
     notes = [] if notebooks else [f"no notebooks in {notebooks_dir}: only the kit and weights folders"]
+    _check_kit(repo)
     checked = _check_weights(weights)
     if not checked:
         notes.append(f"no --weights: no {WEIGHTS_SLUG} folder (the notebooks still list {user}/{WEIGHTS_SLUG})")
@@ -627,23 +640,23 @@ def package(out: str | Path, *, user: str = DEFAULT_USER, notebooks_dir: str | P
         if slug in plan:
             raise PackagingError(f"{nb.name} and {plan[slug][1].name} both get the kernel slug {slug!r}: "
                                  f"rename one (titles come from {__name__}.NOTEBOOK_TITLES or the file name)")
-        plan[slug] = ("notebook", nb)
+        plan[slug] = ("notebook", nb, _read_notebook(nb))
     for slug, kind in ((KIT_SLUG, "kit"), (WEIGHTS_SLUG, "weights")):
         if slug in plan:
             raise PackagingError(f"notebook {plan[slug][1].name} gets the slug {slug!r} of the {kind} dataset")
         if kind == "kit" or checked:
-            plan[slug] = (kind, None)
+            plan[slug] = (kind, None, None)
     existing = [name for name in plan if (out / name).exists()]
     if existing and not overwrite:
         raise PackagingError(f"{out} already has {', '.join(existing)}: pass --overwrite to replace them")
 
     out.mkdir(parents=True, exist_ok=True)
     folders, stripped = {}, {}
-    for name, (kind, src) in plan.items():
+    for name, (kind, src, notebook) in plan.items():
         staged = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=out))
         try:
             if kind == "notebook":
-                removed = _build_notebook(src, staged, user)
+                removed = _build_notebook(src, notebook, staged, user)
                 if removed:
                     stripped[src.name] = removed
             elif kind == "kit":

@@ -279,6 +279,11 @@ def test_package_checks_everything_before_writing(tmp_path, notebooks, capsys):
         assert words in capsys.readouterr().err
         assert not out.exists()
     assert kaggle.main(["package", str(out), "--user", "bad/user"]) == 2
+    broken = notebooks / "09_broken.ipynb"
+    broken.write_text("{not json")
+    assert kaggle.main(["package", str(out), "--notebooks", str(notebooks)]) == 2
+    assert "09_broken.ipynb: not a readable notebook" in capsys.readouterr().err and not out.exists()
+    broken.unlink()
     assert kaggle.main(["package", str(out), "--notebooks", str(notebooks)]) == 0
     assert kaggle.main(["package", str(out), "--notebooks", str(notebooks)]) == 2
     assert "--overwrite" in capsys.readouterr().err
