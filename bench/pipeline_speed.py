@@ -106,5 +106,5 @@ def main() -> None:
     run(parser.parse_args())
 
 
-if __name__ == "__main__":  # worker processes are spawned and re-import this file
+if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """Augmentation: TF-native RandAugment ops, the imgaug path on NumPy 2, the worker-process hook."""
 import functools
 import glob
+import os
 
 import numpy as np
 import pytest
@@ -232,3 +233,32 @@ def test_show_augmented_draws_a_grid():
         assert shown.shape == (SIZE, SIZE, 3)
     finally:
         plt.close(fig)
+
+
+def test_workers_started_from_a_script_do_not_rerun_it(tmp_path):
+    """No `if __name__ == "__main__":` guard needed, and the script's own function reaches the workers."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "augment_script.py"
+    marker = tmp_path / "runs.txt"
+    script.write_text(f"""
+import numpy as np
+import kaggle_utils.data as kd
+
+with open({str(marker)!r}, "a") as f:
+    f.write("ran\\n")
+
+def brighten(images):
+    return np.minimum(images.astype(np.int16) + 10, 255).astype(np.uint8)
+
+with kd.ProcessPoolAugmenter(brighten, num_workers=2) as pool:
+    images = np.full((3, 4, 4, 3), 250, np.uint8)
+    assert (pool(images) == 255).all() and (pool(images - 100) == 160).all()
+print("ok")
+""")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    assert marker.read_text() == "ran\n"

@@ -19,6 +19,7 @@ Two routes, selected by ``load_dataset(..., augment=...)``:
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import math
@@ -340,10 +341,13 @@ def default_worker_count() -> int:
 
 
 def _pickle_for_worker(fn) -> bytes:
-    """Serialise ``fn`` for a spawned process, by value when it lives in a notebook."""
+    """Serialise ``fn`` for a worker: by reference to its module, by value if it lives in ``__main__``.
+
+    Workers never import the parent's ``__main__`` (see :func:`_main_module_hidden`), so
+    functions from a notebook cell or a script travel by value, through cloudpickle.
+    """
     module = getattr(fn, "__module__", None) or type(fn).__module__
-    interactive = module == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__")
-    if not interactive:
+    if module != "__main__":
         try:
             return pickle.dumps(fn)
         except (pickle.PicklingError, AttributeError, TypeError):
@@ -353,9 +357,35 @@ def _pickle_for_worker(fn) -> bytes:
     except ImportError:
         raise TypeError(
             f"cannot send {fn!r} to augmentation worker processes: it is a lambda or defined in a notebook "
-            "cell, and cloudpickle is not installed. Define it in a .py module, install cloudpickle, or pass "
-            "augment_workers=0 to run it in the tf.data thread (slower: the GIL serialises it).") from None
+            "cell or script, and cloudpickle is not installed. Define it in an importable .py module, install "
+            "cloudpickle, or pass augment_workers=0 to run it in the tf.data thread (slower: the GIL "
+            "serialises it).") from None
     return cloudpickle.dumps(fn)
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Start spawned processes without them re-running the parent's main script.
+
+    ``spawn`` (and ``forkserver``) children import the parent's ``__main__`` so that objects
+    defined there can be unpickled. For a script that means re-running its top-level code in
+    every worker: imports of TensorFlow and JAX, data writing, or the whole training when the
+    script has no ``if __name__ == "__main__":`` guard. Here the callable travels by value
+    instead (:func:`_pickle_for_worker`), so the children need nothing from ``__main__``.
+    multiprocessing finds the main script through ``__spec__`` and ``__file__`` only while it
+    starts a process; both are hidden for that moment and restored right after.
+    """
+    main = sys.modules.get("__main__")
+    saved = {key: main.__dict__[key] for key in ("__spec__", "__file__") if main and key in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def _check_augmented(out, shape, what: str) -> np.ndarray:
@@ -510,11 +540,6 @@ def _shutdown(workers: list[_Worker], slots: list[_Slot]) -> None:
         slot.release()
 
 
-_SPAWN_HINT = (
-    "\n(a spawned worker re-imports the main script: a script that starts augmentation workers needs its "
-    "top-level code under `if __name__ == \"__main__\":`; the worker's own error is on stderr)")
-
-
 class ProcessPoolAugmenter:
     """Run a numpy batch augmentation in worker processes, called like the function itself.
 
@@ -523,10 +548,11 @@ class ProcessPoolAugmenter:
     ``slots_per_worker`` slots, so the next batch is already waiting when it finishes one;
     :func:`apply_batch_augment` issues that many concurrent calls.
 
-    ``fn`` is pickled to the workers: define it in a module (or have cloudpickle installed
-    for notebook-defined functions). Workers are spawned (``start_method="spawn"``, or
-    ``"forkserver"``), never forked, because forking a process whose TensorFlow threads
-    hold locks can deadlock the child. Each worker seeds ``random`` and ``np.random`` from
+    ``fn`` is pickled to the workers: by reference when it lives in an importable module,
+    by value (cloudpickle) when it comes from a notebook cell or the main script. Workers
+    are spawned (``start_method="spawn"``, or ``"forkserver"``), never forked, because
+    forking a process whose TensorFlow threads hold locks can deadlock the child; they do
+    not re-run the main script, so no ``if __name__ == "__main__":`` guard is needed. Each worker seeds ``random`` and ``np.random`` from
     ``seed`` and its index. Close with :meth:`close` or a ``with`` block; worker processes
     are also stopped and shared memory unlinked at interpreter exit.
     """
@@ -541,7 +567,8 @@ class ProcessPoolAugmenter:
         payload = _pickle_for_worker(fn)
         entropy = np.random.SeedSequence(seed).entropy
         context = multiprocessing.get_context(start_method)
-        self._workers = [_Worker(context, payload, entropy, i) for i in range(num_workers)]
+        with _main_module_hidden():
+            self._workers = [_Worker(context, payload, entropy, i) for i in range(num_workers)]
         self._slots = [_Slot(w, s) for s in range(slots_per_worker) for w in self._workers]
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._slots)
         self._free: queue.Queue[_Slot] = queue.Queue()
@@ -552,8 +579,7 @@ class ProcessPoolAugmenter:
             error = worker.ready.result(timeout=startup_timeout)
             if error is not None:
                 self.close()
-                raise AugmentWorkerError(f"augmentation worker {worker.index} could not start {fn!r}:\n{error}"
-                                         + _SPAWN_HINT * ("Traceback" not in error))
+                raise AugmentWorkerError(f"augmentation worker {worker.index} could not start {fn!r}:\n{error}")
 
     @property
     def num_slots(self) -> int:
