@@ -86,6 +86,15 @@ def test_readme_command_learns_digits_and_submits_every_test_id(learning_run, tm
     assert test_acc >= 0.85
 
 
+def test_predict_command_rewrites_the_submission_from_best(learning_run, tmp_path, capsys):
+    tmp, _ = learning_run
+    data = make_sample_dataset(tmp_path / "data", image_size=32)  # the same embedded sample, now on disk
+    # this process has 8 devices, the training run had one: another layout, the same predictions
+    assert job.main(["predict", "--checkpoint", str(tmp / "run" / "best.msgpack"), "--data-dir", data.root,
+                     "--out", str(tmp_path / "pred"), "--batch-size", "64", "--no-progress"]) == 0
+    assert (tmp_path / "pred" / "submission.csv").read_text() == (tmp / "run" / "submission.csv").read_text()
+
+
 def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(learning_run, tmp_path):
     tmp, _ = learning_run
     out = tmp_path / "run"
