@@ -63,7 +63,11 @@ def assert_parity(name, tm, x, tol=FP32_TOL):
 @pytest.mark.parametrize("name", list_models())
 def test_every_variant_matches_timm(name):
     # The smallest even size that keeps every stage at least 1x1; batch 2 so BN is exercised per sample.
-    tm = random_timm_model(name, calib_size=32)  # statistics calibrated at the size compared
+    # Statistics calibrated at the size compared, on 32 images: at 32x32 the last stages are 1x1,
+    # and running statistics from fewer samples leave near-zero variances that amplify float
+    # rounding through 30+ blocks (measured on efficientnetv2_xl: 1.8e-4 with 8 calibration
+    # images, 1.2e-5 with 32; at 64x64 4.6e-6 either way), which is conditioning, not the port.
+    tm = random_timm_model(name, calib_size=32, calib_batch=32)
     assert_parity(name, tm, inputs(32))
 
 
