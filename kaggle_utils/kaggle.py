@@ -9,8 +9,9 @@
 
 * one folder per ``notebooks/*.ipynb``: a copy without Kaggle's pinned-image keys and its
   ``kernel-metadata.json`` (``kaggle kernels push -p``). The flower notebook runs on a
-  ``TpuV5E8`` with the competition attached; the others on a CPU. All run offline with the
-  kit and the weights datasets attached.
+  ``TpuV5E8`` with the competition attached; the others on a CPU. All have the kit and the
+  weights datasets attached and run offline, except the porting notebook, which needs the
+  internet to fetch timm's pretrained weights (offline it ports random ones).
 * ``kaggle-utils/``: the kit as a dataset (``kaggle_utils/``, ``weights_port/``, README,
   requirements, pyproject) with ``dataset-metadata.json`` (``kaggle datasets create -p DIR
   --dir-mode zip``: the CLI skips sub-folders without ``--dir-mode``).
@@ -21,6 +22,7 @@ files and notebooks (default: the top-level ``kernel-metadata.json`` and ``noteb
 for the traps that make a push "succeed" and then do something else: a title whose slug is
 not the id's (the kernel is created at the title's slug), a pinned ``docker_image`` with
 ``enable_tpu`` (runs on the CPU image), ``enable_internet`` left out (the CLI turns it on),
+internet on in a competition notebook (Kaggle refuses its submission),
 ``c/`` / ``d/`` / URL source prefixes, a missing ``code_file``, an unknown (misspelt) key.
 ``--fix`` strips the pinned-image keys from notebooks; everything else is left to a person.
 Owners default to the placeholder ``kaggle-utils``; ``--user`` sets your Kaggle name.
@@ -64,6 +66,7 @@ DEFAULT_USER = "kaggle-utils"  # placeholder owner; --user replaces it everywher
 COMPETITION = "tpu-getting-started"
 TPU_SHAPE = "TpuV5E8"
 FLOWER_NOTEBOOK = "04_flower_classification_tpu.ipynb"
+ONLINE_NOTEBOOKS = ("03_port_pytorch_weights.ipynb",)  # fetches timm's pretrained weights from the hub
 KIT_SLUG, KIT_TITLE = "kaggle-utils", "Kaggle Utils"
 WEIGHTS_SLUG, WEIGHTS_TITLE = "efficientnetv2-jax", "EfficientNetV2 JAX"
 KIT_PACKAGES = ("kaggle_utils", "weights_port")
@@ -147,7 +150,8 @@ def notebook_title(path: str | Path) -> str:
 
 def kernel_metadata(notebook: str | Path, *, user: str = DEFAULT_USER, code_file: str | None = None) -> dict:
     """``kernel-metadata.json`` of one notebook: TPU + competition for the flower notebook, CPU
-    for the rest; always offline, no ``docker_image``, the kit and weights datasets attached."""
+    for the rest; offline but for :data:`ONLINE_NOTEBOOKS`, no ``docker_image``, the kit and
+    weights datasets attached."""
     notebook = Path(notebook)
     title = notebook_title(notebook)
     flower = notebook.name == FLOWER_NOTEBOOK
@@ -160,7 +164,7 @@ def kernel_metadata(notebook: str | Path, *, user: str = DEFAULT_USER, code_file
         "is_private": True,
         "enable_gpu": False,
         "enable_tpu": flower,
-        "enable_internet": False,
+        "enable_internet": notebook.name in ONLINE_NOTEBOOKS,
         "dataset_sources": [f"{user}/{KIT_SLUG}", f"{user}/{WEIGHTS_SLUG}"],
         "competition_sources": [COMPETITION] if flower else [],
         "kernel_sources": [],
@@ -373,11 +377,11 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
         if key in meta and not isinstance(meta[key], bool):
             problems.append(Problem(f, key, f"must be true or false, got {meta[key]!r}"))
     if "enable_internet" not in meta:
-        problems.append(Problem(f, "enable_internet", "missing: the kaggle CLI then turns internet ON; set it to "
-                                                      "false (the kit's notebooks run offline)"))
-    elif meta["enable_internet"] is not False:
-        problems.append(Problem(f, "enable_internet", "must be false: the kit's notebooks run offline, as "
-                                                      "competition notebooks must"))
+        problems.append(Problem(f, "enable_internet", "missing: the kaggle CLI then turns internet ON; set it "
+                                                      "explicitly (false for a competition notebook)"))
+    elif meta["enable_internet"] is not False and meta.get("competition_sources"):
+        problems.append(Problem(f, "enable_internet", "must be false with competition_sources: Kaggle does not "
+                                                      "accept submissions from notebooks with internet on"))
     _check_machine(path, meta, problems)
     _check_sources(path, meta, problems)
     _check_str_list(path, meta, "keywords", problems)

@@ -71,6 +71,7 @@ __all__ = [
     "find_kit",
     "find_weights",
     "global_batch",
+    "internet_available",
     "kaggle_root",
     "setup",
     "smoke_override",
@@ -175,6 +176,22 @@ def smoke_override() -> bool | None:
         return raw in _TRUE
     raise RuntimeSetupError(f"{SMOKE_ENV}={os.environ[SMOKE_ENV]!r}: use 1 (force smoke mode) or 0 (never), "
                             "or leave it unset (smoke on a CPU without the competition data)")
+
+
+def internet_available(host: str = "huggingface.co", port: int = 443, timeout: float = 2.0) -> bool:
+    """Whether ``host`` (timm's weight hub by default) accepts a TCP connection within ``timeout`` s.
+
+    A probe, not a setting: Kaggle's "Internet off" and CI both fail here in milliseconds (no
+    name resolution), so notebooks can choose between downloading and an offline fallback
+    without a flag a user must remember to flip.
+    """
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------- inputs

@@ -309,4 +309,15 @@ def test_kernel_metadata_of_every_planned_notebook_is_clean(tmp_path):
         meta = kaggle.kernel_metadata(folder / f"{stem}.ipynb", user="bob")
         (folder / "kernel-metadata.json").write_text(json.dumps(meta))
         assert meta["id"].startswith("bob/")
+        # online only where timm's pretrained weights are fetched; never with the competition attached
+        assert meta["enable_internet"] is (stem == "03_port_pytorch_weights")
     assert kaggle.lint([tmp_path]) == []
+
+
+def test_internet_is_refused_only_with_a_competition_attached(tmp_path):
+    path = committed_copy(tmp_path)
+    meta = json.loads(path.read_text())
+    meta.update(enable_internet=True, competition_sources=[], enable_tpu=False)
+    meta.pop("machine_shape")
+    path.write_text(json.dumps(meta))
+    assert kaggle.lint([path]) == []

@@ -229,3 +229,13 @@ def test_batch_and_dtype_rules_are_shared_with_the_job():
     assert job._default_dtype() == "float32"  # this CPU
     with pytest.raises(ValueError, match="unknown platform"):
         runtime.defaults("npu")
+
+
+def test_internet_probe_sees_a_listening_port_and_a_missing_host():
+    import socket
+
+    with socket.socket() as server:  # a local listener stands in for the hub
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert runtime.internet_available("127.0.0.1", server.getsockname()[1], timeout=2.0)
+    assert not runtime.internet_available("host.invalid", 443, timeout=2.0)  # .invalid never resolves
