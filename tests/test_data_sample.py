@@ -90,3 +90,18 @@ def test_bad_arguments_are_errors(tmp_path):
         kd.make_sample_dataset(tmp_path, "flowers")
     with pytest.raises(ValueError, match="num_examples"):
         kd.make_sample_dataset(tmp_path, "digits", num_examples=5000)
+
+
+def test_flower_class_names_are_the_competition_list():
+    from pathlib import Path
+    import json
+
+    from kaggle_utils.data.flowers import FLOWER_NUM_CLASSES, flower_class_names
+
+    raw = flower_class_names(strip=False)
+    names = flower_class_names()
+    assert len(names) == FLOWER_NUM_CLASSES == 104 and len(set(names)) == 104
+    assert [i for i, n in enumerate(raw) if n != n.strip()] == [87, 90]  # kept verbatim, stripped for display
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "flower_classes.json"
+    if shared.is_file():  # the project's reference list, beside the repository in CI
+        assert raw == json.loads(shared.read_text())

@@ -16,6 +16,7 @@ from .augment import (
     resolve_augment,
     show_augmented,
 )
+from .flowers import FLOWER_NUM_CLASSES, flower_class_names
 from .imgaug_compat import import_imgaug_augmenters
 from .sample import SampleDataset, make_sample_dataset
 from .tfrecords import (
@@ -41,11 +42,11 @@ from .tfrecords import (
 )
 
 __all__ = [
-    "AugmentWorkerError", "DataError", "HostDataset", "ImgaugRandAugment", "NoTFRecordsError",
+    "AugmentWorkerError", "DataError", "FLOWER_NUM_CLASSES", "HostDataset", "ImgaugRandAugment", "NoTFRecordsError",
     "ProcessPoolAugmenter", "RANDAUGMENT_OPS", "RandAugment", "RecordProblem", "SampleDataset",
     "apply_batch_augment", "augment_images", "check_tfrecords", "count_data_items", "count_from_name",
-    "count_records", "decode_example", "default_worker_count", "encode_jpeg", "import_imgaug_augmenters",
-    "list_tfrecords", "load_dataset", "locate_competition_data", "make_sample_dataset", "resolve_augment",
-    "serialize_example", "shard_files", "shard_name", "show_augmented", "tensorflow_on_host", "write_split",
-    "write_tfrecord",
+    "count_records", "decode_example", "default_worker_count", "encode_jpeg", "flower_class_names",
+    "import_imgaug_augmenters", "list_tfrecords", "load_dataset", "locate_competition_data", "make_sample_dataset",
+    "resolve_augment", "serialize_example", "shard_files", "shard_name", "show_augmented", "tensorflow_on_host",
+    "write_split", "write_tfrecord",
 ]

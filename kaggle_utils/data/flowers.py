@@ -1,0 +1,30 @@
+"""The 104 class names of the flower competition, index = class id.
+
+Kaggle's TFRecords carry only class ids; the names come from the competition's tutorial list
+(``flower_classes.json`` beside this file, shipped with the kit so notebooks need no download).
+The list is kept verbatim: two names (ids 87 and 90) carry a trailing space in the original,
+so :func:`flower_class_names` strips them for display and keeps the ids unchanged.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["FLOWER_NUM_CLASSES", "flower_class_names"]
+
+FLOWER_NUM_CLASSES = 104
+_NAMES_FILE = Path(__file__).with_name("flower_classes.json")
+
+
+@lru_cache(maxsize=None)
+def _raw_names() -> tuple[str, ...]:
+    names = json.loads(_NAMES_FILE.read_text())
+    if len(names) != FLOWER_NUM_CLASSES:
+        raise ValueError(f"{_NAMES_FILE} lists {len(names)} names, expected {FLOWER_NUM_CLASSES}")
+    return tuple(names)
+
+
+def flower_class_names(*, strip: bool = True) -> list[str]:
+    """Names by class id; ``strip=False`` returns the original strings (two end in a space)."""
+    return [n.strip() for n in _raw_names()] if strip else list(_raw_names())
