@@ -63,15 +63,19 @@ def replica_key(rng: jax.Array, step: jax.Array) -> jax.Array:
     return jax.random.fold_in(key, lax.axis_index(AXIS))
 
 
-def _targets(labels: jax.Array, width: int, config: StepConfig) -> jax.Array:
-    """Smoothed one-hot over the real classes, zero-padded to the logit width (padded heads)."""
-    if width < config.num_classes:
-        raise ValueError(f"the model outputs {width} logits but num_classes is {config.num_classes}")
-    onehot = optax.smooth_labels(jax.nn.one_hot(labels, config.num_classes), config.label_smoothing)
-    return jnp.pad(onehot, ((0, 0), (0, width - config.num_classes)))
+def _targets(labels: jax.Array, config: StepConfig) -> jax.Array:
+    """Smoothed one-hot over the real classes."""
+    return optax.smooth_labels(jax.nn.one_hot(labels, config.num_classes), config.label_smoothing)
 
 
 def _class_logits(logits: jax.Array, config: StepConfig) -> jax.Array:
+    """The real classes' logits in fp32; the extra columns of a padded head are dropped.
+
+    A head padded to a TPU-friendly width (``surgery.ClassifierHead(pad_to=128)``) must keep those
+    columns out of the loss, softmax and argmax to train exactly as an unpadded one.
+    """
+    if logits.shape[-1] < config.num_classes:
+        raise ValueError(f"the model outputs {logits.shape[-1]} logits but num_classes is {config.num_classes}")
     return logits.astype(jnp.float32)[:, :config.num_classes]
 
 
@@ -86,7 +90,8 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
     def loss_fn(params):
         variables = {"params": params, "batch_stats": state.batch_stats}
         logits, updates = model.apply(variables, images, mutable=["batch_stats"], rngs=rngs)
-        losses = optax.softmax_cross_entropy(logits.astype(jnp.float32), _targets(labels, logits.shape[-1], config))
+        logits = _class_logits(logits, config)
+        losses = optax.softmax_cross_entropy(logits, _targets(labels, config))
         loss_sum = jnp.sum(jnp.where(mask, losses, 0.0))
         return loss_sum / jnp.maximum(count, 1), (loss_sum, logits, updates.get("batch_stats", {}))
 
@@ -100,7 +105,7 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
         # TF's num_updates warm-up: early on the average follows the weights instead of the init
         decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
         ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
-    correct = jnp.sum((jnp.argmax(_class_logits(logits, config), -1) == labels) & mask, dtype=jnp.int32)
+    correct = jnp.sum((jnp.argmax(logits, -1) == labels) & mask, dtype=jnp.int32)
     metrics = {"loss_sum": lax.psum(loss_sum, AXIS), "correct": lax.psum(correct, AXIS), "count": count}
     new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state,
                               ema_params=ema)
