@@ -239,15 +239,31 @@ def initial_variables(model, model_config: dict, image_size: int, *, weights: st
     from .efficientnet import efficientnet_v2_pretrained
 
     _, ported = efficientnet_v2_pretrained(model_config["name"], weights, input_size=image_size)
-    return surgery.inherit(ported, variables)[0]
+    variables, report = surgery.inherit(ported, variables)
+    if jax.process_index() == 0:
+        print(f"--weights {Path(weights).name}: {report}")
+    return variables
 
 
-def _freeze_mask(patterns: list[str]):
+def _freeze_mask(patterns: list[str], params):
+    """The --freeze mask (True = frozen), checked now: a pattern that matches nothing is an input error."""
     if not patterns:
         return None
     from . import surgery
 
-    return lambda params: surgery.freeze_mask(params, patterns)
+    try:
+        return surgery.freeze_mask(params, patterns)
+    except surgery.SurgeryError as err:
+        raise JobError(f"--freeze: {err}") from None
+
+
+def _training_model(model, patterns: list[str]):
+    """With --freeze, BatchNorm layers in the frozen part run in inference mode: stats used and kept."""
+    if not patterns:
+        return model
+    from . import surgery
+
+    return surgery.freeze_batchnorm(model, patterns)
 
 
 # --------------------------------------------------------------------------- train
@@ -330,11 +346,11 @@ def train_command(args) -> dict:
         schedule = warmup_cosine(scaled_lr(settings["lr"], batch_size), total_steps,
                                  warmup_steps=round(args.warmup_epochs * steps_per_epoch))
         tx = make_optimizer(schedule, weight_decay=args.weight_decay, clip_norm=args.clip_norm or None,
-                            frozen=_freeze_mask(args.freeze))
+                            frozen=_freeze_mask(args.freeze, variables["params"]))
         step_config = StepConfig(num_classes=num_classes, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
                                  label_smoothing=args.label_smoothing, ema_decay=args.ema_decay or 0.999,
                                  tta_flip=args.tta)
-        steps = make_steps(model, tx, step_config, mode=args.mode, mesh=make_mesh())
+        steps = make_steps(_training_model(model, args.freeze), tx, step_config, mode=args.mode, mesh=make_mesh())
         state = jax.device_get(create_train_state(variables, tx, seed=args.seed, ema=args.ema_decay > 0))
         if jax.process_index() == 0:
             out.mkdir(parents=True, exist_ok=True)
