@@ -153,6 +153,10 @@ def _size(leaf) -> int:
     return int(np.prod(np.shape(leaf), dtype=np.int64))
 
 
+def _nbytes(leaf) -> int:
+    return _size(leaf) * np.dtype(leaf.dtype).itemsize
+
+
 def _bytes(n: int) -> str:
     if n < 1024:
         return f"{n} B"
@@ -297,10 +301,9 @@ def variant(model: nn.Module, **changes) -> nn.Module:
     fields (a config such as the EfficientNet's ``spec``: ``arch_def``, ``channel_multiplier``),
     so one call changes either. Unknown or ambiguous names are errors.
     """
-    own = {f.name for f in dataclasses.fields(model)} - {"parent", "name"}
+    own = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name not in ("parent", "name")}
     direct = {k: v for k, v in changes.items() if k in own}
-    configs = {f: getattr(model, f) for f in own if dataclasses.is_dataclass(getattr(model, f, None))
-               and not isinstance(getattr(model, f), type) and not isinstance(getattr(model, f), nn.Module)}
+    configs = {f: v for f, v in own.items() if dataclasses.is_dataclass(v) and not isinstance(v, (type, nn.Module))}
     nested: dict[str, dict] = {}
     for key, value in changes.items():
         if key in direct:
@@ -499,25 +502,27 @@ def _module_paths(flat_params: dict) -> dict[str, list[str]]:
 
 def _frozen_modules(params: Any, patterns: Patterns) -> frozenset[str]:
     """Modules (paths) all of whose own parameters are frozen."""
-    frozen = _select(flatten(params), patterns, "freeze")
-    return frozenset(m for m, leaves in _module_paths(flatten(params)).items() if all(p in frozen for p in leaves))
+    flat = flatten(params)
+    frozen = _select(flat, patterns, "freeze")
+    return frozenset(m for m, leaves in _module_paths(flat).items() if all(p in frozen for p in leaves))
 
 
-# BatchNorm layers and how to call each in inference mode (running statistics, no update).
 def _flax_batchnorm_inference(module, next_fun, arguments):
-    arguments.pop("use_running_average", None)  # set on the module instead: it may be a constructor argument
-    previous = module.use_running_average
-    object.__setattr__(module, "use_running_average", True)
-    try:
+    """Calls a copy of Flax's BatchNorm with ``use_running_average=True``, bound to the same variables.
+
+    The flag may be fixed in the constructor, and passing it again at call time is an error.
+    """
+    if module.use_running_average is True:  # already in inference mode (the copy, too)
         return next_fun(**arguments)
-    finally:
-        object.__setattr__(module, "use_running_average", previous)
+    arguments.pop("use_running_average", None)
+    return module.clone(parent=module.scope, use_running_average=True)(**arguments)
 
 
 def _kit_batchnorm_inference(module, next_fun, arguments):
     return next_fun(**{**arguments, "train": False})
 
 
+# BatchNorm layers and how to call each in inference mode (running statistics, no update).
 BATCHNORM_INFERENCE: dict[type, Callable] = {
     nn.BatchNorm: _flax_batchnorm_inference,
     KitBatchNorm: _kit_batchnorm_inference,
@@ -571,6 +576,8 @@ def freeze_batchnorm(model, patterns: Patterns) -> FrozenBatchNorm:
 
 @dataclasses.dataclass(frozen=True)
 class FreezeReport:
+    """What :func:`freeze` froze: parameter leaves and values, and the BatchNorm layers in inference mode."""
+
     frozen_leaves: int
     frozen_values: int
     trainable_leaves: int
@@ -584,6 +591,8 @@ class FreezeReport:
 
 
 class Frozen(NamedTuple):
+    """The model and optimizer that :func:`freeze` returns, and its report."""
+
     model: FrozenBatchNorm
     tx: optax.GradientTransformation
     report: FreezeReport
@@ -613,6 +622,8 @@ def freeze(model, tx: optax.GradientTransformation, variables: dict, patterns: P
 
 @dataclasses.dataclass(frozen=True)
 class ChannelReport:
+    """What :func:`adapt_input_channels` did to which kernel."""
+
     path: str
     old_shape: tuple[int, ...]
     new_shape: tuple[int, ...]
@@ -670,7 +681,7 @@ def adapt_input_channels(variables: dict, in_chans: int, *, kernel: Patterns | N
 def _intermediate_name(path: str) -> str:
     """``backbone/blocks_1_0/__call__/0`` -> ``backbone/blocks_1_0``; sown ``stage_2/0`` -> ``stage_2``.
 
-    Flax stores each captured or sown value in a tuple (one entry per call); the first is kept.
+    Flax stores each captured or sown value in a tuple, one entry per call.
     """
     parts = path.split("/")
     if "__call__" in parts:
@@ -690,7 +701,11 @@ def extract_features(model, variables: dict, x, patterns: Patterns) -> dict[str,
     def forward(capture):
         def run(v, x):
             _, state = model.apply(v, x, capture_intermediates=capture, mutable=["intermediates"])
-            return {_intermediate_name(p): leaf for p, leaf in flatten(state.get("intermediates", {})).items()}
+            found: dict[str, Any] = {}
+            for path, value in flatten(state.get("intermediates", {})).items():
+                found.setdefault(_intermediate_name(path), value)  # a module called twice: its first call
+            return found
+
         return run
 
     everything = jax.eval_shape(forward(True), variables, x)
@@ -748,7 +763,7 @@ def param_table(variables: dict, *, frozen: Patterns | Any | None = None, depth:
     bytes_by_dtype: dict[str, int] = {}
     for leaf in jax.tree.leaves(variables):
         name = str(np.dtype(leaf.dtype))
-        bytes_by_dtype[name] = bytes_by_dtype.get(name, 0) + _size(leaf) * np.dtype(leaf.dtype).itemsize
+        bytes_by_dtype[name] = bytes_by_dtype.get(name, 0) + _nbytes(leaf)
     natural = sorted(counts, key=lambda m: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", m)])
     return ParamTable(tuple((m, *counts[m]) for m in natural), bytes_by_dtype)
 
@@ -771,6 +786,8 @@ def count_flops(model, variables: dict, sample_input) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class CastReport:
+    """What :func:`cast` did: how many leaves changed dtype and the bytes before and after."""
+
     dtype: str
     cast_leaves: int
     kept_leaves: int  # integer / bool leaves, never cast
@@ -785,9 +802,8 @@ class CastReport:
 def cast(tree: Any, dtype: Any) -> tuple[Any, CastReport]:
     """Every floating leaf cast to ``dtype`` (bf16/fp16 to store, fp32 to train); others untouched."""
     dtype = jnp.dtype(dtype)
-    before = sum(_size(x) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
     out = jax.tree.map(lambda x: jnp.asarray(x, dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
     leaves = jax.tree.leaves(tree)
-    floating = sum(jnp.issubdtype(x.dtype, jnp.floating) for x in leaves)
-    after = sum(_size(x) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(out))
-    return out, CastReport(str(dtype), floating, len(leaves) - floating, before, after)
+    floating = sum(bool(jnp.issubdtype(x.dtype, jnp.floating)) for x in leaves)
+    return out, CastReport(str(dtype), floating, len(leaves) - floating, sum(map(_nbytes, leaves)),
+                           sum(map(_nbytes, jax.tree.leaves(out))))

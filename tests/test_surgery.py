@@ -314,6 +314,9 @@ def test_unfreezing_keeps_the_optimizer_state_of_the_parts_already_training(tiny
     adam = optax.adamw(1e-2, weight_decay=0.01)  # no global clipping: each leaf's update is its own
     host_batches = digit_batches(3)
     head_only = surgery.freeze_optimizer(adam, r"^(Conv|BatchNorm)")
+    state_paths = surgery.flatten(head_only.init(variables["params"]))
+    assert not [p for p in state_paths if "/Conv" in p or "/BatchNorm" in p]  # frozen leaves hold no state
+    assert sum("/Dense_0/" in p for p in state_paths) == 4  # Adam's mu and nu of kernel and bias
     steps1 = one_device_steps(model, head_only)
     state, _ = train(steps1, steps1.put_state(jax.device_get(create_train_state(variables, head_only))),
                      host_batches[:2])
