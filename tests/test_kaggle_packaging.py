@@ -100,8 +100,6 @@ def test_lint_passes_the_committed_metadata(tmp_path):
     assert kaggle.lint([committed_copy(tmp_path)]) == []
 
 
-@pytest.mark.skipif(not (REPO / "notebooks" / kaggle.FLOWER_NOTEBOOK).is_file(),
-                    reason="the flower notebook has not landed yet")
 def test_lint_defaults_pass_on_the_repository(capsys):
     assert kaggle.main(["lint"]) == 0, capsys.readouterr().err
 
