@@ -407,7 +407,6 @@ def _best_variables(out: Path, result) -> dict:
 
 
 def predict_command(args) -> dict:
-    from .efficientnet import pretrained_cfg  # noqa: F401  (model registry)
     from .inference import predict_split
     from .train import StepConfig, make_steps
 

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import jax
 import optax
 
+from ..surgery import freeze_optimizer
+
 __all__ = ["make_optimizer", "scaled_lr", "warmup_cosine"]
 
 
@@ -45,8 +47,8 @@ def make_optimizer(schedule: optax.Schedule | float, *, weight_decay: float = 0.
                    ) -> optax.GradientTransformation:
     """Clip -> AdamW(schedule) with weight decay on matrices/kernels only.
 
-    ``frozen``: a pytree of bools over the params (True = frozen), or a function of the
-    params returning one, e.g. a mask built by ``kaggle_utils.surgery``.
+    ``frozen``: path patterns, a pytree of bools over the params (True = frozen), or a
+    function of the params returning one (see :func:`kaggle_utils.surgery.freeze_optimizer`).
     """
     parts = []
     if clip_norm is not None:
@@ -55,9 +57,4 @@ def make_optimizer(schedule: optax.Schedule | float, *, weight_decay: float = 0.
     tx = optax.chain(*parts)
     if frozen is None:
         return tx
-
-    def labels(params):
-        mask = frozen(params) if callable(frozen) else frozen
-        return jax.tree.map(lambda f: "frozen" if f else "train", mask)
-
-    return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+    return freeze_optimizer(tx, frozen)
