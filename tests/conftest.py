@@ -8,11 +8,13 @@ Two things must happen before jax or tensorflow are first imported anywhere:
   first, whenever it is installed. Library code never imports both: ``kaggle_utils.efficientnet``
   and ``weights_port`` avoid tensorflow, ``kaggle_utils.data`` avoids torch.
 * Virtual devices: multi-device tests (pmap / shard_map) need several devices on a CPU-only
-  machine. XLA exposes N host devices when told before the backend starts.
+  machine. JAX exposes N host devices when told before the backend starts. It is told through
+  its config, not ``XLA_FLAGS``: an environment variable would be inherited by the notebook
+  kernels nbmake starts, and the notebooks should run as on a user's CPU (one device). Tests that
+  start processes give them their own ``XLA_FLAGS``.
 """
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 try:  # torch before tensorflow, see the module docstring
@@ -20,3 +22,7 @@ try:  # torch before tensorflow, see the module docstring
     import torchvision  # noqa: F401
 except ImportError:  # the porter tests will fail on their own imports, with a clear message
     pass
+
+import jax  # noqa: E402  (after torch, see above)
+
+jax.config.update("jax_num_cpu_devices", 8)
