@@ -14,7 +14,9 @@ Cases, each timed as ``--iters`` back-to-back calls on a batch of random images:
   entropy), learning rate and weight decay; dropout and drop path are off on both sides.
 
 Both models hold the same weights (timm's random init ported with ``weights_port``), and the
-eval logits are compared once as a sanity check. Other processes share the CPUs, so rounds
+eval logits are compared once as a sanity check (not the exactness measure: timm's random init
+with default BN statistics gives logits of ~600 whose fp32 rounding alone is ~1e-4 of that scale;
+tests/test_efficientnet_parity.py is the exactness test). Other processes share the CPUs, so rounds
 are interleaved (Flax, timm, timm-CL, Flax-train, timm-train, then again) after a warm-up,
 and the median per case is reported with every round's Flax/timm ratio. timm runs with
 ``torch.set_num_threads(--threads)``; XLA uses its default thread pool (every core).
@@ -163,6 +165,7 @@ def report(result: dict, args) -> None:
           f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} ({args.threads} threads), "
           f"timm {timm.__version__}; cpus={os.cpu_count()}; {args.rounds} rounds x {args.iters} iters; "
           f"setup {result['setup_s']:.0f} s; loadavg {result['load_start']:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
           f"eval logits max |Flax - timm| / max |timm| = {result['logit_diff']:.1e}\n")
     print("| case | Flax img/s | timm img/s | Flax/timm (medians) | per-round Flax/timm |")
     print("|---|---|---|---|---|")

@@ -1,7 +1,7 @@
 """``layers.conv2d``: every implementation path against XLA's convolution, values and gradients.
 
 ``conv2d(impl=...)`` picks how a convolution is computed per platform (``"cpu"``: 1x1 as a
-``dot``, depthwise as shifted multiply-adds, custom kernel gradients). Whatever the path, the
+``dot``, depthwise as shifted multiply-adds with a custom kernel gradient). Whatever the path, the
 forward and both gradients (input and kernel) must equal those of
 ``lax.conv_general_dilated`` up to float rounding, in fp32 at the highest matmul precision.
 The reference pads independently of ``pad_amounts``: TF "SAME" is lax's ``"SAME"`` string,
@@ -102,12 +102,14 @@ def test_conv2d_matches_xla_values_and_gradients(path, padding, depthwise, monke
             assert err < FP32_TOL, f"k={k} s={s}: {name} differs by {err:.1e}"
 
 
-@pytest.mark.parametrize("depthwise", [False, True], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("depthwise", [False, True], ids=["dense 1x1", "depthwise 3x3"])
 def test_conv2d_auto_is_the_cpu_path_on_cpu(depthwise):
-    x, kernel = operands(3, depthwise)
+    """The two convs the CPU path rewrites; dense k x k convs are XLA's on every path."""
+    k, s = (3, 2) if depthwise else (1, 1)
+    x, kernel = operands(k, depthwise)
 
     def jaxpr(impl):
-        loss = lambda x, k: conv2d(x, k, stride=2, groups=6 if depthwise else 1, impl=impl).sum()  # noqa: E731
+        loss = lambda x, w: conv2d(x, w, stride=s, groups=6 if depthwise else 1, impl=impl).sum()  # noqa: E731
         return str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(x, kernel))
 
     assert jax.default_backend() == "cpu"

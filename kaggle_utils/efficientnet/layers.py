@@ -96,7 +96,7 @@ def _taps(xp: jax.Array, k: int, stride: int, out_hw: tuple[int, int]):
     """The k*k shifted (and strided) windows of the padded input ``xp``, each ``[N, *out_hw, C]``.
 
     Window ``(i, j)`` holds the input pixel that kernel tap ``(i, j)`` multiplies for every
-    output pixel, so a convolution is ``sum_ij window_ij @ kernel[i, j]``.
+    output pixel, so a depthwise convolution is ``sum_ij window_ij * kernel[i, j]``.
     """
     n, _, _, c = xp.shape
     h, w = out_hw
@@ -112,7 +112,7 @@ _CHUNK_ELEMENTS = 1 << 19  # per-step operand size of _sum_over_batch_chunks: 2 
 def _sum_over_batch_chunks(fn, xp: jax.Array, g: jax.Array) -> jax.Array:
     """``fn(xp, g)`` for a function that sums over the batch, computed a few samples at a time.
 
-    Weight gradients are sums over the batch. Computed on the whole batch at once, their
+    Kernel gradients are sums over the batch. Computed on the whole batch at once, their
     operands (the k*k shifted windows and the output gradient, several MB each) leave the
     cache and XLA's CPU kernels run 2-4x slower; a ``lax.scan`` over batch chunks of about
     ``_CHUNK_ELEMENTS`` input + output elements keeps each step's operands in cache.
@@ -128,26 +128,21 @@ def _sum_over_batch_chunks(fn, xp: jax.Array, g: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class _CpuConv:
-    """A dense (``groups=1``) or depthwise convolution written for XLA's CPU backend.
+class _Depthwise:
+    """A depthwise convolution written for XLA's CPU backend.
 
-    XLA's own CPU kernels are slow in three places: the depthwise (grouped) convolution
-    (~35x slower than shifted multiply-adds, on about one core), and the weight gradients of
-    both the dense and the depthwise convolution (~20 GFLOP/s, a quarter of its forward).
-    Here the forward is XLA's convolution (dense) or a sum of shifted products (depthwise),
-    the input gradient is the forward's own linear transpose (what autodiff would give), and
-    the kernel gradient is a sum over the k*k taps of ``window^T @ grad_out`` (dense: a
-    matmul over the ``N*H*W`` pixels) or of ``sum(window * grad_out)`` (depthwise).
+    XLA's CPU grouped convolution runs on about one core and is ~35x slower than a sum of
+    k*k shifted multiply-adds on the same shapes, and its kernel gradient is slow too. Here
+    the forward is that sum of shifted products, the input gradient is the forward's own
+    linear transpose (what autodiff would give), and the kernel gradient is, per tap,
+    ``sum(window * grad_out)`` over batch and pixels.
     """
 
-    depthwise: bool
     kernel_size: int
     stride: int
     pads: tuple[tuple[int, int], tuple[int, int]]
 
     def forward(self, x, kernel):
-        if not self.depthwise:
-            return _xla_conv(x, kernel, self.stride, self.pads)
         xp, out_hw = self._pad(x)
         out = None
         for i, j, window in _taps(xp, self.kernel_size, self.stride, out_hw):
@@ -160,19 +155,11 @@ class _CpuConv:
         xp, out_hw = self._pad(x)
         k, f32 = self.kernel_size, jnp.float32
 
-        def dense(xp, g):
-            g = g.reshape(-1, g.shape[-1])
-            contract_pixels = (((0,), (0,)), ((), ()))
-            return jnp.stack([lax.dot_general(w.reshape(g.shape[0], -1), g, contract_pixels, preferred_element_type=f32)
-                              for _, _, w in _taps(xp, k, self.stride, out_hw)])
-
-        def depthwise(xp, g):
+        def per_tap(xp, g):
             g = g.astype(f32)
-            return jnp.stack([jnp.sum(w.astype(f32) * g, axis=(0, 1, 2))
-                              for _, _, w in _taps(xp, k, self.stride, out_hw)])
+            return jnp.stack([jnp.sum(w.astype(f32) * g, axis=(0, 1, 2)) for _, _, w in _taps(xp, k, self.stride, out_hw)])
 
-        grad = _sum_over_batch_chunks(depthwise if self.depthwise else dense, xp, g)
-        return grad.reshape(k, k, -1, g.shape[-1])
+        return _sum_over_batch_chunks(per_tap, xp, g).reshape(k, k, 1, g.shape[-1])
 
     def _pad(self, x):
         xp = jnp.pad(x, ((0, 0), self.pads[0], self.pads[1], (0, 0)))
@@ -181,21 +168,21 @@ class _CpuConv:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _cpu_conv(x, kernel, conv: _CpuConv):
+def _depthwise_conv(x, kernel, conv: _Depthwise):
     return conv.forward(x, kernel)
 
 
-def _cpu_conv_fwd(x, kernel, conv):
+def _depthwise_conv_fwd(x, kernel, conv):
     return conv.forward(x, kernel), (x, kernel)
 
 
-def _cpu_conv_bwd(conv, residuals, g):
+def _depthwise_conv_bwd(conv, residuals, g):
     x, kernel = residuals
     (dx,) = jax.linear_transpose(lambda x: conv.forward(x, kernel), x)(g)
     return dx, conv.kernel_grad(x, g).astype(kernel.dtype)
 
 
-_cpu_conv.defvjp(_cpu_conv_fwd, _cpu_conv_bwd)
+_depthwise_conv.defvjp(_depthwise_conv_fwd, _depthwise_conv_bwd)
 
 
 def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1, padding: str = "symmetric",
@@ -203,21 +190,24 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1,
     """NHWC convolution with an HWIO kernel and timm's padding rule.
 
     ``impl`` picks how it is computed, the one place where that is chosen: ``"xla"`` is
-    XLA's convolution (right on TPU/GPU); ``"cpu"`` writes 1x1 convs as a ``dot`` (XLA's CPU
-    1x1 conv runs at half its speed) and dense / depthwise convs as :class:`_CpuConv`, whose
-    depthwise forward and kernel gradients avoid XLA's slow CPU kernels; ``"auto"`` is
-    ``"cpu"`` on the CPU backend. All paths agree to float rounding.
+    XLA's convolution everywhere (right on TPU/GPU); ``"cpu"`` writes 1x1 convs as a 2-D
+    ``dot`` and depthwise convs as :class:`_Depthwise`, and leaves the other (dense k x k)
+    convs to XLA; ``"auto"`` is ``"cpu"`` on the CPU backend. All paths agree to float
+    rounding. The CPU figures behind these choices assume the compiler options of
+    :mod:`kaggle_utils.efficientnet.xla_cpu`.
     """
     kh, kw, _, _ = kernel.shape
     pads = (pad_amounts(x.shape[1], kh, stride, padding), pad_amounts(x.shape[2], kw, stride, padding))
     depthwise = groups > 1 and groups == x.shape[-1] == kernel.shape[-1]
-    if not _use_cpu_kernels(impl) or kh != kw or (groups > 1 and not depthwise):
+    if not _use_cpu_kernels(impl) or kh != kw:
         return _xla_conv(x, kernel, stride, pads, groups)
     if kh == 1 and stride == 1 and groups == 1:
         # 2-D operands: the weight gradient is then one [N*H*W, Cin]^T @ [N*H*W, Cout] matmul,
         # ~1.5x faster on CPU than the 4-D contraction autodiff gives for jnp.dot(x, w).
         return jnp.dot(x.reshape(-1, x.shape[-1]), kernel[0, 0]).reshape(*x.shape[:-1], kernel.shape[-1])
-    return _cpu_conv(x, kernel, _CpuConv(depthwise, kh, stride, pads))
+    if depthwise:
+        return _depthwise_conv(x, kernel, _Depthwise(kh, stride, pads))
+    return _xla_conv(x, kernel, stride, pads, groups)
 
 
 def _fan_out_normal(groups: int):

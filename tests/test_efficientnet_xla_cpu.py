@@ -1,0 +1,80 @@
+"""``efficientnet.xla_cpu``: the XLA:CPU option is added when it can act, and then it acts.
+
+The option only counts if XLA sees it when the CPU backend starts, so the end-to-end checks
+run in fresh interpreters: importing ``kaggle_utils.efficientnet`` first must keep XLA from
+handing a convolution to YNNPACK (visible in the compiled HLO), and opting out must not.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kaggle_utils.efficientnet import xla_cpu
+
+PROBE = textwrap.dedent("""
+    import os
+    import kaggle_utils.efficientnet
+    import jax, jax.numpy as jnp
+    from jax import lax
+    x, w = jnp.ones((8, 56, 56, 48)), jnp.ones((3, 3, 48, 192))  # a stage-1 conv of EfficientNetV2-S
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    hlo = jax.jit(conv).lower(x, w).compile().as_text()
+    print("flags:", os.environ.get("XLA_FLAGS", ""))
+    print("conv:", "ynn" if "ynn_fusion" in hlo else "xla")
+""")
+
+
+def run_probe(**env):
+    environ = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_cpu.OPT_OUT)}
+    out = subprocess.run([sys.executable, "-c", PROBE], env={**environ, **env}, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if line.startswith(("flags: ", "conv: ")))
+    return lines["flags"], lines["conv"]
+
+
+def test_import_sets_the_option_and_xla_obeys_it():
+    if xla_cpu._jaxlib_release() not in xla_cpu.MEASURED_JAXLIB:
+        pytest.fail(f"jaxlib {xla_cpu._jaxlib_release()} is not in MEASURED_JAXLIB: re-measure and update it")
+    tuned_flags, tuned = run_probe()
+    plain_flags, plain = run_probe(**{xla_cpu.OPT_OUT: "0"})
+    assert f"{xla_cpu.FLAG}={xla_cpu.VALUE}" in tuned_flags and xla_cpu.FLAG not in plain_flags
+    assert (tuned, plain) == ("xla", "ynn")
+
+
+def test_a_users_own_setting_wins():
+    environ = {"XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {xla_cpu.FLAG}=dot"}
+    assert not xla_cpu.apply(environ)
+    assert environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {xla_cpu.FLAG}=dot"
+
+
+def test_added_after_existing_flags_and_only_once(monkeypatch):
+    monkeypatch.setattr(xla_cpu, "_backends_started", lambda: False)
+    environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    assert xla_cpu.apply(environ) and not xla_cpu.apply(environ)
+    assert environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {xla_cpu.FLAG}={xla_cpu.VALUE}"
+
+
+def test_unmeasured_jaxlib_or_opt_out_leaves_flags_alone(monkeypatch):
+    """XLA aborts on a flag it does not know, so other jaxlib releases get nothing."""
+    monkeypatch.setattr(xla_cpu, "_backends_started", lambda: False)
+    monkeypatch.setattr(xla_cpu, "_jaxlib_release", lambda: "0.4")
+    environ = {}
+    assert not xla_cpu.apply(environ) and environ == {}
+    monkeypatch.setattr(xla_cpu, "_jaxlib_release", lambda: xla_cpu.MEASURED_JAXLIB[0])
+    environ = {xla_cpu.OPT_OUT: "0"}
+    assert not xla_cpu.apply(environ) and "XLA_FLAGS" not in environ
+
+
+def test_too_late_warns_instead_of_pretending(monkeypatch):
+    """In this test process JAX's CPU backend has long started: the option cannot act."""
+    import jax
+
+    jax.devices()
+    monkeypatch.setattr(xla_cpu, "_jaxlib_release", lambda: xla_cpu.MEASURED_JAXLIB[0])
+    environ = {}
+    with pytest.warns(UserWarning, match="before kaggle_utils.efficientnet was imported"):
+        assert not xla_cpu.apply(environ)
+    assert "XLA_FLAGS" not in environ
