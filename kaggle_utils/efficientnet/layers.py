@@ -194,7 +194,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1,
     ``dot`` and depthwise convs as :class:`_Depthwise`, and leaves the other (dense k x k)
     convs to XLA; ``"auto"`` is ``"cpu"`` on the CPU backend. All paths agree to float
     rounding. The CPU figures behind these choices assume the compiler options of
-    :mod:`kaggle_utils.efficientnet.xla_cpu`.
+    :mod:`kaggle_utils.xla_cpu`.
     """
     kh, kw, _, _ = kernel.shape
     pads = (pad_amounts(x.shape[1], kh, stride, padding), pad_amounts(x.shape[2], kw, stride, padding))

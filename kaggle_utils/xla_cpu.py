@@ -1,4 +1,4 @@
-"""The XLA:CPU compiler option under which the CPU convolution path of ``layers.conv2d`` is fast.
+"""The XLA:CPU compiler option under which the kit's EfficientNet (``efficientnet.layers.conv2d``) is fast on CPU.
 
 Why this exists: jaxlib 0.10's XLA:CPU hands dots, convolutions, elementwise fusions and
 reductions to YNNPACK by default. Measured on a 2-core x86 machine
@@ -10,8 +10,8 @@ Keeping YNNPACK for reductions only took eval from ~15 to ~20 img/s and the trai
 from ~3.4 to ~4.4 img/s; handing it nothing at all made the training step 2.5x slower.
 
 XLA reads ``XLA_FLAGS`` once, when JAX starts its CPU backend, so :func:`apply` runs when
-:mod:`kaggle_utils.efficientnet` is imported, which is before any computation in the kit's
-jobs, notebooks and tests. Rules:
+the ``kaggle_utils`` package is first imported, which is before any computation in the kit's
+jobs, notebooks (their first cell imports ``kaggle_utils.runtime``) and tests. Rules:
 
 * A user's own ``--xla_cpu_experimental_ynn_fusion_type`` in ``XLA_FLAGS`` wins.
 * XLA aborts the process on an unknown flag, so the option is added only for jaxlib
@@ -59,8 +59,8 @@ def apply(environ=os.environ) -> bool:
 
         if jax.default_backend() == "cpu":
             warnings.warn(
-                f"JAX started its CPU backend before kaggle_utils.efficientnet was imported, so XLA runs without "
-                f"{FLAG}={VALUE} and EfficientNet on CPU is ~1.3x slower. Import kaggle_utils.efficientnet before the "
+                f"JAX started its CPU backend before kaggle_utils was imported, so XLA runs without "
+                f"{FLAG}={VALUE} and EfficientNet on CPU is ~1.3x slower. Import kaggle_utils before the "
                 f"first JAX computation, or set XLA_FLAGS={FLAG}={VALUE} yourself.", stacklevel=3)
         return False
     environ["XLA_FLAGS"] = f"{flags} {FLAG}={VALUE}".strip()

@@ -1,7 +1,8 @@
-"""``efficientnet.xla_cpu``: the XLA:CPU option is added when it can act, and then it acts.
+"""``kaggle_utils.xla_cpu``: the XLA:CPU option is added when it can act, and then it acts.
 
 The option only counts if XLA sees it when the CPU backend starts, so the end-to-end checks
-run in fresh interpreters: importing ``kaggle_utils.efficientnet`` first must keep XLA from
+run in fresh interpreters: importing ``kaggle_utils`` first (as a notebook's first cell does, with
+``kaggle_utils.runtime``, which starts JAX right away) must keep XLA from
 handing a convolution to YNNPACK (visible in the compiled HLO), and opting out must not.
 """
 import os
@@ -11,12 +12,13 @@ import textwrap
 
 import pytest
 
-from kaggle_utils.efficientnet import xla_cpu
+from kaggle_utils import xla_cpu
 
 PROBE = textwrap.dedent("""
     import os
-    import kaggle_utils.efficientnet
+    from kaggle_utils import runtime
     import jax, jax.numpy as jnp
+    runtime.current_platform()  # starts JAX's backend, before any model code is imported
     from jax import lax
     x, w = jnp.ones((8, 56, 56, 48)), jnp.ones((3, 3, 48, 192))  # a stage-1 conv of EfficientNetV2-S
     conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
@@ -75,6 +77,6 @@ def test_too_late_warns_instead_of_pretending(monkeypatch):
     jax.devices()
     monkeypatch.setattr(xla_cpu, "_jaxlib_release", lambda: xla_cpu.MEASURED_JAXLIB[0])
     environ = {}
-    with pytest.warns(UserWarning, match="before kaggle_utils.efficientnet was imported"):
+    with pytest.warns(UserWarning, match="before kaggle_utils was imported"):
         assert not xla_cpu.apply(environ)
     assert "XLA_FLAGS" not in environ
