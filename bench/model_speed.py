@@ -38,7 +38,7 @@ LR, WEIGHT_DECAY = 1e-3, 0.05
 
 
 def flax_cases(name: str, timm_model, images, labels, conv_impl: str) -> dict:
-    """Returns ``{"eval": fn, "train": fn}``; each call runs one batch and blocks on the result."""
+    """``{"eval": fn, "train": fn, "logits": eval logits}``; each fn runs one batch and blocks on the result."""
     import jax
     import jax.numpy as jnp
     import optax

@@ -1,4 +1,4 @@
-"""The XLA:CPU compiler option under which the kit's EfficientNet (``efficientnet.layers.conv2d``) is fast on CPU.
+"""The XLA:CPU compiler option under which the kit's EfficientNet is fast on CPU.
 
 Why this exists: jaxlib 0.10's XLA:CPU hands dots, convolutions, elementwise fusions and
 reductions to YNNPACK by default. Measured on a 2-core x86 machine
@@ -6,8 +6,9 @@ reductions to YNNPACK by default. Measured on a 2-core x86 machine
 elementwise kernels often run on one core (a 1x1 conv of 8x56x56x192 -> 48: 12.1 ms on one
 core, 4.0 ms on two with XLA's own Eigen kernel), while its reductions are faster than
 XLA's loops (the depthwise kernel gradients and BatchNorm statistics of the training step).
-Keeping YNNPACK for reductions only took eval from ~15 to ~20 img/s and the training step
-from ~3.4 to ~4.4 img/s; handing it nothing at all made the training step 2.5x slower.
+Keeping YNNPACK for reductions only took eval from ~15 to ~18-20 img/s and the training
+step from ~3.4 to ~4.1-4.4 img/s (``efficientnet.layers.conv2d``'s CPU path); handing it
+nothing at all made the training step ~2.2-2.5x slower.
 
 XLA reads ``XLA_FLAGS`` once, when JAX starts its CPU backend, so :func:`apply` runs when
 the ``kaggle_utils`` package is first imported, which is before any computation in the kit's

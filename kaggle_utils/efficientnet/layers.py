@@ -198,14 +198,12 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1,
     """
     kh, kw, _, _ = kernel.shape
     pads = (pad_amounts(x.shape[1], kh, stride, padding), pad_amounts(x.shape[2], kw, stride, padding))
-    depthwise = groups > 1 and groups == x.shape[-1] == kernel.shape[-1]
-    if not _use_cpu_kernels(impl) or kh != kw:
-        return _xla_conv(x, kernel, stride, pads, groups)
-    if kh == 1 and stride == 1 and groups == 1:
+    cpu = _use_cpu_kernels(impl) and kh == kw
+    if cpu and kh == 1 and stride == 1 and groups == 1:
         # 2-D operands: the weight gradient is then one [N*H*W, Cin]^T @ [N*H*W, Cout] matmul,
         # ~1.5x faster on CPU than the 4-D contraction autodiff gives for jnp.dot(x, w).
         return jnp.dot(x.reshape(-1, x.shape[-1]), kernel[0, 0]).reshape(*x.shape[:-1], kernel.shape[-1])
-    if depthwise:
+    if cpu and groups > 1 and groups == x.shape[-1] == kernel.shape[-1]:
         return _depthwise_conv(x, kernel, _Depthwise(kh, stride, pads))
     return _xla_conv(x, kernel, stride, pads, groups)
 
