@@ -9,8 +9,11 @@ Routes (all through ``load_dataset``, uint8 host batches, shuffled, repeated):
 * tf-randaugment               - ``augment="randaugment"``: TF-native RandAugment(2, 15), per image
 * imgaug py_function, in-thread - imgaug RandAugment(2, 15) per batch inside tf.py_function, as the
                                  seed tutorial does (GIL-bound)
-* imgaug py_function, 1 worker  - the same callable in one worker process, via shared memory
+* imgaug py_function, 1 worker  - the same callable in one worker process, via shared memory; the
+                                 worker also decodes the JPEGs (the default, ``decode_jpegs=True``)
 * imgaug py_function, 2 workers - ... two worker processes
+* ... (tf.data decodes)         - the same with ``decode_jpegs=False``: tf.data decodes, the workers
+                                 only augment
 
 Images are synthetic 104-class JPEGs (``make_sample_dataset(source="synthetic")``) written to a
 temp dir. Rounds are interleaved (A, B, C, ... A, B, C, ...) and the median per route is
@@ -45,14 +48,17 @@ def measure(dataset, seconds: float, warmup_batches: int = 2) -> float:
 def run(args) -> None:
     import kaggle_utils.data as kd
 
-    pools = {workers: kd.ProcessPoolAugmenter(kd.ImgaugRandAugment(n=2, m=15), workers, seed=0)
-             for workers in (1, 2)}
+    pools = {(workers, decode): kd.ProcessPoolAugmenter(kd.ImgaugRandAugment(n=2, m=15), workers, seed=0,
+                                                         decode_jpegs=decode)
+             for decode in (True, False) for workers in (1, 2)}
     routes = {
         "decode-only": None,
         "tf-randaugment": kd.RandAugment(2, 15),
         "imgaug py_function, in-thread": kd.ImgaugRandAugment(n=2, m=15),
-        "imgaug py_function, 1 worker": pools[1],
-        "imgaug py_function, 2 workers": pools[2],
+        "imgaug py_function, 1 worker": pools[1, True],
+        "imgaug py_function, 2 workers": pools[2, True],
+        "imgaug py_function, 1 worker (tf.data decodes)": pools[1, False],
+        "imgaug py_function, 2 workers (tf.data decodes)": pools[2, False],
     }
     print(f"cpus={os.cpu_count()} batch={args.batch_size} seconds/run={args.seconds} rounds={args.rounds} "
           f"loadavg(start)={os.getloadavg()[0]:.2f}")
@@ -88,12 +94,15 @@ def report(results, args) -> None:
             print(f"| {size} | {name} | {value:.0f} | {runs_text} | {value / medians['decode-only']:.2f} |")
     print()
     for size, (medians, _, jpeg_kb) in results.items():
-        scaling = medians["imgaug py_function, 2 workers"] / medians["imgaug py_function, 1 worker"]
-        over_thread = medians["imgaug py_function, 1 worker"] / medians["imgaug py_function, in-thread"]
+        worker = "imgaug py_function, {} worker{}"
+        scaling = medians[worker.format(2, "s")] / medians[worker.format(1, "")]
+        tf_scaling = (medians[worker.format(2, "s") + " (tf.data decodes)"]
+                      / medians[worker.format(1, "") + " (tf.data decodes)"])
+        over_thread = medians[worker.format(1, "")] / medians["imgaug py_function, in-thread"]
         print(f"{size}x{size} (JPEG {jpeg_kb:.0f} kB): tf-randaugment / decode-only = "
               f"{medians['tf-randaugment'] / medians['decode-only']:.2f} (target >= 0.35 at 512); "
-              f"2 workers / 1 worker = {scaling:.2f} (target >= 1.6 at 512); "
-              f"1 worker / in-thread = {over_thread:.2f}")
+              f"2 workers / 1 worker = {scaling:.2f} (target >= 1.6 at 512), {tf_scaling:.2f} when tf.data "
+              f"decodes; 1 worker / in-thread = {over_thread:.2f}")
 
 
 def main() -> None:

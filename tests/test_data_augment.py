@@ -143,6 +143,12 @@ def invert_pool():
         yield pool
 
 
+@pytest.fixture(scope="module")
+def invert_pool_tf_decode():
+    with kd.ProcessPoolAugmenter(np.invert, num_workers=1, seed=0, decode_jpegs=False) as pool:
+        yield pool
+
+
 def test_worker_pool_returns_what_the_function_returns(invert_pool):
     for size in (SIZE, 48):  # a larger batch grows the shared-memory slots
         images = natural_batch(6, size=size)
@@ -159,12 +165,16 @@ def test_worker_pool_runs_calls_concurrently(invert_pool):
         np.testing.assert_array_equal(result, np.invert(batch))
 
 
-def test_load_dataset_with_a_worker_pool_applies_the_function_to_each_batch(tmp_path, invert_pool):
-    images = natural_batch(20)
+@pytest.mark.parametrize("pool", ["invert_pool", "invert_pool_tf_decode"])
+def test_load_dataset_with_a_worker_pool_applies_the_function_to_each_batch(tmp_path, pool, request):
+    """Bit for bit: workers that decode the JPEGs themselves see the pixels tf.data decodes."""
+    pool = request.getfixturevalue(pool)
+    images = natural_batch(20, size=48)
     kd.write_split(tmp_path / "train", images, labels=list(range(20)), num_files=2)
-    common = dict(labeled=True, image_size=SIZE, batch_size=8, ordered=True, process_index=0, process_count=1)
+    common = dict(labeled=True, image_size=48, batch_size=8, ordered=True, process_index=0, process_count=1)
     plain = list(kd.load_dataset(tmp_path / "train", **common))
-    augmented = list(kd.load_dataset(tmp_path / "train", augment=invert_pool, **common))
+    augmented = list(kd.load_dataset(tmp_path / "train", augment=pool, **common))
+    assert len(plain) == len(augmented) == 3
     for a, b in zip(plain, augmented):
         np.testing.assert_array_equal(b["label"], a["label"])
         np.testing.assert_array_equal(b["image"][b["mask"]], np.invert(a["image"][a["mask"]]))

@@ -202,6 +202,13 @@ def write_with_one_bad_record(folder, bad_record: bytes, *, labeled=True):
     return bad_file
 
 
+def truncated_jpeg() -> bytes:
+    """A JPEG whose header (and so its size) reads fine but whose scan data stops early."""
+    noise = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), np.uint8)
+    data = tf.io.encode_jpeg(noise, quality=100).numpy()
+    return data[: len(data) - len(data) // 3]
+
+
 BAD_RECORDS = {
     "missing class": (example({"image": grey_jpeg(50)}), True, "missing feature 'class'"),
     "missing image": (example({"class": 3}), True, "missing feature 'image'"),
@@ -210,23 +217,37 @@ BAD_RECORDS = {
                          "not a decodable JPEG"),
     "wrong size": (example({"image": grey_jpeg(50, size=16), "class": 3}), True,
                    "image is 16x16 .*expected 32x32"),
+    "truncated jpeg": (example({"image": truncated_jpeg(), "class": 3}), True, "not a decodable JPEG"),
 }
 
 
+@pytest.fixture(scope="module")
+def copy_pool():
+    """Augmentation workers that change nothing: the route on which workers decode the JPEGs."""
+    with kd.ProcessPoolAugmenter(np.copy, num_workers=1) as pool:
+        yield pool
+
+
+@pytest.fixture(params=["tf-decode", "worker-decode"])
+def decode_route(request):
+    """load_dataset keyword arguments for each place JPEGs are decoded: tf.data, or augmentation workers."""
+    return {} if request.param == "tf-decode" else {"augment": request.getfixturevalue("copy_pool")}
+
+
 @pytest.mark.parametrize("case", list(BAD_RECORDS))
-def test_bad_record_raises_an_error_naming_file_record_and_problem(tmp_path, case):
+def test_bad_record_raises_an_error_naming_file_record_and_problem(tmp_path, case, decode_route):
     record, labeled, problem = BAD_RECORDS[case]
     bad_file = write_with_one_bad_record(tmp_path / "split", record, labeled=labeled)
     with pytest.raises(kd.DataError, match=problem) as info:
-        list(load(tmp_path / "split", labeled=labeled, ordered=True))
+        list(load(tmp_path / "split", labeled=labeled, ordered=True, **decode_route))
     assert f"{bad_file}, record 2" in str(info.value)
 
 
-@pytest.mark.parametrize("case", ["missing class", "undecodable jpeg", "wrong size"])
-def test_skip_errors_skips_and_counts_bad_records(tmp_path, case):
+@pytest.mark.parametrize("case", ["missing class", "undecodable jpeg", "wrong size", "truncated jpeg"])
+def test_skip_errors_skips_and_counts_bad_records(tmp_path, case, decode_route):
     record, labeled, problem = BAD_RECORDS[case]
     bad_file = write_with_one_bad_record(tmp_path / "split", record, labeled=labeled)
-    dataset = load(tmp_path / "split", ordered=True, skip_errors=True)
+    dataset = load(tmp_path / "split", ordered=True, skip_errors=True, **decode_route)
     with pytest.warns(RuntimeWarning, match="skipped 1 bad record"):
         _, data = collect(dataset)
     assert data["label"][data["mask"]].tolist() == [0, 1, 2, 3, 100, 101, 103, 104]

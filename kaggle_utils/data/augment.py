@@ -13,9 +13,10 @@ Two routes, selected by ``load_dataset(..., augment=...)``:
   through ``tf.py_function`` as in the seed tutorial. Python under ``tf.py_function`` holds
   the GIL, so parallel map calls alone do not scale (measured: 0.97x from one to two calls).
   :class:`ProcessPoolAugmenter` therefore runs the callable in worker processes (spawned,
-  never forked from a process that has TensorFlow's threads running) and passes the uint8
-  batches through ``multiprocessing.shared_memory``: the tf.data thread only copies the
-  batch in and out and waits, without the GIL, while a worker computes.
+  never forked from a process that has TensorFlow's threads running) and passes batches
+  through ``multiprocessing.shared_memory``: by default the JPEG bytes, which the worker
+  decodes before it augments, and the uint8 result back. The tf.data thread only copies
+  bytes in and out and waits, without the GIL, while a worker computes.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .imgaug_compat import import_imgaug_augmenters
-from .tfrecords import tensorflow_on_host
+from .jpeg import decode_jpeg_into
+from .tfrecords import UNDECODABLE, RecordProblem, tensorflow_on_host
 
 __all__ = [
     "AugmentPlan",
@@ -50,6 +52,7 @@ __all__ = [
     "RandAugment",
     "apply_batch_augment",
     "augment_images",
+    "decode_and_augment_batches",
     "default_worker_count",
     "resolve_augment",
     "show_augmented",
@@ -336,8 +339,14 @@ class AugmentWorkerError(RuntimeError):
 
 
 def default_worker_count() -> int:
-    """One worker per CPU core, minus one core left to TensorFlow's decoding (at least 1)."""
-    return max(1, min(16, (os.cpu_count() or 2) - 1))
+    """One worker per CPU core, up to 16.
+
+    The workers decode as well as augment, so the tf.data process needs little CPU of its
+    own (~0.7 core-ms per 512x512 image against ~11 in a worker): no core is held back for
+    it. Workers only run while the prefetch buffer has room, so they yield to the training
+    step once the input is ahead.
+    """
+    return max(1, min(16, os.cpu_count() or 1))
 
 
 def _pickle_for_worker(fn) -> bytes:
@@ -404,7 +413,26 @@ def _attach(name: str) -> shared_memory.SharedMemory:
         return shared_memory.SharedMemory(name=name)
 
 
-def _run_task(fn, attached: dict, slot: int, name: str, shape) -> str | None:
+def _decode_jpegs(buffer, images: np.ndarray, jpeg_ends: list[int]) -> list[tuple[int, str]]:
+    """Decode the JPEGs stored after the image area of ``buffer`` into ``images``; list the failures.
+
+    A JPEG that cannot be decoded leaves a black image in its place and ``(index, why)`` in
+    the list, for the parent to name by file and record (and to raise, or mask and count).
+    """
+    failures = []
+    start = images.nbytes
+    for i, end in enumerate(jpeg_ends):
+        try:
+            decode_jpeg_into(bytes(buffer[start:images.nbytes + end]), images[i])
+        except ValueError as err:
+            images[i] = 0
+            failures.append((i, str(err)))
+        start = images.nbytes + end
+    return failures
+
+
+def _run_task(fn, attached: dict, slot: int, name: str, shape, jpeg_ends) -> tuple[str | None, list]:
+    failures = []
     try:
         if slot not in attached or attached[slot].name.lstrip("/") != name.lstrip("/"):
             if slot in attached:
@@ -412,12 +440,14 @@ def _run_task(fn, attached: dict, slot: int, name: str, shape) -> str | None:
             attached[slot] = _attach(name)
         images = np.ndarray(shape, np.uint8, buffer=attached[slot].buf)
         try:
+            if jpeg_ends is not None:
+                failures = _decode_jpegs(attached[slot].buf, images, jpeg_ends)
             images[...] = _check_augmented(fn(images), shape, repr(fn))
         finally:
             del images
-        return None
+        return None, failures
     except Exception:  # sent back to the parent, raised there with the traceback
-        return traceback.format_exc()
+        return traceback.format_exc(), failures
 
 
 def _worker_main(conn, payload: bytes, entropy: int, index: int) -> None:
@@ -444,8 +474,8 @@ def _worker_main(conn, payload: bytes, entropy: int, index: int) -> None:
                 break
             if task is None:
                 break
-            task_id, slot, name, shape = task
-            conn.send((task_id, _run_task(fn, attached, slot, name, shape)))
+            task_id, slot, name, shape, jpeg_ends = task
+            conn.send((task_id, *_run_task(fn, attached, slot, name, shape, jpeg_ends)))
     finally:
         for shm in attached.values():
             shm.close()
@@ -472,10 +502,10 @@ class _Worker:
             _, startup_error = self.conn.recv()
             self.ready.set_result(startup_error)
             while True:
-                task_id, error = self.conn.recv()
+                task_id, error, failures = self.conn.recv()
                 with self._lock:
                     future = self._pending.pop(task_id)
-                future.set_result(error)
+                future.set_result((error, failures))
         except (EOFError, OSError):
             self.process.join(timeout=5)
             with self._lock:
@@ -484,16 +514,17 @@ class _Worker:
             if not self.ready.done():
                 self.ready.set_result(self._dead)
             for future in pending:
-                future.set_result(self._dead)
+                future.set_result((self._dead, []))
 
-    def submit(self, task_id: int, slot: int, name: str, shape) -> Future:
+    def submit(self, task_id: int, slot: int, name: str, shape, jpeg_ends: list[int] | None) -> Future:
+        """Future of ``(error traceback or None, [(index, why) for each JPEG that failed to decode])``."""
         future = Future()
         with self._lock:
             if self._dead:
-                future.set_result(self._dead)
+                future.set_result((self._dead, []))
                 return future
             self._pending[task_id] = future
-            self.conn.send((task_id, slot, name, tuple(shape)))
+            self.conn.send((task_id, slot, name, tuple(shape), jpeg_ends))
         return future
 
     def stop(self) -> None:
@@ -510,18 +541,21 @@ class _Worker:
 
 
 class _Slot:
-    """A shared-memory buffer owned by the parent, used by one call at a time on one worker."""
+    """A shared-memory buffer owned by the parent, used by one call at a time on one worker.
+
+    Layout: the uint8 image batch from offset 0, then (when the worker decodes) the
+    batch's JPEG bytes, back to back.
+    """
 
     def __init__(self, worker: _Worker, index: int):
         self.worker, self.index = worker, index
         self.shm: shared_memory.SharedMemory | None = None
 
-    def array(self, shape) -> np.ndarray:
-        nbytes = max(1, int(np.prod(shape)))
+    def buffer(self, nbytes: int) -> memoryview:
         if self.shm is None or self.shm.size < nbytes:
             self.release()
-            self.shm = shared_memory.SharedMemory(create=True, size=nbytes)
-        return np.ndarray(shape, np.uint8, buffer=self.shm.buf)
+            self.shm = shared_memory.SharedMemory(create=True, size=max(1, nbytes))
+        return self.shm.buf
 
     def release(self) -> None:
         if self.shm is not None:
@@ -544,9 +578,18 @@ class ProcessPoolAugmenter:
     """Run a numpy batch augmentation in worker processes, called like the function itself.
 
     ``pool(images)`` copies the uint8 batch into a shared-memory slot, lets a worker run
-    ``fn`` on it in place, and returns a copy of the result. Each worker has
-    ``slots_per_worker`` slots, so the next batch is already waiting when it finishes one;
-    :func:`apply_batch_augment` issues that many concurrent calls.
+    ``fn`` on it in place, and returns a copy of the result. :meth:`decode_and_run` sends
+    JPEG bytes instead and the worker decodes them first, to the pipeline's exact pixels
+    (:mod:`kaggle_utils.data.jpeg`). Each worker has ``slots_per_worker`` slots, so the
+    next batch is already waiting when it finishes one; the tf.data hooks issue that many
+    concurrent calls.
+
+    ``decode_jpegs`` says where ``load_dataset`` decodes for this pool. True (default): in
+    the workers, so all per-image work scales with them and the training process only
+    reads records; this is what a host with few cores per worker wants (2 cores, 512x512:
+    the tf.data decode alone was ~20% of the per-image CPU and capped 2 workers at ~1.55x
+    one). False: TensorFlow decodes in its own thread pool, and the workers only run
+    ``fn``; better where cores are plentiful but workers are few.
 
     ``fn`` is pickled to the workers: by reference when it lives in an importable module,
     by value (cloudpickle) when it comes from a notebook cell or the main script. Workers
@@ -558,12 +601,13 @@ class ProcessPoolAugmenter:
     """
 
     def __init__(self, fn: Callable[[np.ndarray], np.ndarray], num_workers: int = 2, *, seed: int | None = None,
-                 slots_per_worker: int = 2, start_method: str = "spawn", startup_timeout: float = 300.0):
+                 decode_jpegs: bool = True, slots_per_worker: int = 2, start_method: str = "spawn",
+                 startup_timeout: float = 300.0):
         import multiprocessing
 
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 (use the function directly for 0), got {num_workers}")
-        self.fn, self.num_workers = fn, num_workers
+        self.fn, self.num_workers, self.decode_jpegs = fn, num_workers, decode_jpegs
         payload = _pickle_for_worker(fn)
         entropy = np.random.SeedSequence(seed).entropy
         context = multiprocessing.get_context(start_method)
@@ -586,7 +630,7 @@ class ProcessPoolAugmenter:
         return len(self._slots)
 
     def __repr__(self):
-        return f"ProcessPoolAugmenter({self.fn!r}, num_workers={self.num_workers})"
+        return f"ProcessPoolAugmenter({self.fn!r}, num_workers={self.num_workers}, decode_jpegs={self.decode_jpegs})"
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
         return self.run(images, np.copy)
@@ -598,22 +642,50 @@ class ProcessPoolAugmenter:
         buffer directly: the tf.data hook passes ``tf.convert_to_tensor``, whose own copy is
         then the only one (``np.copy`` followed by TF's conversion would copy twice).
         """
-        if not self._finalizer.alive:
-            raise RuntimeError(f"{self!r} is closed")
         images = np.asarray(images)
         if images.dtype != np.uint8 or images.ndim != 4:
             raise ValueError(f"{self!r} takes a uint8 batch [B, H, W, C], got {images.dtype} {images.shape}")
+
+        def fill(buffer):
+            np.ndarray(images.shape, np.uint8, buffer=buffer)[...] = images
+
+        result, _ = self._call(images.shape, images.nbytes, fill, None, take)
+        return result
+
+    def decode_and_run(self, jpegs: Sequence[bytes], image_shape: tuple[int, int, int],
+                       take: Callable[[np.ndarray], object] = np.copy) -> tuple[object, list[tuple[int, str]]]:
+        """Decode ``jpegs`` (each ``image_shape``) in a worker, augment them, return ``(take(images), failures)``.
+
+        ``failures`` lists ``(index, why)`` for each JPEG the worker could not decode; its
+        image is black (and augmented with the rest, so the batch keeps its shape).
+        """
+        shape = (len(jpegs), *image_shape)
+        image_bytes = int(np.prod(shape))
+        ends = np.cumsum([len(data) for data in jpegs]).tolist()
+        encoded_bytes = ends[-1] if ends else 0
+
+        def fill(buffer):
+            buffer[image_bytes:image_bytes + encoded_bytes] = b"".join(jpegs)
+
+        return self._call(shape, image_bytes + encoded_bytes, fill, ends, take)
+
+    def _call(self, shape, nbytes: int, fill, jpeg_ends, take):
+        if not self._finalizer.alive:
+            raise RuntimeError(f"{self!r} is closed")
         slot = self._free.get()
         shared = None
         try:
-            shared = slot.array(images.shape)
-            shared[...] = images
-            error = slot.worker.submit(next(self._task_ids), slot.index, slot.shm.name, images.shape).result()
+            buffer = slot.buffer(nbytes)
+            fill(buffer)
+            future = slot.worker.submit(next(self._task_ids), slot.index, slot.shm.name, shape, jpeg_ends)
+            error, failures = future.result()
             if error is not None:
                 raise AugmentWorkerError(f"{self.fn!r} failed in augmentation worker {slot.worker.index}:\n{error}")
-            return take(shared)
+            shared = np.ndarray(shape, np.uint8, buffer=buffer)
+            return take(shared), failures
         finally:
             del shared
+            buffer = None
             self._free.put(slot)
 
     def close(self) -> None:
@@ -636,17 +708,11 @@ def apply_batch_augment(batches, fn: Callable[[np.ndarray], np.ndarray], *, num_
     """
     tf = tensorflow_on_host()
 
-    def tensor_copy(shared: np.ndarray):
-        tensor = tf.convert_to_tensor(shared)
-        if np.asarray(tensor).ctypes.data == shared.ctypes.data:  # a TF build that aliases numpy memory
-            tensor = tf.convert_to_tensor(shared.copy())
-        return tensor
-
     def call(images):
         try:
             array = images.numpy()
             if isinstance(fn, ProcessPoolAugmenter):  # checked in the worker; one copy out of shared memory
-                return fn.run(array, tensor_copy)
+                return fn.run(array, _tensor_copy)
             return _check_augmented(fn(array.copy()), array.shape, repr(fn))
         except BaseException as err:
             if on_error is not None:
@@ -661,6 +727,53 @@ def apply_batch_augment(batches, fn: Callable[[np.ndarray], np.ndarray], *, num_
     return batches.map(augment_batch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
 
 
+def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_size: int,
+                               report: Callable[[RecordProblem], object], num_parallel_calls: int = 1,
+                               deterministic: bool | None = None,
+                               on_error: Callable[[BaseException], None] | None = None):
+    """:func:`apply_batch_augment` for batches of JPEG bytes, which ``pool``'s workers decode first.
+
+    ``batches`` carry ``jpeg`` (header already checked), ``filename`` and ``index`` per
+    record, which come out as ``image`` and ``mask``. A JPEG that a worker cannot decode
+    (a header that parses over a broken body) goes to ``report`` with its file and record:
+    ``report`` raises, or counts it and the record's ``mask`` is False, so nothing is lost
+    silently and the batch keeps its static shape.
+    """
+    tf = tensorflow_on_host()
+    image_shape = (image_size, image_size, 3)
+
+    def call(jpegs, filenames, indices):
+        try:
+            images, failures = pool.decode_and_run(list(jpegs.numpy()), image_shape, _tensor_copy)
+            mask = np.ones(len(jpegs), bool)
+            for i, why in failures:
+                report(RecordProblem(filenames[i].numpy().decode(), int(indices[i]), f"{UNDECODABLE} ({why})"))
+                mask[i] = False
+            return images, mask
+        except BaseException as err:
+            if on_error is not None:
+                on_error(err)
+            raise
+
+    def decode_batch(batch):
+        jpegs = batch["jpeg"]
+        images, mask = tf.py_function(call, [jpegs, batch["filename"], batch["index"]], [tf.uint8, tf.bool])
+        rest = {k: v for k, v in batch.items() if k not in ("jpeg", "filename", "index")}
+        return {**rest, "image": tf.ensure_shape(images, jpegs.shape.concatenate(image_shape)),
+                "mask": tf.ensure_shape(mask, jpegs.shape)}
+
+    return batches.map(decode_batch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
+
+
+def _tensor_copy(shared: np.ndarray):
+    """A tensor holding a copy of ``shared`` (a view of a worker's shared memory, reused after this)."""
+    tf = tensorflow_on_host()
+    tensor = tf.convert_to_tensor(shared)
+    if np.asarray(tensor).ctypes.data == shared.ctypes.data:  # a TF build that aliases numpy memory
+        tensor = tf.convert_to_tensor(shared.copy())
+    return tensor
+
+
 # --------------------------------------------------------------------------------------
 # Choosing a route from load_dataset's `augment` argument
 # --------------------------------------------------------------------------------------
@@ -669,6 +782,7 @@ class AugmentPlan:
     per_image: Callable | None = None  # TF (image, seed) -> image, inside the decode map
     per_batch: Callable | None = None  # numpy batch -> batch, through tf.py_function
     parallel_calls: int = 1
+    decode_in_workers: bool = False  # per_batch is a ProcessPoolAugmenter that also decodes the JPEGs
     closers: tuple = field(default_factory=tuple)
 
 
@@ -686,14 +800,15 @@ def resolve_augment(augment, *, workers: int | None = None, seed: int | None = N
     if isinstance(augment, RandAugment):
         return AugmentPlan(per_image=augment)
     if isinstance(augment, ProcessPoolAugmenter):  # the caller owns (and closes) it
-        return AugmentPlan(per_batch=augment, parallel_calls=augment.num_slots)
+        return AugmentPlan(per_batch=augment, parallel_calls=augment.num_slots,
+                           decode_in_workers=augment.decode_jpegs)
     if not callable(augment):
         raise TypeError(f"augment must be None, a string, or callable, got {type(augment).__name__}")
     workers = default_worker_count() if workers is None else workers
     if workers == 0:
         return AugmentPlan(per_batch=augment, parallel_calls=1)  # in-thread: more calls only fight for the GIL
     pool = ProcessPoolAugmenter(augment, workers, seed=seed)
-    return AugmentPlan(per_batch=pool, parallel_calls=pool.num_slots, closers=(pool.close,))
+    return AugmentPlan(per_batch=pool, parallel_calls=pool.num_slots, decode_in_workers=True, closers=(pool.close,))
 
 
 # --------------------------------------------------------------------------------------

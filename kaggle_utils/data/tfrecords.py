@@ -36,6 +36,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .jpeg import DCT_METHOD
+
 __all__ = [
     "DataError",
     "NoTFRecordsError",
@@ -334,7 +336,7 @@ def _malformed(labeled: bool) -> str:
 UNDECODABLE = "image bytes are not a decodable JPEG"
 
 
-def decode_example(serialized, *, labeled: bool, image_size: int):
+def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: bool = True):
     """Parse + decode one serialized record inside a tf.data map.
 
     Returns ``(image uint8 [S, S, 3], target, problem)``: ``target`` is the int64 class or
@@ -342,19 +344,30 @@ def decode_example(serialized, *, labeled: bool, image_size: int):
     ("missing feature 'class'", "image is 331x331, expected 512x512"). Structural problems
     do not raise, so the caller can name the file and decide to skip; a JPEG that cannot
     be decoded still raises (TF has no non-raising decode), see :func:`load_dataset`.
+
+    ``decode_image=False`` returns the JPEG bytes (a scalar string) in place of the image,
+    after checking its size from the header: for augmentation workers that decode
+    themselves (:func:`kaggle_utils.data.jpeg.decode_jpeg_into`, the same pixels).
     """
     tf = tensorflow_on_host()
     key, dtype = _target_feature(labeled)
     jpeg, target = _parse_features(serialized, labeled)
     n_image, n_target = tf.size(jpeg), tf.size(target)
     has_image = tf.equal(n_image, 1)
-    image = tf.cond(has_image, lambda: tf.io.decode_jpeg(jpeg[0], channels=3),
-                    lambda: tf.zeros([0, 0, 3], tf.uint8))
-    height_width = tf.shape(image)[:2]
+    jpeg = tf.concat([jpeg[:1], [b""]], 0)[0]
+    if decode_image:
+        image = tf.cond(has_image, lambda: tf.io.decode_jpeg(jpeg, channels=3, dct_method=DCT_METHOD),
+                        lambda: tf.zeros([0, 0, 3], tf.uint8))
+        height_width = tf.shape(image)[:2]
+    else:
+        height_width = tf.cond(has_image, lambda: tf.io.extract_jpeg_shape(jpeg)[:2], lambda: tf.zeros([2], tf.int32))
     size_ok = tf.reduce_all(tf.equal(height_width, [image_size, image_size]))
     fits = has_image & tf.equal(n_target, 1) & size_ok
-    image = tf.cond(fits, lambda: tf.reshape(image, [image_size, image_size, 3]),
-                    lambda: tf.zeros([image_size, image_size, 3], tf.uint8))
+    if decode_image:
+        image = tf.cond(fits, lambda: tf.reshape(image, [image_size, image_size, 3]),
+                        lambda: tf.zeros([image_size, image_size, 3], tf.uint8))
+    else:
+        image = tf.where(fits, jpeg, b"")
     default = tf.constant([-1 if labeled else b""], dtype)
     target = tf.concat([target[:1], default], 0)[0]
 
@@ -370,7 +383,7 @@ def decode_example(serialized, *, labeled: bool, image_size: int):
     return image, target, problem
 
 
-def _decode_without_raising(serialized, *, labeled: bool, image_size: int):
+def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decode_image: bool = True):
     """:func:`decode_example` that also turns undecodable JPEGs / unparsable records into a problem.
 
     tf.data has no try/except, but ``ignore_errors`` on a one-element dataset is one: the
@@ -384,10 +397,10 @@ def _decode_without_raising(serialized, *, labeled: bool, image_size: int):
         tried = tf.data.Dataset.from_tensors(serialized).map(lambda s: (parse_fn(s), True)).ignore_errors()
         return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()
 
-    zeros = tf.zeros([image_size, image_size, 3], tf.uint8)
-    fallback = (zeros, tf.constant(-1 if labeled else b"", dtype), tf.constant(""))
+    no_image = tf.zeros([image_size, image_size, 3], tf.uint8) if decode_image else tf.constant(b"")
+    fallback = (no_image, tf.constant(-1 if labeled else b"", dtype), tf.constant(""))
     (image, target, problem), decoded = attempt(
-        lambda s: decode_example(s, labeled=labeled, image_size=image_size), fallback)
+        lambda s: decode_example(s, labeled=labeled, image_size=image_size, decode_image=decode_image), fallback)
 
     def explain_failure():
         _, parsed = attempt(lambda s: tf.size(_parse_features(s, labeled)[0]), tf.constant(0))
@@ -431,7 +444,10 @@ class _ProblemLog:
                 self.first_error = error
 
     def report(self, filename, index, problem) -> bool:
-        item = RecordProblem(filename.numpy().decode(), int(index.numpy()), problem.numpy().decode())
+        """tf.py_function hook: ``False`` (drop the record) if skipping, else raise :class:`DataError`."""
+        return self.add(RecordProblem(filename.numpy().decode(), int(index.numpy()), problem.numpy().decode()))
+
+    def add(self, item: RecordProblem) -> bool:
         if not self.skip:
             error = DataError(f"{item} (pass skip_errors=True to skip bad records)")
             self.record_error(error)
@@ -512,7 +528,8 @@ class HostDataset:
     Attributes: ``filenames`` (this process's files), ``num_examples`` (their count, from the
     file names), ``batch_size`` (per process), ``steps_per_epoch``, ``num_skipped`` and
     ``skipped_records`` (with ``skip_errors=True``), ``tf_dataset`` (the underlying
-    ``tf.data.Dataset`` of unpadded batches, without ``mask``).
+    ``tf.data.Dataset`` of unpadded batches; it has a ``mask`` only when augmentation workers
+    decode the JPEGs, False for a record they could not decode and ``skip_errors`` skipped).
     """
 
     def __init__(self, tf_dataset, *, filenames, num_examples, batch_size, labeled, repeat,
@@ -567,15 +584,14 @@ class HostDataset:
     def _to_host(self, batch) -> dict[str, np.ndarray]:
         host = {key: value.numpy() for key, value in batch.items()}
         size = len(host["image"])
-        host["mask"] = np.ones(self.batch_size, bool)
+        if "mask" not in host:  # only workers that decode JPEGs mask (records they could not decode)
+            host["mask"] = np.ones(size, bool)
         if size < self.batch_size:  # the final partial batch: pad to a static shape
-            host["mask"][size:] = False
             for key in list(host):
-                if key != "mask":
-                    pad = np.zeros((self.batch_size - size,) + host[key].shape[1:], host[key].dtype)
-                    if host[key].dtype == object:
-                        pad[...] = b""
-                    host[key] = np.concatenate([host[key], pad])
+                pad = np.zeros((self.batch_size - size,) + host[key].shape[1:], host[key].dtype)
+                if host[key].dtype == object:
+                    pad[...] = b""
+                host[key] = np.concatenate([host[key], pad])
         return host
 
     def _check_epoch(self, delivered: int, skipped: int) -> None:
@@ -634,10 +650,12 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
       drop_remainder: drop the final partial batch instead of padding and masking it.
       repeat: repeat forever (training); batches then span epochs.
       skip_errors: skip bad records (counted in ``.num_skipped``, with a warning) instead of
-        raising :class:`DataError`.
+        raising :class:`DataError`. A skipped record is left out of its batch, except one
+        whose JPEG header reads but whose body an augmentation worker cannot decode: by then
+        the batch is formed, so it keeps its slot with ``mask`` 0.
       process_index, process_count: this process's shard of the files; default from JAX.
       seed: seeds shuffling and TF-native augmentation (and the augmentation workers).
-      augment_workers: worker processes for numpy callables (default: CPU count - 1).
+      augment_workers: worker processes for numpy callables (default: one per CPU core, up to 16).
     """
     from . import augment as augment_lib  # augment imports this module
 
@@ -661,13 +679,16 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     target_key = "label" if labeled else "id"
 
     def to_example(filename, index, serialized, image_seed=None):
-        image, target, problem = decode(serialized, labeled=labeled, image_size=image_size)
+        image, target, problem = decode(serialized, labeled=labeled, image_size=image_size,
+                                        decode_image=not plan.decode_in_workers)
         keep = tf.cond(tf.equal(problem, ""), lambda: tf.constant(True),
                        lambda: tf.reshape(tf.py_function(problems.report, [filename, index, problem], tf.bool), []))
         if plan.per_image is not None:
             image = plan.per_image(image, image_seed)
         if labeled:
             target = tf.cast(target, tf.int32)
+        if plan.decode_in_workers:  # JPEG bytes, and where they came from, should a worker fail to decode them
+            return {"jpeg": image, "filename": filename, "index": index, target_key: target, "keep": keep}
         return {"image": image, target_key: target, "keep": keep}
 
     if plan.per_image is not None:
@@ -678,7 +699,11 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     examples = examples.filter(lambda ex: ex["keep"])  # only with skip_errors can keep be False
     examples = examples.map(lambda ex: {k: v for k, v in ex.items() if k != "keep"})
     batches = examples.batch(batch_size, drop_remainder=drop_remainder)
-    if plan.per_batch is not None:
+    if plan.decode_in_workers:
+        batches = augment_lib.decode_and_augment_batches(
+            batches, plan.per_batch, image_size=image_size, report=problems.add, num_parallel_calls=plan.parallel_calls,
+            deterministic=ordered, on_error=problems.record_error)
+    elif plan.per_batch is not None:
         batches = augment_lib.apply_batch_augment(batches, plan.per_batch, num_parallel_calls=plan.parallel_calls,
                                                   deterministic=ordered, on_error=problems.record_error)
     batches = batches.prefetch(tf.data.AUTOTUNE)
