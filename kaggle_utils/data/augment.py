@@ -147,6 +147,10 @@ def equalize(image, level):
     lut = (tf.cumsum(histogram, axis=1) + safe_step // 2) // safe_step
     lut = tf.clip_by_value(tf.concat([tf.zeros([3, 1], tf.int32), lut[:, :-1]], axis=1), 0, 255)
     lut = tf.where(step[:, tf.newaxis] > 0, lut, tf.range(256)[tf.newaxis])  # a flat channel stays as it is
+    # XLA fuses the table's computation (reductions over the histogram) into the gather below and
+    # redoes it for every pixel: 5.9 ms per 512x512 image. A dot is not fused into its consumers,
+    # so a product with the identity (exact: integers below 2^24) makes it build the table once: 2.0 ms.
+    lut = tf.cast(tf.matmul(tf.cast(lut, tf.float32), tf.eye(256)), tf.int32)
     return tf.reshape(tf.cast(tf.gather(tf.reshape(lut, [-1]), values), tf.uint8), tf.shape(image))
 
 
