@@ -5,9 +5,9 @@ their own batches, so that all per-image work scales with the number of workers 
 leaving the decode (about a fifth of the per-image cost of imgaug's RandAugment at 512x512)
 on the process that runs tf.data. Their pixels must be the ones every other route sees, so
 the pipeline decodes with libjpeg's accurate integer DCT (``INTEGER_ACCURATE``, libjpeg's
-``JDCT_ISLOW``): the method PIL and OpenCV use, and so what timm's weights were trained on.
-TensorFlow's default (``INTEGER_FAST``) differs from it by up to 5 levels per pixel and is
-no faster here (both ~1.9 ms per 512x512 image).
+``JDCT_ISLOW``): the method PIL and OpenCV use. TensorFlow's default (``INTEGER_FAST``)
+differs from it by up to 5 levels per pixel and is no faster here (both ~1.9 ms per
+512x512 image).
 
 Workers decode with OpenCV (~1.35 ms per 512x512 image) when it is installed and the JPEG
 is RGB or greyscale, else with PIL (~2.0 ms); both give exactly TensorFlow's pixels, which
