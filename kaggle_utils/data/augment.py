@@ -346,8 +346,8 @@ def default_worker_count() -> int:
     """One worker per CPU core, up to 16.
 
     The workers decode as well as augment, so the tf.data process needs little CPU of its
-    own (~0.7 core-ms per 512x512 image against ~11 in a worker): no core is held back for
-    it. Workers only run while the prefetch buffer has room, so they yield to the training
+    own (~0.7 core-ms per 512x512 image against ~9 in an imgaug RandAugment worker): no core
+    is held back for it. Workers only run while the prefetch buffer has room, so they yield to the training
     step once the input is ahead.
     """
     return max(1, min(16, os.cpu_count() or 1))
@@ -591,9 +591,9 @@ class ProcessPoolAugmenter:
     ``decode_jpegs`` says where ``load_dataset`` decodes for this pool. True (default): in
     the workers, so all per-image work scales with them and the training process only
     reads records; this is what a host with few cores per worker wants (2 cores, 512x512:
-    the tf.data decode alone was ~20% of the per-image CPU and capped 2 workers at ~1.55x
-    one). False: TensorFlow decodes in its own thread pool, and the workers only run
-    ``fn``; better where cores are plentiful but workers are few.
+    with tf.data decoding, the main process took ~25% of the per-image CPU and 2 workers
+    reached ~1.4x one, against ~1.7x). False: TensorFlow decodes in its own thread pool and
+    the workers only run ``fn``, which can be faster where cores outnumber the workers.
 
     ``fn`` is pickled to the workers: by reference when it lives in an importable module,
     by value (cloudpickle) when it comes from a notebook cell or the main script. Workers
