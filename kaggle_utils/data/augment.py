@@ -21,6 +21,7 @@ Two routes, selected by ``load_dataset(..., augment=...)``:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import itertools
 import math
@@ -712,16 +713,12 @@ def apply_batch_augment(batches, fn: Callable[[np.ndarray], np.ndarray], *, num_
     """
     tf = tensorflow_on_host()
 
+    @_errors_passed_to(on_error)
     def call(images):
-        try:
-            array = images.numpy()
-            if isinstance(fn, ProcessPoolAugmenter):  # checked in the worker; one copy out of shared memory
-                return fn.run(array, _tensor_copy)
-            return _check_augmented(fn(array.copy()), array.shape, repr(fn))
-        except BaseException as err:
-            if on_error is not None:
-                on_error(err)
-            raise
+        array = images.numpy()
+        if isinstance(fn, ProcessPoolAugmenter):  # checked in the worker; one copy out of shared memory
+            return fn.run(array, _tensor_copy)
+        return _check_augmented(fn(array.copy()), array.shape, repr(fn))
 
     def augment_batch(batch):
         images = batch["image"]
@@ -746,18 +743,14 @@ def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_siz
     tf = tensorflow_on_host()
     image_shape = (image_size, image_size, 3)
 
+    @_errors_passed_to(on_error)
     def call(jpegs, filenames, indices):
-        try:
-            images, failures = pool.decode_and_run(list(jpegs.numpy()), image_shape, _tensor_copy)
-            mask = np.ones(len(jpegs), bool)
-            for i, why in failures:
-                report(RecordProblem(filenames[i].numpy().decode(), int(indices[i]), f"{UNDECODABLE} ({why})"))
-                mask[i] = False
-            return images, mask
-        except BaseException as err:
-            if on_error is not None:
-                on_error(err)
-            raise
+        images, failures = pool.decode_and_run(list(jpegs.numpy()), image_shape, _tensor_copy)
+        mask = np.ones(len(jpegs), bool)
+        for i, why in failures:
+            report(RecordProblem(filenames[i].numpy().decode(), int(indices[i]), f"{UNDECODABLE} ({why})"))
+            mask[i] = False
+        return images, mask
 
     def decode_batch(batch):
         jpegs = batch["jpeg"]
@@ -767,6 +760,21 @@ def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_siz
                 "mask": tf.ensure_shape(mask, jpegs.shape)}
 
     return batches.map(decode_batch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
+
+
+def _errors_passed_to(on_error: Callable[[BaseException], None] | None):
+    """Decorator for a ``tf.py_function`` body: ``on_error`` sees its exception before TF wraps it."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapped(*args):
+            try:
+                return fn(*args)
+            except BaseException as err:
+                if on_error is not None:
+                    on_error(err)
+                raise
+        return wrapped
+    return decorate
 
 
 def _tensor_copy(shared: np.ndarray):
