@@ -1,5 +1,7 @@
 """Worker-side JPEG decoding gives exactly TensorFlow's pixels, and fails where TensorFlow fails."""
 import io
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -40,12 +42,13 @@ FLAVOURS = {
 @pytest.fixture(params=["opencv", "opencv-bgr", "pil"])
 def decoder(request, monkeypatch):
     """Every decoder: OpenCV (the fast one), OpenCV before 4.10 (BGR only), and PIL alone."""
-    if jpeg.cv2 is None:
+    opencv = jpeg._opencv()
+    if opencv is None:
         pytest.fail("OpenCV (a dependency of imgaug) is not installed")
     if request.param == "pil":
         monkeypatch.setattr(jpeg, "cv2", None)
     elif request.param == "opencv-bgr":
-        names = {name: getattr(jpeg.cv2, name) for name in dir(jpeg.cv2) if name != "IMREAD_COLOR_RGB"}
+        names = {name: getattr(opencv, name) for name in dir(opencv) if name != "IMREAD_COLOR_RGB"}
         monkeypatch.setattr(jpeg, "cv2", types.SimpleNamespace(**names))
     return request.param
 
@@ -86,3 +89,11 @@ def test_what_tensorflow_rejects_is_a_value_error_saying_why(damage, message, de
             tf_decode(data)
     with pytest.raises(ValueError, match=message):
         jpeg.decode_jpeg_into(data, np.zeros((96, 64, 3), np.uint8))
+
+
+def test_importing_the_data_package_loads_no_decoder():
+    """Only augmentation workers decode outside TF: the training process never pays for OpenCV or PIL."""
+    code = ("import sys, kaggle_utils.data; "
+            "loaded = [m for m in ('cv2', 'PIL', 'tensorflow') if m in sys.modules]; print(loaded); sys.exit(bool(loaded))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

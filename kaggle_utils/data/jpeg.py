@@ -11,7 +11,9 @@ differs from it by up to 5 levels per pixel and is no faster here (both ~1.9 ms 
 
 Workers decode with OpenCV (~1.35 ms per 512x512 image) when it is installed and the JPEG
 is RGB or greyscale, else with PIL (~2.0 ms); both give exactly TensorFlow's pixels, which
-``tests/test_data_jpeg.py`` checks for 4:2:0, 4:4:4, progressive, greyscale and CMYK JPEGs.
+``tests/test_data_jpeg.py`` checks for 4:2:0, 4:4:4, 4:2:2, progressive, greyscale and CMYK
+JPEGs. Both are imported on first use: only the worker processes decode, and OpenCV alone
+would add ~0.1 s to every import of :mod:`kaggle_utils.data`.
 """
 from __future__ import annotations
 
@@ -23,10 +25,20 @@ __all__ = ["DCT_METHOD", "decode_jpeg_into"]
 
 DCT_METHOD = "INTEGER_ACCURATE"  # for tf.io.decode_jpeg; the only method PIL and OpenCV also have
 
-try:  # a dependency of imgaug; PIL alone also decodes every JPEG exactly, only slower
-    import cv2
-except ImportError:  # pragma: no cover - depends on the environment
-    cv2 = None
+_NOT_LOADED = object()
+cv2 = _NOT_LOADED  # the OpenCV module, or None where it is not installed; see _opencv()
+
+
+def _opencv():
+    """OpenCV (a dependency of imgaug), or None: PIL alone also decodes every JPEG exactly, only slower."""
+    global cv2
+    if cv2 is _NOT_LOADED:
+        try:
+            import cv2 as module
+        except ImportError:  # pragma: no cover - depends on the environment
+            module = None
+        cv2 = module
+    return cv2
 
 
 def decode_jpeg_into(data: bytes, out: np.ndarray) -> None:
@@ -44,18 +56,19 @@ def decode_jpeg_into(data: bytes, out: np.ndarray) -> None:
             if image.size != (width, height):
                 raise ValueError(f"image is {image.size[1]}x{image.size[0]} (height x width), expected "
                                  f"{height}x{width}")
-            if cv2 is not None and image.mode in ("RGB", "L"):
-                out[...] = _opencv_decode_rgb(data, out.shape)
+            opencv = _opencv()
+            if opencv is not None and image.mode in ("RGB", "L"):
+                out[...] = _opencv_decode_rgb(opencv, data, out.shape)
             else:  # CMYK / YCCK: OpenCV's colour conversion differs from libjpeg's by one level
                 out[...] = np.asarray(image.convert("RGB"))
     except (OSError, SyntaxError, Image.DecompressionBombError) as err:  # PIL's "not a JPEG" / "truncated"
         raise ValueError(str(err) or type(err).__name__) from None
 
 
-def _opencv_decode_rgb(data: bytes, shape) -> np.ndarray:
-    rgb = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10 decodes straight to RGB
-    flags = (cv2.IMREAD_COLOR if rgb is None else rgb) | cv2.IMREAD_IGNORE_ORIENTATION
-    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+def _opencv_decode_rgb(opencv, data: bytes, shape) -> np.ndarray:
+    rgb = getattr(opencv, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10 decodes straight to RGB
+    flags = (opencv.IMREAD_COLOR if rgb is None else rgb) | opencv.IMREAD_IGNORE_ORIENTATION
+    decoded = opencv.imdecode(np.frombuffer(data, np.uint8), flags)
     if decoded is None or decoded.shape != tuple(shape):
         raise ValueError("truncated or corrupt JPEG data")
-    return decoded if rgb is not None else cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
+    return decoded if rgb is not None else opencv.cvtColor(decoded, opencv.COLOR_BGR2RGB)
