@@ -690,7 +690,6 @@ class ProcessPoolAugmenter:
             return take(shared), failures
         finally:
             del shared
-            buffer = None
             self._free.put(slot)
 
     def close(self) -> None:
@@ -794,8 +793,12 @@ class AugmentPlan:
     per_image: Callable | None = None  # TF (image, seed) -> image, inside the decode map
     per_batch: Callable | None = None  # numpy batch -> batch, through tf.py_function
     parallel_calls: int = 1
-    decode_in_workers: bool = False  # per_batch is a ProcessPoolAugmenter that also decodes the JPEGs
     closers: tuple = field(default_factory=tuple)
+
+    @property
+    def decode_in_workers(self) -> bool:
+        """per_batch is a ProcessPoolAugmenter whose workers also decode the JPEGs."""
+        return isinstance(self.per_batch, ProcessPoolAugmenter) and self.per_batch.decode_jpegs
 
 
 def resolve_augment(augment, *, workers: int | None = None, seed: int | None = None) -> AugmentPlan:
@@ -812,15 +815,14 @@ def resolve_augment(augment, *, workers: int | None = None, seed: int | None = N
     if isinstance(augment, RandAugment):
         return AugmentPlan(per_image=augment)
     if isinstance(augment, ProcessPoolAugmenter):  # the caller owns (and closes) it
-        return AugmentPlan(per_batch=augment, parallel_calls=augment.num_slots,
-                           decode_in_workers=augment.decode_jpegs)
+        return AugmentPlan(per_batch=augment, parallel_calls=augment.num_slots)
     if not callable(augment):
         raise TypeError(f"augment must be None, a string, or callable, got {type(augment).__name__}")
     workers = default_worker_count() if workers is None else workers
     if workers == 0:
         return AugmentPlan(per_batch=augment, parallel_calls=1)  # in-thread: more calls only fight for the GIL
     pool = ProcessPoolAugmenter(augment, workers, seed=seed)
-    return AugmentPlan(per_batch=pool, parallel_calls=pool.num_slots, decode_in_workers=True, closers=(pool.close,))
+    return AugmentPlan(per_batch=pool, parallel_calls=pool.num_slots, closers=(pool.close,))
 
 
 # --------------------------------------------------------------------------------------
