@@ -311,7 +311,8 @@ def train_command(args) -> dict:
     from .data import count_data_items, load_dataset
     from .efficientnet import pretrained_cfg
     from .inference import predict_split
-    from .train import StepConfig, create_train_state, fit, make_optimizer, make_steps, scaled_lr, warmup_cosine
+    from .train import (SoftmaxClassification, StepConfig, create_train_state, fit, make_optimizer, make_steps,
+                        scaled_lr, warmup_cosine)
 
     batch_size = _global_batch(args.batch_size)
     if batch_size % jax.process_count():
@@ -348,7 +349,8 @@ def train_command(args) -> dict:
         tx = make_optimizer(schedule, weight_decay=args.weight_decay, clip_norm=args.clip_norm or None,
                             frozen=_freeze_mask(args.freeze, variables["params"]))
         step_config = StepConfig(num_classes=num_classes, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
-                                 label_smoothing=args.label_smoothing, ema_decay=args.ema_decay or 0.999,
+                                 task=SoftmaxClassification(label_smoothing=args.label_smoothing),
+                                 ema_decay=args.ema_decay or 0.999,
                                  tta_flip=args.tta)
         steps = make_steps(_training_model(model, args.freeze), tx, step_config, mode=args.mode, mesh=make_mesh())
         state = jax.device_get(create_train_state(variables, tx, seed=args.seed, ema=args.ema_decay > 0))

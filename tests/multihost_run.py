@@ -8,7 +8,7 @@ import jax
 
 from kaggle_utils.data.feed import local_rows, make_mesh
 from kaggle_utils.train import StepConfig, create_train_state, fit, init_variables, make_optimizer, make_steps
-from kaggle_utils.train import warmup_cosine
+from kaggle_utils.train import SoftmaxClassification, warmup_cosine
 from train_helpers import TinyCNN, batches, digits
 
 TRAIN, VAL = digits("train"), digits("val")
@@ -19,7 +19,8 @@ def run(mode, out_dir, devices=None):
     schedule = warmup_cosine(0.03, STEPS_PER_EPOCH * EPOCHS, warmup_steps=2)
     tx = make_optimizer(schedule, weight_decay=1e-4)
     model = TinyCNN(bn_axis_name="data", drop_rate=0.2)
-    steps = make_steps(model, tx, StepConfig(num_classes=10, label_smoothing=0.1), mode=mode, mesh=make_mesh(devices))
+    config = StepConfig(num_classes=10, task=SoftmaxClassification(label_smoothing=0.1))
+    steps = make_steps(model, tx, config, mode=mode, mesh=make_mesh(devices))
     state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=5, ema=True))
 
     def train_batches(epoch):

@@ -14,7 +14,7 @@ from kaggle_utils import checkpoint, surgery
 from kaggle_utils.data.feed import make_mesh
 from kaggle_utils.efficientnet import create_model
 from kaggle_utils.efficientnet.layers import BatchNorm as KitBatchNorm, LayerCfg
-from kaggle_utils.train import StepConfig, create_train_state, make_optimizer, make_steps
+from kaggle_utils.train import SoftmaxClassification, StepConfig, create_train_state, make_optimizer, make_steps
 from train_helpers import TinyCNN, batches, digits
 
 ACTS = {"relu": nn.relu, "gelu": nn.gelu}
@@ -254,7 +254,7 @@ def test_padded_head_trains_exactly_like_the_unpadded_one():
     host_batches = digit_batches(4)
     results = {}
     for name, model, variables in (("plain", plain, plain_vars), ("padded", padded, padded_vars)):
-        steps = one_device_steps(model, tx, label_smoothing=0.1)
+        steps = one_device_steps(model, tx, task=SoftmaxClassification(label_smoothing=0.1))
         results[name] = train(steps, steps.put_state(jax.device_get(create_train_state(variables, tx))), host_batches)
     (plain_state, plain_losses), (padded_state, padded_losses) = results["plain"], results["padded"]
     np.testing.assert_allclose(padded_losses, plain_losses, rtol=1e-6)

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 from kaggle_utils import checkpoint
-from kaggle_utils.train import (HISTORY_COLUMNS, TIMING_COLUMNS, StepConfig, TrainingDiverged, create_train_state,
+from kaggle_utils.train import (HISTORY_COLUMNS, TIMING_COLUMNS, SoftmaxClassification, StepConfig, TrainingDiverged,
+                                create_train_state,
                                 fit, init_variables, make_optimizer, make_steps, warmup_cosine)
 from train_helpers import TinyCNN, batches, digits
 
 TRAIN, VAL = digits("train"), digits("val")
 BATCH, STEPS_PER_EPOCH = 64, 8
-CONFIG = StepConfig(num_classes=10, label_smoothing=0.05)
+CONFIG = StepConfig(num_classes=10, task=SoftmaxClassification(label_smoothing=0.05))
 
 
 def train_batches(epoch):
@@ -141,7 +142,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert len(json.loads((tmp_path / "metrics.json").read_text())["history"]) == 1
 
 
-def test_callbacks_see_each_epoch_and_can_stop(run):
+def test_hook_functions_see_each_evaluation_and_can_stop(run):
     steps, state, _ = run
     seen = []
 
@@ -149,9 +150,9 @@ def test_callbacks_see_each_epoch_and_can_stop(run):
         seen.append((row["epoch"], int(host_state.step)))
         return row["epoch"] == 2
 
-    result = fit(steps, state, train_batches, steps_per_epoch=2, epochs=5, callbacks=[stop_at_two],
+    result = fit(steps, state, train_batches, steps_per_epoch=2, epochs=5, hooks=[stop_at_two],
                  monitor="train_loss", progress=False)
-    assert seen == [(1, 2), (2, 4)] and result.stop_reason == "stopped by a callback after epoch 2"
+    assert seen == [(1, 2), (2, 4)] and result.stop_reason == "stopped by a hook after epoch 2 (step 4)"
     assert np.isnan(result.history[0]["val_f1"])  # no validation data given
 
 

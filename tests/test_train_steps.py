@@ -7,11 +7,11 @@ import pytest
 from sklearn.metrics import confusion_matrix as sk_confusion
 
 from kaggle_utils.data.feed import make_mesh
-from kaggle_utils.train import StepConfig, create_train_state, init_variables, make_optimizer, make_steps
+from kaggle_utils.train import SoftmaxClassification, StepConfig, create_train_state, init_variables, make_optimizer, make_steps
 from train_helpers import TinyCNN, batches, digits
 
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
-CONFIG = StepConfig(num_classes=10, mean=MEAN, std=STD, label_smoothing=0.1)
+CONFIG = StepConfig(num_classes=10, mean=MEAN, std=STD, task=SoftmaxClassification(label_smoothing=0.1))
 
 
 def reference_train(variables, tx, host_batches):

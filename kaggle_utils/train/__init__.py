@@ -3,16 +3,22 @@
 ``state``: TrainState (fp32 params, batch_stats, optimizer state, step, rng, optional EMA).
 ``steps``: per-replica train / eval / predict steps and ``make_steps`` (mode "pmap" | "jit").
 ``optim``: warmup + cosine schedule, batch-size scaled learning rate, AdamW with clipping / freezing.
-``loop``: ``fit`` (history, checkpoints, resume, early stopping, NaN guard, callbacks).
+``tasks``: loss + metrics (softmax, focal, multi-label), summed on the device, finished on the host.
+``loop``: ``fit`` (actions at step intervals, history, checkpoints, resume, early stopping, hooks).
+``writers``: where logged scalars go (TensorBoard, or any object with ``write(step, scalars)``).
+``run_dir``: the files of a run folder (last K + best checkpoints, history).
 """
-from .loop import HISTORY_COLUMNS, TIMING_COLUMNS, FitResult, TrainingDiverged, evaluate, fit, load_last
+from .loop import HISTORY_COLUMNS, TIMING_COLUMNS, FitResult, Hook, TrainingDiverged, evaluate, fit, history_columns, load_last
 from .optim import make_optimizer, scaled_lr, warmup_cosine
 from .state import TrainState, create_train_state, inference_state, init_variables
+from .tasks import FocalClassification, MetricError, MultiLabelClassification, SoftmaxClassification, Task, make_task
+from .writers import MetricWriter, TensorBoardWriter, WriterError
 from .steps import AXIS, StepConfig, Steps, eval_step, make_steps, normalize, predict_step, replica_key, train_step
 
 __all__ = [
-    "AXIS", "FitResult", "HISTORY_COLUMNS", "StepConfig", "Steps", "TIMING_COLUMNS", "TrainState",
-    "TrainingDiverged", "create_train_state", "eval_step", "evaluate", "fit", "inference_state", "init_variables",
+    "AXIS", "FitResult", "FocalClassification", "HISTORY_COLUMNS", "Hook", "MetricError", "MetricWriter",
+    "MultiLabelClassification", "SoftmaxClassification", "StepConfig", "Steps", "TIMING_COLUMNS", "Task",
+    "TensorBoardWriter", "TrainState", "TrainingDiverged", "WriterError", "history_columns", "make_task", "create_train_state", "eval_step", "evaluate", "fit", "inference_state", "init_variables",
     "load_last", "make_optimizer", "make_steps", "normalize", "predict_step", "replica_key", "scaled_lr",
     "train_step", "warmup_cosine",
 ]

@@ -1,71 +1,102 @@
-"""``fit``: epochs of training steps, evaluation, history, checkpoints, resume, early stopping.
+"""``fit``: training steps with actions at intervals: log, evaluate, checkpoint, stop early.
 
-One function and a few helpers, in the order a reader meets them:
+In the order a reader meets them:
 
 * An epoch is ``steps_per_epoch`` steps over ``train_batches(epoch)``: a *function* of the
-  epoch number, so a resumed run rebuilds exactly the data order of the interrupted one
-  (seed the shuffle with the epoch).
-* Step metrics are sums kept on the device and pulled every ``log_every`` steps (one sync per
-  pull, never one per step); the tqdm bar shows loss, accuracy and images/s.
-* After each epoch: evaluation over the whole validation split (exact counts, padding
-  masked), a history row, then the files, written by process 0 only and each atomically:
-  ``best.msgpack`` (variables of the best epoch by ``monitor``), ``last.msgpack`` (the whole
-  training state and the history: the resume point), ``metrics.json`` and ``history.csv``.
-* ``resume=True`` restores ``last.msgpack``: step, optimizer state (hence the schedule), RNG
-  and history; best epoch and early-stopping patience are recomputed from the history.
-* A non-finite loss stops training with :class:`TrainingDiverged` before anything is written,
-  so ``last.msgpack`` stays the last good state.
-* ``callbacks``: functions ``(row, state) -> stop?`` called at each epoch end, for anything else.
+  epoch number, so a resumed run rebuilds exactly the data order of the interrupted one (seed
+  the shuffle with the epoch) and skips the batches it already trained on.
+* Actions happen at step intervals: every ``log_every`` steps the summed step metrics are
+  pulled from the device (one sync per log, never one per step) and sent to the writers;
+  evaluation happens every ``eval_every`` steps (default: at each epoch end) and adds a history
+  row; a checkpoint is written at every evaluation and every ``checkpoint_every`` steps, keeping
+  the last ``keep`` plus the best. A run killed mid-epoch loses at most ``checkpoint_every``
+  steps and ``resume=True`` continues from there with the same data order, keys, schedule and
+  history.
+* What is measured is the steps' :class:`~kaggle_utils.train.tasks.Task`: the history columns
+  are ``train_<metric>`` and ``val_<metric>`` of its metrics. Any of them can be ``monitor``-ed,
+  with a ``monitor_mode`` and a ``min_delta``; ``patience`` counts evaluations.
+* Nothing diverged is ever saved: the loss is checked at every pull, the parameters and the
+  validation loss before every write (:class:`TrainingDiverged`).
+* ``hooks``: objects with any of the :class:`Hook` methods (or plain functions
+  ``(row, host_state) -> stop?``, called after each evaluation) run user code at the start and
+  end of the run, of each epoch, after each evaluation and log step, without editing the loop.
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import itertools
-import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 from tqdm.auto import tqdm
 
-from .. import checkpoint
-from ..metrics import summarize
+from . import run_dir
 from .steps import Steps
+from .tasks import SoftmaxClassification, Task
+from .writers import close_writers
 
-__all__ = ["HISTORY_COLUMNS", "TIMING_COLUMNS", "FitResult", "TrainingDiverged", "evaluate", "fit",
-           "load_last", "monitor_mode"]
+__all__ = ["HISTORY_COLUMNS", "TIMING_COLUMNS", "FitResult", "Hook", "TrainingDiverged", "evaluate", "fit",
+           "history_columns", "load_last"]
 
-HISTORY_COLUMNS = ("epoch", "step", "train_loss", "train_acc", "val_loss", "val_acc", "val_f1", "lr",
-                   "img_per_s", "seconds")
 TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
-_INT_COLUMNS = ("epoch", "step")
+
+
+def history_columns(task: Task) -> tuple[str, ...]:
+    return ("epoch", "step", *(f"train_{m}" for m in task.metric_names(full=False)),
+            *(f"val_{m}" for m in task.metric_names(full=True)), "lr", *TIMING_COLUMNS)
+
+
+HISTORY_COLUMNS = history_columns(SoftmaxClassification())
 
 
 class TrainingDiverged(RuntimeError):
-    """The training loss became NaN or infinite; the last checkpoint is the last good state."""
+    """The loss, the validation loss or a parameter became NaN or infinite; nothing of it was saved."""
 
 
 @dataclasses.dataclass
 class FitResult:
-    state: Any  # host (numpy) TrainState after the last completed epoch
+    state: Any  # host (numpy) TrainState after the last step
     history: list[dict]
-    best: dict | None  # history row of the best epoch by the monitored metric
+    best: dict | None  # history row of the best evaluation by the monitored metric
     stop_reason: str
 
 
-def monitor_mode(monitor: str) -> str:
-    """Losses are minimised, everything else (accuracy, F1) maximised."""
-    return "min" if "loss" in monitor else "max"
+class Hook:
+    """Base for user hooks: override what you need. ``on_eval_end`` may return True to stop."""
+
+    def on_run_start(self, state, history: list[dict]) -> None: ...
+    def on_epoch_start(self, epoch: int) -> None: ...
+    def on_log(self, step: int, scalars: Mapping[str, float]) -> None: ...
+    def on_eval_end(self, row: dict, host_state) -> bool | None: ...
+    def on_epoch_end(self, epoch: int, host_state) -> None: ...
+    def on_run_end(self, result: FitResult) -> None: ...
+
+
+class _EvalFunction(Hook):
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def on_eval_end(self, row, host_state):
+        return self.fn(row, host_state)
+
+
+def _as_hooks(hooks: Sequence) -> list[Hook]:
+    return [h if any(hasattr(h, m) for m in vars(Hook) if m.startswith("on_")) else _EvalFunction(h)
+            for h in hooks]
 
 
 _add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+_all_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
+
+
+def _task_sums(train_sums: dict) -> dict:
+    """The task's statistics among a train step's outputs (the step adds norms and a step count)."""
+    return {k: v for k, v in train_sums.items() if k not in ("grad_norm", "param_norm", "steps")}
 
 
 def _accumulate(total, new):
@@ -90,203 +121,280 @@ def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = 2,
     return steps.get(total)
 
 
-# --------------------------------------------------------------------------- files
+def load_last(path: str | Path, template, task: Task | None = None):
+    """(host state, history) from a ``last.msgpack`` written by :func:`fit`."""
+    state, history, _ = run_dir.load_last(path, template, history_columns(task or SoftmaxClassification()))
+    return state, history
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+@dataclasses.dataclass
+class _Monitor:
+    name: str
+    mode: str
+    min_delta: float
+    patience: int | None
+
+    def improves(self, row: dict, best: dict | None) -> bool:
+        """Better than the best so far by more than ``min_delta``; NaN never is."""
+        value = row[self.name]
+        if not math.isfinite(value):
+            return False
+        if best is None:
+            return True
+        delta = value - best[self.name]
+        return delta < -self.min_delta if self.mode == "min" else delta > self.min_delta
+
+    def best_row(self, history: list[dict]) -> dict | None:
+        best = None
+        for row in history:
+            if self.improves(row, best):
+                best = row
+        return best
+
+    def early_stop(self, history: list[dict], best: dict | None) -> str | None:
+        """The reason to stop once ``patience`` evaluations have passed since the best one."""
+        if self.patience is None or best is None or not history:
+            return None
+        since = sum(1 for row in history if row["step"] > best["step"])
+        if since < self.patience:
+            return None
+        return (f"early stopping after epoch {history[-1]['epoch']} (step {history[-1]['step']}): {self.name} did "
+                f"not improve for {self.patience} evaluation(s) (best {best[self.name]:.4f} at step {best['step']})")
 
 
-def _history_to_arrays(history: Sequence[dict]) -> dict:
-    return {c: np.asarray([row[c] for row in history], np.float64) for c in HISTORY_COLUMNS}
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
 
 
-def _history_from_arrays(arrays: dict) -> list[dict]:
-    n = len(arrays[HISTORY_COLUMNS[0]])
-    return [{c: (int(arrays[c][i]) if c in _INT_COLUMNS else float(arrays[c][i])) for c in HISTORY_COLUMNS}
-            for i in range(n)]
-
-
-def _write_reports(out_dir: Path, history: list[dict], best: dict | None, monitor: str, stop_reason: str) -> None:
-    clean = lambda row: None if row is None else {k: _json_safe(v) for k, v in row.items()}  # noqa: E731
-    report = {"monitor": monitor, "best": clean(best), "stop_reason": stop_reason,
-              "history": [clean(row) for row in history]}
-    checkpoint.atomic_write_text(out_dir / "metrics.json", json.dumps(report, indent=2, allow_nan=False) + "\n")
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=HISTORY_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(history)
-    checkpoint.atomic_write_text(out_dir / "history.csv", text.getvalue())
-
-
-def load_last(path: str | Path, template) -> tuple[Any, list[dict]]:
-    """(host state, history) from a ``last.msgpack``, every state key and shape checked."""
-    raw = checkpoint.load(path)
-    for key in ("state", "history"):
-        if key not in raw:
-            raise checkpoint.CheckpointError(f"{path} is not a training checkpoint (no {key!r} entry)")
-    checkpoint.check_tree(raw["state"], serialization.to_state_dict(template), what=f"training state in {path}")
-    state = serialization.from_state_dict(template, raw["state"])
-    state = jax.tree.map(lambda v, t: np.asarray(v, np.asarray(t).dtype), state, template)
-    return state, _history_from_arrays(raw["history"])
-
-
-def _improves(row: dict, best: dict | None, monitor: str) -> bool:
-    """Strictly better than the best so far (an equal score is no improvement); NaN never is."""
-    value = row[monitor]
-    if not math.isfinite(value):
-        return False
-    if best is None:
-        return True
-    return value < best[monitor] if monitor_mode(monitor) == "min" else value > best[monitor]
-
-
-def _best_row(history: list[dict], monitor: str) -> dict | None:
-    best = None
-    for row in history:
-        if _improves(row, best, monitor):
-            best = row
-    return best
-
-
-# --------------------------------------------------------------------------- the loop
-
-
-def _train_epoch(steps: Steps, state, batches, n_steps: int, *, epoch: int, log_every: int, bar, prefetch: int):
-    """``n_steps`` train steps; returns the state and the epoch's summed metrics (host)."""
-    total = window = None  # device-side sums: of the epoch, and since the last pull
-    window_start, done = time.perf_counter(), 0
-    for batch in steps.prefetch(itertools.islice(batches, n_steps), prefetch):
-        state, metrics = steps.train(state, batch)
-        total, window = _accumulate(total, metrics), _accumulate(window, metrics)
-        done += 1
-        bar.update(1)
-        if done % log_every == 0 or done == n_steps:
-            host = steps.get(window)  # the one device -> host sync of the window
-            _check_finite(float(host["loss_sum"]), epoch=epoch, step=done)
-            images_per_s = int(host["count"]) / max(time.perf_counter() - window_start, 1e-9)
-            running = summarize(host)
-            bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}", img_s=f"{images_per_s:.0f}")
-            window, window_start = None, time.perf_counter()
-    if done < n_steps:
-        raise ValueError(f"train data for epoch {epoch} ran out after {done} of {n_steps} steps: "
-                         f"use repeat=True or fewer steps per epoch")
-    return state, steps.get(total)
-
-
-def _check_finite(loss_sum: float, *, epoch: int, step: int) -> None:
-    if not math.isfinite(loss_sum):
-        raise TrainingDiverged(f"training loss became {loss_sum} in epoch {epoch} (by step {step} of the epoch); "
-                               f"stopped before writing anything, so last.msgpack is the last good state")
+def _make_monitor(monitor, monitor_mode, min_delta, patience, columns) -> _Monitor:
+    if monitor not in columns:
+        raise ValueError(f"monitor {monitor!r} is not a history column of this task; choose one of "
+                         f"{', '.join(c for c in columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
+    if monitor_mode not in ("auto", "min", "max"):
+        raise ValueError(f"monitor_mode must be auto, min or max, got {monitor_mode!r}")
+    if min_delta < 0 or not math.isfinite(min_delta):
+        raise ValueError(f"min_delta must be a finite number >= 0, got {min_delta}")
+    if patience is not None and patience < 1:
+        raise ValueError(f"patience must be >= 1 evaluation, got {patience}")
+    mode = Task.monitor_mode(monitor) if monitor_mode == "auto" else monitor_mode
+    return _Monitor(monitor, mode, min_delta, patience)
 
 
 def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], *, steps_per_epoch: int,
         epochs: int | None = None, total_steps: int | None = None,
         val_batches: Callable[[], Iterable[dict]] | None = None, out_dir: str | Path | None = None,
-        monitor: str = "val_f1", patience: int | None = None, log_every: int = 20,
-        lr_schedule: Callable[[int], float] | None = None, callbacks: Sequence[Callable] = (),
+        monitor: str = "val_f1", monitor_mode: str = "auto", min_delta: float = 0.0, patience: int | None = None,
+        log_every: int = 20, eval_every: int | None = None, checkpoint_every: int | None = None, keep: int = 1,
+        lr_schedule: Callable[[int], float] | None = None, hooks: Sequence = (), writers: Sequence = (),
         resume: bool = False, manifest: dict | None = None, progress: bool = True, prefetch: int = 2) -> FitResult:
     """Trains ``state`` (a host TrainState) and returns the final host state and the history.
 
     Give ``epochs`` (of ``steps_per_epoch`` steps) or ``total_steps`` (the last epoch may be
-    shorter). ``val_batches()`` yields the validation split; without it the history has NaN
-    validation columns and ``monitor`` should be a training column. ``manifest`` (e.g. the
-    model configuration) goes into the JSON written beside each checkpoint.
+    shorter). ``val_batches()`` yields the validation split; without it the validation columns
+    are NaN and ``monitor`` should be a training column. ``manifest`` (e.g. the run's config)
+    goes into the JSON written beside each checkpoint.
     """
     if (epochs is None) == (total_steps is None):
         raise ValueError("give exactly one of epochs or total_steps")
-    if steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
-    if monitor not in HISTORY_COLUMNS:
-        raise ValueError(f"monitor {monitor!r} is not a history column {HISTORY_COLUMNS}")
-    total_steps = epochs * steps_per_epoch if epochs is not None else total_steps
-    num_epochs = -(-total_steps // steps_per_epoch)
-    out_dir = Path(out_dir) if out_dir is not None else None
-    write = out_dir is not None and _is_main()
-    if write:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = dict(manifest or {})
-    show = progress and _is_main()  # bars
-    report = _is_main()  # one line per epoch
+    _check_positive(steps_per_epoch=steps_per_epoch, epochs=epochs, total_steps=total_steps, log_every=log_every,
+                    eval_every=eval_every, checkpoint_every=checkpoint_every, keep=keep)
+    task = steps.config.task
+    columns = history_columns(task)
+    watch = _make_monitor(monitor, monitor_mode, min_delta, patience, columns)
+    loop = _Loop(steps, task, columns, watch, train_batches, val_batches, _as_hooks(hooks), list(writers),
+                 out_dir=Path(out_dir) if out_dir is not None else None, manifest=dict(manifest or {}),
+                 steps_per_epoch=steps_per_epoch,
+                 total_steps=epochs * steps_per_epoch if epochs is not None else total_steps,
+                 log_every=log_every, eval_every=eval_every, checkpoint_every=checkpoint_every, keep=keep,
+                 lr_schedule=lr_schedule, progress=progress, prefetch=prefetch)
+    try:
+        return loop.run(state, resume=resume)
+    finally:
+        close_writers(loop.writers)
 
-    history: list[dict] = []
-    last_path = out_dir / "last.msgpack" if out_dir is not None else None
-    if resume and last_path is not None and last_path.is_file():
-        state, history = load_last(last_path, state)
-        if report:
-            tqdm.write(f"resumed from {last_path}: {len(history)} epoch(s) done, step {int(state.step)}")
-    dev_state = steps.put_state(state)
-    host_state = state
-    best = _best_row(history, monitor)
-    stop_reason = _early_stop(history, best, monitor, patience) or "completed"  # a resumed run may be done
 
-    for epoch in range(len(history) + 1, num_epochs + 1):
-        if stop_reason != "completed":
-            break
-        start = time.perf_counter()
-        n_steps = min(steps_per_epoch, total_steps - (epoch - 1) * steps_per_epoch)
-        bar = tqdm(total=n_steps, desc=f"epoch {epoch}/{num_epochs}", disable=not show, unit="step")
-        train_start = time.perf_counter()
-        dev_state, train_sums = _train_epoch(steps, dev_state, train_batches(epoch), n_steps, epoch=epoch,
-                                             log_every=log_every, bar=bar, prefetch=prefetch)
-        train_seconds = time.perf_counter() - train_start
+class _Loop:
+    """The state of one ``fit`` call; ``run`` is the loop, the rest are its actions."""
+
+    def __init__(self, steps, task, columns, watch, train_batches, val_batches, hooks, writers, *, out_dir,
+                 manifest, steps_per_epoch, total_steps, log_every, eval_every, checkpoint_every, keep,
+                 lr_schedule, progress, prefetch):
+        self.steps, self.task, self.columns, self.watch = steps, task, columns, watch
+        self.train_batches, self.val_batches, self.hooks, self.writers = train_batches, val_batches, hooks, writers
+        self.out_dir, self.manifest, self.keep = out_dir, manifest, keep
+        self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
+        self.log_every, self.eval_every, self.checkpoint_every = log_every, eval_every, checkpoint_every
+        self.lr_schedule, self.prefetch = lr_schedule, prefetch
+        self.write = out_dir is not None and _is_main()
+        self.show = progress and _is_main()
+        self.history: list[dict] = []
+        self.pending = None  # device sums of the train steps since the last history row
+        self.window = None  # device sums since the last log
+        self.best = None
+        self.stop_reason = "completed"
+
+    # ---- bookkeeping
+    def _epoch_of(self, step: int) -> int:
+        return step // self.steps_per_epoch + 1
+
+    def _epoch_end(self, epoch: int) -> int:
+        return min(epoch * self.steps_per_epoch, self.total_steps)
+
+    def _lr(self, step: int) -> float:
+        return float(self.lr_schedule(step)) if self.lr_schedule is not None else float("nan")
+
+    def _call_hooks(self, method: str, *args) -> list:
+        return [getattr(h, method)(*args) for h in self.hooks if hasattr(h, method)]
+
+    # ---- the loop
+    def run(self, state, *, resume: bool) -> FitResult:
+        last = self.out_dir / "last.msgpack" if self.out_dir is not None else None
+        pending_host = None
+        if resume and last is not None and last.is_file():
+            state, self.history, pending_host = run_dir.load_last(last, state, self.columns)
+            if _is_main():
+                tqdm.write(f"resumed from {last}: {len(self.history)} evaluation(s) done, step {int(state.step)}")
+        if self.write:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.best = self.watch.best_row(self.history)
+        self.stop_reason = self.watch.early_stop(self.history, self.best) or "completed"
+        dev_state = self.steps.put_state(state)
+        self.pending = self.steps.put_state(pending_host) if pending_host else None
+        host_state = state
+        self.clock = {"log": time.perf_counter(), "row": time.perf_counter()}
+        self._call_hooks("on_run_start", state, self.history)
+        step = int(state.step)
+        while step < self.total_steps and self.stop_reason == "completed":
+            dev_state, host_state, step = self._run_epoch(dev_state, host_state, step)
+        if self.write and self.history:  # also after a resume that found the run already complete
+            self._write_reports()
+        if _is_main() and self.stop_reason != "completed":
+            tqdm.write(self.stop_reason)
+        result = FitResult(state=host_state, history=self.history, best=self.best, stop_reason=self.stop_reason)
+        self._call_hooks("on_run_end", result)
+        return result
+
+    def _run_epoch(self, dev_state, host_state, step: int):
+        epoch = self._epoch_of(step)
+        end = self._epoch_end(epoch)
+        done_before = step - (epoch - 1) * self.steps_per_epoch  # > 0 when resuming mid-epoch
+        self._call_hooks("on_epoch_start", epoch)
+        bar = tqdm(total=end - (epoch - 1) * self.steps_per_epoch, initial=done_before,
+                   desc=f"epoch {epoch}/{self._epoch_of(self.total_steps - 1)}", disable=not self.show, unit="step")
+        batches = itertools.islice(self.train_batches(epoch), done_before, done_before + end - step)
+        clock = self.clock
+        for batch in self.steps.prefetch(batches, self.prefetch):
+            dev_state, metrics = self.steps.train(dev_state, batch)
+            self.pending, self.window = _accumulate(self.pending, metrics), _accumulate(self.window, metrics)
+            step += 1
+            bar.update(1)
+            if step % self.log_every == 0 or step == end:
+                self._log(step, epoch, bar, clock)
+            evaluate_now = (step % self.eval_every == 0) if self.eval_every else step == end
+            evaluate_now = evaluate_now or step == self.total_steps
+            save_now = evaluate_now or bool(self.checkpoint_every and step % self.checkpoint_every == 0)
+            if save_now:
+                host_state = self._host_state(dev_state, step)
+            if evaluate_now:
+                self._evaluate(dev_state, host_state, step, epoch, clock)
+            if save_now:
+                self._checkpoint(host_state, epoch, fresh_row=evaluate_now)
+            if self.stop_reason != "completed":
+                break
         bar.close()
-        row = {"epoch": epoch, "step": 0, **{c: float("nan") for c in HISTORY_COLUMNS[2:]}}
-        train = summarize(train_sums, "train_")
-        row.update(train_loss=train["train_loss"], train_acc=train["train_acc"],
-                   img_per_s=train["train_count"] / train_seconds)
-        if val_batches is not None:
-            val = summarize(evaluate(steps, dev_state, val_batches(), prefetch=prefetch, progress=show), "val_")
-            row.update(val_loss=val["val_loss"], val_acc=val["val_acc"], val_f1=val["val_f1"])
-        host_state = steps.get(dev_state)
-        row["step"] = int(host_state.step)
-        row["lr"] = float(lr_schedule(row["step"])) if lr_schedule is not None else float("nan")
-        row["seconds"] = time.perf_counter() - start
-        history.append(row)
-        improved = _improves(row, best, monitor)
+        if step < end and self.stop_reason == "completed":
+            raise ValueError(f"train data for epoch {epoch} ran out after {step - (epoch - 1) * self.steps_per_epoch}"
+                             f" of {end - (epoch - 1) * self.steps_per_epoch} steps: use repeat=True or fewer steps "
+                             "per epoch")
+        if step == end:
+            self._call_hooks("on_epoch_end", epoch, host_state)
+        return dev_state, host_state, step
+
+    # ---- actions
+    def _log(self, step: int, epoch: int, bar, clock) -> None:
+        host = self.steps.get(self.window)  # the one device -> host sync of the window
+        _check_finite(float(host["loss_sum"]), "training loss", epoch=epoch, step=step)
+        seconds = max(time.perf_counter() - clock["log"], 1e-9)
+        running = self.task.finish(_task_sums(host))
+        n = max(int(host["steps"]), 1)
+        scalars = {**{f"train/{k}": v for k, v in running.items()}, "lr": self._lr(step),
+                   "grad_norm": float(host["grad_norm"]) / n, "param_norm": float(host["param_norm"]) / n,
+                   "train/img_per_s": int(host["count"]) / seconds}
+        bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}",
+                        img_s=f"{scalars['train/img_per_s']:.0f}")
+        self._emit(step, scalars)
+        self._call_hooks("on_log", step, scalars)
+        self.window, clock["log"] = None, time.perf_counter()
+
+    def _emit(self, step: int, scalars: dict) -> None:
+        if _is_main():
+            for writer in self.writers:
+                writer.write(step, scalars)
+
+    def _evaluate(self, dev_state, host_state, step: int, epoch: int, clock) -> None:
+        train_seconds = time.perf_counter() - clock["row"]
+        train_sums = self.steps.get(self.pending)
+        train = self.task.finish(_task_sums(train_sums))
+        row = {"epoch": epoch, "step": step, **{c: float("nan") for c in self.columns[2:]}}
+        row.update({f"train_{k}": v for k, v in train.items() if f"train_{k}" in row})
+        row["img_per_s"] = int(train_sums["count"]) / max(train_seconds, 1e-9)
+        if self.val_batches is not None:
+            started = time.perf_counter()
+            sums = evaluate(self.steps, dev_state, self.val_batches(), prefetch=self.prefetch, progress=self.show)
+            val = self.task.finish(sums)
+            _check_finite(val["loss"], "validation loss", epoch=epoch, step=step)
+            row.update({f"val_{k}": v for k, v in val.items()})
+            self._emit(step, {**{f"val/{k}": v for k, v in val.items()},
+                              "val/img_per_s": int(sums["count"]) / (time.perf_counter() - started)})
+        row["lr"] = self._lr(step)
+        row["seconds"] = time.perf_counter() - clock["row"]
+        clock["row"] = time.perf_counter()
+        self.pending = None
+        self.history.append(row)
+        improved = self.watch.improves(row, self.best)
         if improved:
-            best = row
-        if write:
-            _save_epoch(out_dir, host_state, history, best if improved else None, monitor, manifest)
-        if report:
-            tqdm.write(_format_row(row, monitor, improved))
-        if any(bool(cb(row, host_state)) for cb in list(callbacks)):
-            stop_reason = f"stopped by a callback after epoch {epoch}"
+            self.best = row
+            if self.write:
+                run_dir.save_best(self.out_dir, host_state.variables(), row, monitor=self.watch.name,
+                                  manifest=self.manifest)
+        if _is_main():
+            tqdm.write(_format_row(row, self.watch.name, improved))
+        if any(bool(stop) for stop in self._call_hooks("on_eval_end", row, host_state)):
+            self.stop_reason = f"stopped by a hook after epoch {epoch} (step {step})"
         else:
-            stop_reason = _early_stop(history, best, monitor, patience) or stop_reason
-        if write:
-            _write_reports(out_dir, history, best, monitor, stop_reason)
-    if write and history:  # also after a resume that found the run already complete
-        _write_reports(out_dir, history, best, monitor, stop_reason)
-    if report and stop_reason != "completed":
-        tqdm.write(stop_reason)
-    return FitResult(state=host_state, history=history, best=best, stop_reason=stop_reason)
+            self.stop_reason = self.watch.early_stop(self.history, self.best) or self.stop_reason
+
+    def _host_state(self, dev_state, step: int):
+        if not bool(self.steps.get(_all_finite(dev_state.params))):
+            raise TrainingDiverged(f"a parameter became NaN or infinite by step {step}; stopped before writing "
+                                   "anything, so the checkpoints hold the last good state")
+        return self.steps.get(dev_state)
+
+    def _checkpoint(self, host_state, epoch: int, *, fresh_row: bool) -> None:
+        if self.write:
+            pending = None if self.pending is None else self.steps.get(self.pending)
+            run_dir.save_last(self.out_dir, host_state, self.history, self.columns, pending, epoch=epoch,
+                              manifest=self.manifest, keep=self.keep)
+            if fresh_row:
+                self._write_reports()
+
+    def _write_reports(self) -> None:
+        run_dir.write_reports(self.out_dir, self.history, self.columns, best=self.best, monitor=self.watch.name,
+                              stop_reason=self.stop_reason)
 
 
-def _early_stop(history: list[dict], best: dict | None, monitor: str, patience: int | None) -> str | None:
-    """The reason to stop when ``patience`` epochs have passed since the best one, else None."""
-    if patience is None or best is None or history[-1]["epoch"] - best["epoch"] < patience:
-        return None
-    return (f"early stopping after epoch {history[-1]['epoch']}: {monitor} did not improve for {patience} "
-            f"epoch(s) (best {best[monitor]:.4f} at epoch {best['epoch']})")
-
-
-def _save_epoch(out_dir: Path, state, history: list[dict], new_best: dict | None, monitor: str,
-                manifest: dict) -> None:
-    # best first: a kill between the two writes resumes from the previous epoch and redoes this one
-    if new_best is not None:
-        info = {**manifest, "epoch": new_best["epoch"], "step": new_best["step"], "monitor": monitor,
-                "value": _json_safe(new_best[monitor])}
-        checkpoint.save(out_dir / "best.msgpack", state.variables(), manifest=info)
-    last = {"state": serialization.to_state_dict(state), "history": _history_to_arrays(history)}
-    checkpoint.save(out_dir / "last.msgpack", last, manifest={**manifest, "epoch": history[-1]["epoch"],
-                                                               "step": history[-1]["step"]})
+def _check_finite(value: float, what: str, *, epoch: int, step: int) -> None:
+    if not math.isfinite(value):
+        raise TrainingDiverged(f"{what} became {value} in epoch {epoch} (by step {step}); stopped before writing "
+                               "anything, so the checkpoints hold the last good state")
 
 
 def _format_row(row: dict, monitor: str, improved: bool) -> str:
-    shown = ", ".join(f"{k} {row[k]:.4f}" for k in ("train_loss", "train_acc", "val_loss", "val_acc", "val_f1")
-                      if math.isfinite(row[k]))
-    mark = f" (best {monitor})" if improved else ""
-    return f"epoch {row['epoch']}: {shown}, {row['img_per_s']:.0f} img/s, {row['seconds']:.1f}s{mark}"
+    shown = [f"epoch {row['epoch']} step {row['step']}"]
+    for key, value in row.items():
+        if key in ("epoch", "step", "seconds") or (isinstance(value, float) and math.isnan(value)):
+            continue
+        shown.append(f"{key} {value:.4g}" if key != "img_per_s" else f"{value:.0f} img/s")
+    return " | ".join(shown) + (f"  * best {monitor}" if improved else "")

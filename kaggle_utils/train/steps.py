@@ -18,6 +18,10 @@ Losses are sums over real examples divided by the *global* count of real example
 never counts and an uneven split of real examples over replicas changes nothing: with
 synchronised BatchNorm (the model's ``bn_axis_name="data"``) a step on 8 devices equals the
 step on one device with the same global batch.
+
+What is optimised and measured is the config's :class:`~kaggle_utils.train.tasks.Task` (loss,
+targets, summed metric statistics); on-device augmentation and mixing are optional functions of
+a per-step, per-replica key, applied before the forward pass.
 """
 from __future__ import annotations
 
@@ -32,8 +36,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..data.feed import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
-from ..metrics import confusion_counts
 from .state import TrainState
+from .tasks import SoftmaxClassification, Task
 
 __all__ = ["AXIS", "StepConfig", "Steps", "eval_step", "make_steps", "normalize", "predict_step", "replica_key",
            "train_step"]
@@ -41,14 +45,22 @@ __all__ = ["AXIS", "StepConfig", "Steps", "eval_step", "make_steps", "normalize"
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """What the steps need besides model and optimizer (hashable: part of the compiled step)."""
+    """What the steps need besides model and optimizer (hashable: part of the compiled step).
+
+    ``augment``: ``(key, uint8 images [B, H, W, C]) -> uint8 images``, run per replica before
+    normalisation (e.g. a device RandAugment). ``mix``: ``(key, float images, float targets
+    [B, C], mask) -> (images, targets)`` after normalisation (mixup / cutmix); it must leave
+    masked rows alone. Both get their own key per step and per replica.
+    """
 
     num_classes: int
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # of pixel values in [0, 1]; the model's pretrained_cfg
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
-    label_smoothing: float = 0.0
+    task: Task = SoftmaxClassification()
     ema_decay: float = 0.999  # used only when the state keeps ema_params
     tta_flip: bool = False  # predict: average with the horizontally flipped image
+    augment: Callable | None = None
+    mix: Callable | None = None
 
 
 def normalize(images: jax.Array, config: StepConfig) -> jax.Array:
@@ -58,14 +70,9 @@ def normalize(images: jax.Array, config: StepConfig) -> jax.Array:
 
 
 def replica_key(rng: jax.Array, step: jax.Array) -> jax.Array:
-    """Dropout key of this step on this replica: different per step and per device."""
+    """Random key of this step on this replica: different per step and per device."""
     key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
     return jax.random.fold_in(key, lax.axis_index(AXIS))
-
-
-def _targets(labels: jax.Array, config: StepConfig) -> jax.Array:
-    """Smoothed one-hot over the real classes."""
-    return optax.smooth_labels(jax.nn.one_hot(labels, config.num_classes), config.label_smoothing)
 
 
 def _class_logits(logits: jax.Array, config: StepConfig) -> jax.Array:
@@ -79,23 +86,32 @@ def _class_logits(logits: jax.Array, config: StepConfig) -> jax.Array:
     return logits.astype(jnp.float32)[:, :config.num_classes]
 
 
+def _global_norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
 def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTransformation,
                config: StepConfig) -> tuple[TrainState, dict]:
     """One optimizer step on one replica's shard; returns the new state and summed metrics."""
-    images = normalize(batch["image"], config)
-    labels, mask = batch["label"], batch["mask"]
+    dropout_key, augment_key, mix_key = jax.random.split(replica_key(state.rng, state.step), 3)
+    images, labels, mask = batch["image"], batch["label"], batch["mask"]
+    if config.augment is not None:
+        images = config.augment(augment_key, images)
+    images = normalize(images, config)
+    targets = config.task.targets(labels, config.num_classes)
+    if config.mix is not None:
+        images, targets = config.mix(mix_key, images, targets, mask)
     count = lax.psum(jnp.sum(mask, dtype=jnp.int32), AXIS)
-    rngs = {"dropout": replica_key(state.rng, state.step)}
 
     def loss_fn(params):
         variables = {"params": params, "batch_stats": state.batch_stats}
-        logits, updates = model.apply(variables, images, mutable=["batch_stats"], rngs=rngs)
+        logits, updates = model.apply(variables, images, mutable=["batch_stats"], rngs={"dropout": dropout_key})
         logits = _class_logits(logits, config)
-        losses = optax.softmax_cross_entropy(logits, _targets(labels, config))
-        loss_sum = jnp.sum(jnp.where(mask, losses, 0.0))
-        return loss_sum / jnp.maximum(count, 1), (loss_sum, logits, updates.get("batch_stats", {}))
+        losses = config.task.loss(logits, targets)
+        return jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(count, 1), (logits, losses,
+                                                                                updates.get("batch_stats", {}))
 
-    (_, (loss_sum, logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (_, (logits, losses, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     grads = lax.psum(grads, AXIS)  # sum of per-replica sums / global count = global mean
     batch_stats = lax.pmean(batch_stats, AXIS)  # already equal with synchronised BN; averages otherwise
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -105,35 +121,28 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
         # TF's num_updates warm-up: early on the average follows the weights instead of the init
         decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
         ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
-    correct = jnp.sum((jnp.argmax(logits, -1) == labels) & mask, dtype=jnp.int32)
-    metrics = {"loss_sum": lax.psum(loss_sum, AXIS), "correct": lax.psum(correct, AXIS), "count": count}
+    # the loss trained on (mixed, smoothed targets); mixed rows count as their main label for accuracy
+    metrics = lax.psum(config.task.metric_sums(logits, labels if config.mix is None else targets, mask,
+                                               full=False, losses=losses), AXIS)
+    metrics.update(grad_norm=_global_norm(grads), param_norm=_global_norm(params), steps=jnp.ones((), jnp.int32))
     new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state,
                               ema_params=ema)
     return new_state, metrics
 
 
 def eval_step(state: TrainState, batch: dict, *, model, config: StepConfig) -> dict:
-    """Summed loss, correct count, example count and confusion counts of one batch (global)."""
+    """The task's summed statistics of one batch (loss, counts, confusion, ...), over all replicas."""
     logits = _class_logits(model.apply(state.variables(), normalize(batch["image"], config)), config)
-    labels, mask = batch["label"], batch["mask"]
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    preds = jnp.argmax(logits, -1)
-    sums = {
-        "loss_sum": jnp.sum(jnp.where(mask, losses, 0.0)),
-        "correct": jnp.sum((preds == labels) & mask, dtype=jnp.int32),
-        "count": jnp.sum(mask, dtype=jnp.int32),
-        "confusion": confusion_counts(labels, preds, config.num_classes, mask),
-    }
-    return lax.psum(sums, AXIS)
+    return lax.psum(config.task.metric_sums(logits, batch["label"], batch["mask"], full=True), AXIS)
 
 
 def predict_step(state: TrainState, batch: dict, *, model, config: StepConfig) -> jax.Array:
     """Class probabilities of the whole global batch (gathered, in batch order) on every replica."""
     images = normalize(batch["image"], config)
-    probs = jax.nn.softmax(_class_logits(model.apply(state.variables(), images), config))
+    probs = config.task.probabilities(_class_logits(model.apply(state.variables(), images), config))
     if config.tta_flip:
         flipped = model.apply(state.variables(), images[:, :, ::-1])
-        probs = 0.5 * (probs + jax.nn.softmax(_class_logits(flipped, config)))
+        probs = 0.5 * (probs + config.task.probabilities(_class_logits(flipped, config)))
     return lax.all_gather(probs, AXIS, tiled=True)
 
 
@@ -153,6 +162,7 @@ class Steps:
     train: Callable  # (state, device_batch) -> (state, metrics); donates the state
     evaluate: Callable  # (state, device_batch) -> metrics
     predict: Callable  # (state, device_batch) -> probabilities [global batch, C]
+    config: StepConfig  # the task, num_classes, ...: what the loop needs to read the outputs
 
     @property
     def device_count(self) -> int:
@@ -214,4 +224,5 @@ def make_steps(model, tx: optax.GradientTransformation, config: StepConfig, *, m
         train=lambda state, batch: train_c(state, _device_fields(batch)),
         evaluate=lambda state, batch: eval_c(state, _device_fields(batch)),
         predict=lambda state, batch: predict_c(state, _device_fields(batch)),
+        config=config,
     )

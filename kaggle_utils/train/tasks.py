@@ -1,0 +1,261 @@
+"""Tasks: what a step optimises and what a split is scored by, kept out of the step itself.
+
+A task turns a batch's ``label`` field into float targets ``[B, C]`` (integer labels, multi-hot
+rows or soft targets from mixup/cutmix all take that form), gives a per-example loss of
+``(logits, targets)``, and scores a split in two halves:
+
+* ``metric_sums`` runs inside the jitted step: *sums* over the real examples of a batch
+  (padding masked), which add up exactly across batches, devices and hosts.
+* ``finish`` runs on the host on the summed statistics: accuracy, top-5, macro F1, ... A
+  user metric is one more function of those sums (:meth:`Task.with_metric`).
+
+Why sums and not per-batch means: the mean of per-batch F1 scores is not the F1 of the split,
+and a padded last batch would weigh as much as a full one.
+
+Built in: :class:`SoftmaxClassification` (single label, label smoothing; the default),
+:class:`FocalClassification` (single label, down-weights easy examples) and
+:class:`MultiLabelClassification` (sigmoid binary cross-entropy, one decision per class).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ..metrics import confusion_counts, macro_f1
+
+__all__ = ["FocalClassification", "MetricError", "MultiLabelClassification", "SoftmaxClassification", "TASKS",
+           "Task", "make_task"]
+
+UserMetric = Callable[[Mapping[str, np.ndarray]], float]
+
+
+class MetricError(RuntimeError):
+    """A user metric raised or returned something that is not a number; the message names it."""
+
+
+def _smooth(targets: jax.Array, smoothing: float) -> jax.Array:
+    """timm's rule: off = smoothing / C, on = 1 - smoothing + off (rows of a soft target stay sums of 1)."""
+    if not smoothing:
+        return targets
+    num_classes = targets.shape[-1]
+    return targets * (1.0 - smoothing) + smoothing / num_classes
+
+
+def _masked_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.where(mask, values, 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Base of the built-in tasks. Frozen and hashable: a task is part of the compiled step."""
+
+    label_smoothing: float = 0.0
+    user_metrics: tuple[tuple[str, UserMetric], ...] = ()
+
+    # ---- on the device
+    def targets(self, labels: jax.Array, num_classes: int) -> jax.Array:
+        """Integer labels ``[B]`` or float rows ``[B, C]`` -> smoothed float targets ``[B, C]``."""
+        return _smooth(self._unsmoothed(labels, num_classes), self.label_smoothing)
+
+    def _unsmoothed(self, labels: jax.Array, num_classes: int) -> jax.Array:
+        if labels.ndim == 1:
+            return jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+        return labels.astype(jnp.float32)
+
+    def loss(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
+        """Per-example loss ``[B]`` of fp32 logits against float targets."""
+        raise NotImplementedError
+
+    def probabilities(self, logits: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def metric_sums(self, logits: jax.Array, labels: jax.Array, mask: jax.Array, *, full: bool,
+                    losses: jax.Array | None = None) -> dict:
+        """Summed statistics of one batch's real rows; ``full`` (evaluation) adds the costly ones.
+
+        ``losses``: the per-example losses the step already computed (the train step's, against
+        smoothed or mixed targets); without them (evaluation) the loss is taken against the
+        unsmoothed ``labels``, so validation losses compare across smoothing settings.
+        """
+        raise NotImplementedError
+
+    def _losses(self, logits, labels, losses):
+        return self.loss(logits, self._unsmoothed(labels, logits.shape[-1])) if losses is None else losses
+
+    # ---- on the host
+    def finish(self, sums: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Scalar metrics of a split from its summed statistics, user metrics included."""
+        out = self._finish(sums)
+        for name, fn in self.user_metrics:
+            try:
+                value = float(fn(sums))
+            except Exception as err:
+                raise MetricError(f"metric {name!r} ({getattr(fn, '__name__', fn)}) raised "
+                                  f"{type(err).__name__}: {err} (it gets the summed statistics "
+                                  f"{sorted(sums)})") from err
+            out[name] = value
+        return out
+
+    def _finish(self, sums: Mapping[str, np.ndarray]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def metric_names(self, *, full: bool) -> tuple[str, ...]:
+        """The names :meth:`finish` produces for a train window (``full=False``) or an evaluation."""
+        names = self._metric_names(full)
+        return names + tuple(name for name, _ in self.user_metrics) if full else names
+
+    def _metric_names(self, full: bool) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def with_metric(self, name: str, fn: UserMetric) -> "Task":
+        """A copy that also reports ``fn(sums)`` as ``name`` after every evaluation."""
+        if not name.isidentifier():
+            raise ValueError(f"metric name {name!r} must be a plain identifier (it becomes the column val_{name})")
+        if name in self._metric_names(True) or name in dict(self.user_metrics):
+            raise ValueError(f"metric {name!r} already exists in {type(self).__name__}")
+        return dataclasses.replace(self, user_metrics=self.user_metrics + ((name, fn),))
+
+    @staticmethod
+    def monitor_mode(metric: str) -> str:
+        """Losses are minimised, everything else (accuracy, F1, a user score) maximised."""
+        return "min" if "loss" in metric else "max"
+
+
+def _count(sums) -> int:
+    return int(sums["count"])
+
+
+def _ratio(value, count: int) -> float:
+    return float(value) / count if count else float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxClassification(Task):
+    """One class per image: softmax cross-entropy; accuracy, top-5 and macro F1 (the flower metric)."""
+
+    top_k: int = 5
+
+    def loss(self, logits, targets):
+        return optax.softmax_cross_entropy(logits, targets)
+
+    def probabilities(self, logits):
+        return jax.nn.softmax(logits)
+
+    def metric_sums(self, logits, labels, mask, *, full, losses=None):
+        num_classes = logits.shape[-1]
+        hard = labels if labels.ndim == 1 else jnp.argmax(labels, -1)  # mixed rows count as their main label
+        preds = jnp.argmax(logits, -1)
+        loss = self._losses(logits, labels, losses)
+        sums = {"loss_sum": _masked_sum(loss, mask),
+                "correct": jnp.sum((preds == hard) & mask, dtype=jnp.int32),
+                "count": jnp.sum(mask, dtype=jnp.int32)}
+        if full:
+            if num_classes > self.top_k:
+                top = _top_k_hits(logits, hard, self.top_k)
+                sums["top_k_correct"] = jnp.sum(top & mask, dtype=jnp.int32)
+            sums["confusion"] = confusion_counts(hard, preds, num_classes, mask)
+        return sums
+
+    def _finish(self, sums):
+        count = _count(sums)
+        out = {"loss": _ratio(sums["loss_sum"], count), "acc": _ratio(sums["correct"], count)}
+        if "top_k_correct" in sums:
+            out[f"top{self.top_k}"] = _ratio(sums["top_k_correct"], count)
+        if "confusion" in sums:
+            out["f1"] = macro_f1(sums["confusion"])
+        return out
+
+    def _metric_names(self, full):
+        return ("loss", "acc", f"top{self.top_k}", "f1") if full else ("loss", "acc")
+
+
+def _top_k_hits(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
+    """Whether each label is among its row's ``k`` largest logits (ties count in the label's favour)."""
+    label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)
+    return jnp.sum(logits > label_logit, axis=-1) < k
+
+
+@dataclasses.dataclass(frozen=True)
+class FocalClassification(SoftmaxClassification):
+    """Softmax focal loss (Lin et al.): ``-sum t (1 - p)^gamma log p``; gamma 0 is cross-entropy."""
+
+    gamma: float = 2.0
+
+    def loss(self, logits, targets):
+        log_p = jax.nn.log_softmax(logits)
+        weight = (1.0 - jnp.exp(log_p)) ** self.gamma
+        return -jnp.sum(targets * weight * log_p, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiLabelClassification(Task):
+    """Several labels per image (multi-hot ``label`` rows): sigmoid BCE, one 0.5 decision per class.
+
+    The loss is the mean over classes (timm's ``BinaryCrossEntropy``), so its scale does not
+    grow with the class count. Metrics: exact-match accuracy, macro F1 over the classes that
+    occur (scikit-learn's rule) and micro F1.
+    """
+
+    threshold: float = 0.5
+
+    def loss(self, logits, targets):
+        return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1)
+
+    def probabilities(self, logits):
+        return jax.nn.sigmoid(logits)
+
+    def _unsmoothed(self, labels, num_classes):
+        if labels.ndim == 1:
+            raise ValueError("the multi-label task needs multi-hot label rows [B, C]; this batch has integer "
+                             "labels [B] (use the softmax task, or a source with several labels per image)")
+        return super()._unsmoothed(labels, num_classes)
+
+    def metric_sums(self, logits, labels, mask, *, full, losses=None):
+        truth = labels > 0.5
+        preds = logits > math.log(self.threshold / (1.0 - self.threshold))  # sigmoid(x) > t without the sigmoid
+        loss = self._losses(logits, labels, losses)
+        real = mask[:, None]
+        sums = {"loss_sum": _masked_sum(loss, mask),
+                "correct": jnp.sum(jnp.all(preds == truth, axis=-1) & mask, dtype=jnp.int32),
+                "count": jnp.sum(mask, dtype=jnp.int32)}
+        if full:
+            sums["tp"] = jnp.sum(preds & truth & real, axis=0, dtype=jnp.int32)
+            sums["fp"] = jnp.sum(preds & ~truth & real, axis=0, dtype=jnp.int32)
+            sums["fn"] = jnp.sum(~preds & truth & real, axis=0, dtype=jnp.int32)
+        return sums
+
+    def _finish(self, sums):
+        count = _count(sums)
+        out = {"loss": _ratio(sums["loss_sum"], count), "acc": _ratio(sums["correct"], count)}
+        if "tp" in sums:
+            tp, fp, fn = (np.asarray(sums[k], np.float64) for k in ("tp", "fp", "fn"))
+            denom = 2 * tp + fp + fn
+            present = denom > 0
+            per_class = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=present)
+            out["f1"] = float(per_class[present].mean()) if present.any() else float("nan")
+            total = denom.sum()
+            out["micro_f1"] = float(2 * tp.sum() / total) if total else float("nan")
+        return out
+
+    def _metric_names(self, full):
+        return ("loss", "acc", "f1", "micro_f1") if full else ("loss", "acc")
+
+
+TASKS = {"softmax": SoftmaxClassification, "focal": FocalClassification, "multilabel": MultiLabelClassification}
+
+
+def make_task(name: str, *, label_smoothing: float = 0.0, focal_gamma: float = 2.0) -> Task:
+    """The built-in task called ``name`` (``softmax`` | ``focal`` | ``multilabel``)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
+    if name == "focal":
+        return FocalClassification(label_smoothing=label_smoothing, gamma=focal_gamma)
+    return TASKS[name](label_smoothing=label_smoothing)
