@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..data.feed import local_rows
 from . import run_dir
 from .steps import Steps
 from .tasks import SoftmaxClassification, Task
@@ -109,10 +110,14 @@ def _is_main() -> bool:
 
 def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = 2, progress: bool = False,
              desc: str = "eval") -> dict:
-    """Sums of the eval step over every batch (``state`` already on the devices), on the host."""
+    """Sums of the eval step over every *global* batch (``state`` already on the devices), on the host.
+
+    Every process reads the whole split and keeps its own rows of each batch, so every process
+    runs the same number of steps whatever the files' sizes.
+    """
     total = None
     bar = tqdm(desc=desc, leave=False, disable=not (progress and _is_main()), unit="batch")
-    for batch in steps.prefetch(batches, prefetch):
+    for batch in steps.prefetch(map(local_rows, batches), prefetch):
         total = _accumulate(total, steps.evaluate(state, batch))
         bar.update(1)
     bar.close()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
@@ -42,34 +44,40 @@ def _check_writable(folder: Path) -> None:
 
 
 class TensorBoardWriter:
-    """Scalars as TensorBoard event files in ``logdir`` (TensorFlow's own summary writer).
+    """Scalars as TensorBoard event files in ``logdir``.
 
-    The folder is checked when the writer is made, so an unwritable folder fails before the
-    first step rather than at the first log. Non-finite values are skipped: TensorBoard draws
-    them as gaps anyway and a NaN would hide the rest of a curve's range.
+    Event files are TFRecord files of ``Event`` protocol buffers; both ship with TensorFlow, so
+    this writes them directly and needs no ``tensorboard`` package (Kaggle's TPU image has
+    ``tensorflow-cpu`` without it). The folder is checked when the writer is made, so an
+    unwritable folder fails before the first step rather than at the first log. Non-finite
+    values are skipped: TensorBoard draws them as gaps anyway.
     """
 
-    def __init__(self, logdir: str | os.PathLike, *, flush_every: int = 1):
+    def __init__(self, logdir: str | os.PathLike):
         self.logdir = Path(logdir)
         _check_writable(self.logdir)
         from ..data import tensorflow_on_host  # TensorFlow stays off the accelerators
 
-        self._tf = tensorflow_on_host()
-        self._writer = self._tf.summary.create_file_writer(str(self.logdir))
-        self._flush_every, self._since_flush = flush_every, 0
+        tf = tensorflow_on_host()
+        from tensorflow.core.util import event_pb2
+
+        self._event_pb2 = event_pb2
+        name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.v2"
+        self.path = self.logdir / name
+        self._file = tf.io.TFRecordWriter(str(self.path))
+        self._file.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        self._file.flush()
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
-        with self._writer.as_default(step=int(step)):
-            for name, value in scalars.items():
-                if value is not None and math.isfinite(value):
-                    self._tf.summary.scalar(name, float(value))
-        self._since_flush += 1
-        if self._since_flush >= self._flush_every:
-            self._writer.flush()
-            self._since_flush = 0
+        event = self._event_pb2.Event(wall_time=time.time(), step=int(step))
+        for name, value in scalars.items():
+            if value is not None and math.isfinite(value):
+                event.summary.value.add(tag=name, simple_value=float(value))
+        self._file.write(event.SerializeToString())
+        self._file.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        self._file.close()
 
 
 def close_writers(writers: Sequence[object]) -> None:

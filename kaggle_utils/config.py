@@ -1,0 +1,270 @@
+"""``TrainConfig``: everything that defines a training run, written once, with the recipe as defaults.
+
+The notebook builds one (``TrainConfig(model=ModelConfig(name=...), ...)`` or
+``TrainConfig().replace(lr=...)``), the job builds one from its command line, and both hand it
+to the same functions (:mod:`kaggle_utils.run`). The command-line flags are generated from the
+fields: a field's type, default and ``help`` metadata become its flag, so a field added here
+appears in ``--help`` and in ``config.json`` with no other edit. Flag names are the field names
+(``lr`` -> ``--lr``) unless the metadata names another (``flag="model"``); they are unique
+across the sections.
+
+``config.json`` holds :meth:`TrainConfig.to_dict`; ``--resume`` compares it field by field with
+:func:`differences` and names every field that changed.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConfigError", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
+           "add_config_flags", "config_from_args", "differences", "flag_of", "overrides"]
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run; the message names the flag."""
+
+
+def _field(default, help: str, **metadata):
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("mutable defaults are not allowed in a frozen config")
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    name: str = _field("tf_efficientnetv2_b0", "registered EfficientNet name (see kaggle_utils.efficientnet)",
+                       flag="model")
+    weights: str | None = _field(None, "ported weights (.msgpack from weights_port) to fine-tune; the head is new "
+                                       "and starts at zero")
+    freeze: tuple[str, ...] = _field((), "with --weights: regex of parameter paths to keep frozen (repeatable)")
+    num_classes: int | None = _field(None, "number of classes (default: from the data)")
+    image_size: int | None = _field(None, "image side the model sees (default: the stored size of the data)")
+    dtype: str | None = _field(None, "compute dtype (default bfloat16 on TPU, else float32)",
+                               choices=("float32", "bfloat16"))
+    drop_rate: float = _field(0.2, "dropout before the classifier")
+    drop_path_rate: float = _field(0.1, "stochastic depth rate")
+    sync_bn: bool = _field(True, "BatchNorm statistics over the global batch")
+    head_multiple: int | None = _field(None, "pad the classifier's outputs to a multiple of this (default 128 on "
+                                             "TPU, 1 elsewhere); padded outputs are masked out")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    data_dir: str | None = _field(None, "folder with train/, val/ and optionally test/ TFRecords (default: the "
+                                        "embedded digits sample, written to a temporary folder)")
+    batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
+    batch_per_device: int | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
+                                                "BATCH_SIZE_PER_CORE); global = this x device count")
+    augment: str = _field("none", "host augmentation: none | randaugment | imgaug",
+                          choices=("none", "randaugment", "imgaug"))
+    skip_errors: bool = _field(False, "skip unreadable records (counted and reported) instead of stopping")
+    deterministic: bool = _field(True, "deterministic input order, so --resume continues exactly")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    lr: float | None = _field(None, "AdamW peak learning rate per 256 images, scaled to the global batch (default "
+                                    "1e-2 from scratch, 2e-3 with --weights)")
+    warmup_epochs: float = _field(1.0, "linear warmup length in epochs (at most --warmup-max-fraction of the run)")
+    warmup_max_fraction: float = _field(0.2, "warmup never takes more than this fraction of the run's steps")
+    weight_decay: float = _field(0.05, "AdamW weight decay (matrices and kernels only)")
+    clip_norm: float | None = _field(1.0, "clip gradients to this global norm (none: no clipping)")
+    ema_decay: float = _field(0.0, "EMA of the weights for evaluation (0: off)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    task: str = _field("softmax", "loss and metrics: softmax | focal | multilabel",
+                       choices=("softmax", "focal", "multilabel"))
+    label_smoothing: float = _field(0.1, "label smoothing of the training targets")
+    focal_gamma: float = _field(2.0, "focal loss gamma (task focal)")
+    tta: bool = _field(False, "average predictions with horizontally flipped images")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    epochs: int = _field(10, "epochs to train (an epoch: --steps-per-epoch steps)")
+    steps: int | None = _field(None, "total steps instead of --epochs")
+    steps_per_epoch: int | None = _field(None, "default: training examples // global batch")
+    eval_every: int | None = _field(None, "evaluate every N steps (default: at each epoch end)")
+    checkpoint_every: int | None = _field(None, "write last.msgpack every N steps too (default: at each "
+                                                "evaluation); a killed run loses at most N steps")
+    keep_checkpoints: int = _field(1, "checkpoints kept besides best.msgpack: last.msgpack + K-1 older ckpt-STEP")
+    log_every: int = _field(20, "steps between metric pulls (progress bar, TensorBoard)", resume_may_change=True)
+    monitor: str = _field("val_f1", "history column that picks best.msgpack (e.g. val_loss, val_acc, train_loss)")
+    monitor_mode: str = _field("auto", "min | max | auto (min for losses)", choices=("auto", "min", "max"))
+    min_delta: float = _field(0.0, "an improvement must beat the best by more than this")
+    patience: int | None = _field(None, "stop after this many evaluations without improvement")
+    tensorboard: bool = _field(True, "write TensorBoard event files to OUT/tensorboard", resume_may_change=True)
+    mode: str = _field("jit", "jit (jit + shard_map) or pmap", choices=("jit", "pmap"), resume_may_change=True)
+
+
+SECTIONS = ("model", "data", "optim", "task", "loop")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    task: TaskConfig = TaskConfig()
+    loop: LoopConfig = LoopConfig()
+    seed: int = _field(0, "seed of the initialisation, data order, dropout and augmentation")
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A copy with fields changed by flag name: ``config.replace(lr=1e-3, epochs=3)``."""
+        fields = _flag_table(type(self))
+        sections: dict[str, dict] = {}
+        top: dict[str, Any] = {}
+        for name, value in changes.items():
+            key = name.replace("-", "_")
+            if key not in fields:
+                raise ConfigError(f"{type(self).__name__} has no field {name!r}; fields: {', '.join(sorted(fields))}")
+            section, field = fields[key]
+            (sections.setdefault(section, {}) if section else top)[field.name] = value
+        for section, values in sections.items():
+            top[section] = dataclasses.replace(getattr(self, section), **values)
+        return dataclasses.replace(self, **top)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "config") -> "TrainConfig":
+        """Rebuilds a config from :meth:`to_dict` output; unknown keys are an error naming them."""
+        return _from_dict(cls, data, where)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+# --------------------------------------------------------------------------- fields and flags
+
+
+def _sections(cls) -> list[tuple[str | None, type]]:
+    """(section attribute, dataclass) pairs: the nested sections, then the top level itself."""
+    hints = typing.get_type_hints(cls)
+    nested = [(f.name, hints[f.name]) for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
+    return nested + [(None, cls)]
+
+
+def _leaf_fields(cls) -> list[dataclasses.Field]:
+    hints = typing.get_type_hints(cls)
+    return [f for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])]
+
+
+def _flag_table(cls) -> dict[str, tuple[str | None, dataclasses.Field]]:
+    """``flag name -> (section, field)``; a name used twice is a programming error, found here."""
+    table: dict[str, tuple[str | None, dataclasses.Field]] = {}
+    for section, section_cls in _sections(cls):
+        for field in _leaf_fields(section_cls):
+            name = field.metadata.get("flag", field.name)
+            if name in table:
+                raise TypeError(f"flag --{name} is defined twice ({table[name][0]} and {section}): rename one field")
+            table[name] = (section, field)
+    return table
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parse_type(annotation) -> tuple[type, bool]:
+    """(scalar type, optional?) of a field annotation such as ``int | None``."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0], True
+    return annotation, False
+
+
+def _optional(kind: type):
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
+    """One flag per leaf field of ``cls`` (default :class:`TrainConfig`), in argument groups by section."""
+    cls = cls or TrainConfig
+    defaults = cls()
+    for section, section_cls in _sections(cls):
+        hints = typing.get_type_hints(section_cls)
+        group = parser.add_argument_group(f"{section or 'run'} ({section_cls.__name__})")
+        for field in _leaf_fields(section_cls):
+            name = field.metadata.get("flag", field.name)
+            default = getattr(getattr(defaults, section) if section else defaults, field.name)
+            kind, optional = _parse_type(hints[field.name])
+            help_text = field.metadata.get("help", "")
+            if "default" not in help_text:
+                help_text += f" (default: {default!r})"
+            help_text = help_text.replace("%", "%%")
+            kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+            if kind is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif typing.get_origin(kind) is tuple:
+                kwargs.update(action="append", metavar=typing.get_args(kind)[0].__name__.upper())
+            else:
+                kwargs["type"] = _optional(kind) if optional else kind
+                if "choices" in field.metadata:
+                    kwargs["choices"] = field.metadata["choices"]
+            group.add_argument(flag_of(name), **kwargs)
+
+
+def config_from_args(args: argparse.Namespace, cls: type = None) -> TrainConfig:
+    """The config the command line asks for: defaults, changed by the flags that were given."""
+    cls = cls or TrainConfig
+    given = {name: getattr(args, name) for name in _flag_table(cls) if hasattr(args, name)}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+    return cls().replace(**given)
+
+
+def overrides(config: TrainConfig) -> dict[str, Any]:
+    """``{flag name: value}`` of the fields that differ from the defaults: what a run changed."""
+    return {name: new for name, _, new in differences(type(config)(), config)}
+
+
+def differences(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
+    """``(flag name, before, after)`` for every field that differs, in declaration order."""
+    out = []
+    for name, (section, field) in _flag_table(type(after)).items():
+        old = getattr(getattr(before, section) if section else before, field.name)
+        new = getattr(getattr(after, section) if section else after, field.name)
+        if old != new:
+            out.append((name, old, new))
+    return out
+
+
+def resume_may_change(name: str, cls: type = None) -> bool:
+    return bool(_flag_table(cls or TrainConfig)[name][1].metadata.get("resume_may_change"))
+
+
+def _from_dict(cls, data: dict, where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where} has fields this version of {cls.__name__} does not know: {', '.join(unknown)}")
+    values = {}
+    for field in dataclasses.fields(cls):
+        if field.name not in data:
+            continue
+        value, kind = data[field.name], hints[field.name]
+        if dataclasses.is_dataclass(kind):
+            value = _from_dict(kind, value, f"{where}.{field.name}")
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[field.name] = value
+    return cls(**values)
+
+
+def read_config(path: str | Path, cls: type = None) -> TrainConfig:
+    return (cls or TrainConfig).from_dict(json.loads(Path(path).read_text())["config"], where=str(path))

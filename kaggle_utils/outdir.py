@@ -1,0 +1,148 @@
+"""An output folder belongs to one run: a lock while it runs, and never two runs' files mixed.
+
+Two runs writing into one folder both "succeed" and leave one run's checkpoints beside the
+other's history. So the run that starts first holds ``.kaggle_utils.lock`` (pid, host, the
+process's start time) for as long as it runs; a second run is refused with the holder named.
+A lock left by a crash is stale when its process is gone: on the same host that is checked
+(pid and start time, so a reused pid is not mistaken for the holder); a lock from another host
+(a shared filesystem) cannot be checked from here, so the message says how to remove it.
+
+:func:`prepare` decides what an existing run folder allows: ``--resume`` of the same config,
+``--overwrite`` (the kit's own files only), or nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+from .config import ConfigError, TrainConfig, differences, flag_of, resume_may_change
+
+__all__ = ["LOCK_NAME", "OUTPUTS", "OutDirError", "owned", "prepare"]
+
+LOCK_NAME = ".kaggle_utils.lock"
+OUTPUTS = ("config.json", "best.msgpack", "best.json", "last.msgpack", "last.json", "metrics.json", "history.csv",
+           "submission.csv")
+
+
+class OutDirError(ConfigError):
+    """The output folder cannot take this run; the message names it and what to do."""
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return started is None or _start_time(pid) in (None, started)
+
+
+def _make_folder(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutDirError(f"--out {out} is a file, not a folder: choose a folder for the run's files")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutDirError(f"--out {out} cannot be created ({err.strerror or err}): choose a writable folder") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise OutDirError(f"--out {out} is not writable: choose a writable folder")
+
+
+def _holder_text(info: dict) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("time", 0)))
+    return f"pid {info.get('pid')} on {info.get('host')}, since {since}"
+
+
+def _take_lock(lock: Path, me: dict) -> bool:
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        json.dump(me, f)
+    return True
+
+
+@contextlib.contextmanager
+def owned(out: str | os.PathLike) -> Iterator[Path]:
+    """Holds ``out`` for this run (creating it); refuses a folder another live run holds."""
+    out = Path(out)
+    _make_folder(out)
+    lock = out / LOCK_NAME
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()), "time": time.time()}
+    while not _take_lock(lock, me):
+        try:
+            other = json.loads(lock.read_text())
+        except (OSError, ValueError):
+            other = {}
+        if other.get("host") == me["host"] and isinstance(other.get("pid"), int) \
+                and not _alive(other["pid"], other.get("started")):
+            print(f"--out {out}: removing the stale lock of a run that ended without releasing it "
+                  f"({_holder_text(other)})")
+            lock.unlink(missing_ok=True)
+            continue
+        raise OutDirError(f"--out {out} is in use by another run ({_holder_text(other) if other else 'unreadable lock'})"
+                          f": wait for it to end or choose another folder; if that run is gone, delete {lock}")
+    try:
+        yield out
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(lock.read_text()).get("pid") == me["pid"]:
+                lock.unlink()
+
+
+def _existing(out: Path) -> list[str]:
+    names = [name for name in OUTPUTS if (out / name).exists()]
+    names += sorted(p.name for p in out.glob("ckpt-*"))
+    return names + (["tensorboard/"] if (out / "tensorboard").is_dir() else [])
+
+
+def prepare(out: Path, config: TrainConfig, *, resume: bool, overwrite: bool) -> None:
+    """Refuses to mix runs: an existing run in ``out`` needs --resume (same config) or --overwrite."""
+    if resume and overwrite:
+        raise OutDirError("--resume and --overwrite exclude each other")
+    existing = _existing(out)
+    if not existing:
+        if resume:
+            raise OutDirError(f"--resume: {out} holds no run to resume (no last.msgpack)")
+        return
+    if overwrite:
+        for name in existing:
+            path = out / name.rstrip("/")
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        return
+    config_file = out / "config.json"
+    if not config_file.is_file():
+        raise OutDirError(f"--out {out} holds {', '.join(existing)} but no config.json: not a run of this job; "
+                          "pass --overwrite to replace it or choose another folder")
+    try:
+        before = TrainConfig.from_dict(json.loads(config_file.read_text())["config"], where=str(config_file))
+    except (ValueError, KeyError, TypeError) as err:
+        raise OutDirError(f"{config_file} is not a config this version can read ({err}); pass --overwrite to start "
+                          "a new run there, or choose another folder") from None
+    changed = [(name, old, new) for name, old, new in differences(before, config) if not resume_may_change(name)]
+    if changed:
+        detail = "; ".join(f"{flag_of(name)}: {old!r} -> {new!r}" for name, old, new in changed)
+        raise OutDirError(f"--out {out} holds a run with another config ({detail}); --resume continues only the same "
+                          "config: pass --overwrite to start a new run there, or choose another folder")
+    if not resume:
+        raise OutDirError(f"--out {out} already holds this run ({', '.join(existing)}); pass --resume to continue it "
+                          "or --overwrite to start again")
+    if not (out / "last.msgpack").is_file():
+        raise OutDirError(f"--resume: {out} has no last.msgpack yet (the run stopped before its first checkpoint); "
+                          "pass --overwrite to start again")
