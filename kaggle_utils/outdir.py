@@ -80,8 +80,12 @@ def _take_lock(lock: Path, me: dict) -> bool:
 
 @contextlib.contextmanager
 def owned(out: str | os.PathLike) -> Iterator[Path]:
-    """Holds ``out`` for this run (creating it); refuses a folder another live run holds."""
+    """Holds ``out`` for this run (creating it); refuses a folder another live run holds.
+
+    A folder this call created and nothing was written to is removed again on exit.
+    """
     out = Path(out)
+    created = not out.exists()
     _make_folder(out)
     lock = out / LOCK_NAME
     me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()), "time": time.time()}
@@ -104,6 +108,9 @@ def owned(out: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(OSError, ValueError):
             if json.loads(lock.read_text()).get("pid") == me["pid"]:
                 lock.unlink()
+        if created:  # a run refused before it wrote anything leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                out.rmdir()
 
 
 def _existing(out: Path) -> list[str]:

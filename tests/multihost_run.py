@@ -27,5 +27,5 @@ def run(mode, out_dir, devices=None):
         return map(local_rows, batches(*TRAIN, GLOBAL_BATCH, shuffle_seed=epoch, pad=False))
 
     return fit(steps, state, train_batches, steps_per_epoch=STEPS_PER_EPOCH, epochs=EPOCHS,
-               val_batches=lambda: map(local_rows, batches(*VAL, GLOBAL_BATCH)), out_dir=out_dir,
+               val_batches=lambda: batches(*VAL, GLOBAL_BATCH), out_dir=out_dir,
                lr_schedule=schedule, progress=False)

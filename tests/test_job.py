@@ -1,5 +1,6 @@
-"""``python -m kaggle_utils``: the README command learns; bad input fails before any work."""
+"""``python -m kaggle_utils``: the README command learns, resumes mid-epoch exactly; bad input fails before any work."""
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -12,7 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from kaggle_utils import checkpoint, job
+from kaggle_utils import checkpoint, job, outdir, run
+from kaggle_utils.config import TrainConfig, config_from_args
 from kaggle_utils.data import make_sample_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +42,8 @@ def sample(tmp_path_factory):
 
 # --------------------------------------------------------------------------- learning and resume
 
-README_ARGS = ["train", "--epochs", "6", "--no-progress"]  # the README command, fewer epochs for time
+# the README command, fewer epochs for time; checkpoints every 7 steps fall inside the 19-step epochs
+README_ARGS = ["train", "--epochs", "6", "--no-progress", "--checkpoint-every", "7", "--keep-checkpoints", "2"]
 
 
 def start_job(args, out, cache, cwd):
@@ -59,8 +62,8 @@ def learning_run(tmp_path_factory):
     """One uninterrupted run of the README command on one CPU device (no --data-dir: the sample)."""
     tmp = tmp_path_factory.mktemp("learning")
     start = time.perf_counter()
-    finish(start_job(README_ARGS, tmp / "run", tmp / "jax_cache", tmp))
-    return tmp, time.perf_counter() - start
+    log = finish(start_job(README_ARGS, tmp / "run", tmp / "jax_cache", tmp))
+    return tmp, time.perf_counter() - start, log
 
 
 def comparable(history):
@@ -68,13 +71,14 @@ def comparable(history):
 
 
 def test_readme_command_learns_digits_and_submits_every_test_id(learning_run, tmp_path):
-    tmp, seconds = learning_run
+    tmp, seconds, log = learning_run
     out = tmp / "run"
     report = json.loads((out / "metrics.json").read_text())
     print(f"learning run: {seconds:.0f}s; val_acc by epoch {[round(r['val_acc'], 3) for r in report['history']]}")
     assert report["best"]["val_acc"] >= 0.9
     assert {p.name for p in out.iterdir()} >= {"best.msgpack", "last.msgpack", "metrics.json", "history.csv",
-                                                "config.json", "submission.csv"}
+                                                "config.json", "submission.csv", "tensorboard"}
+    assert "global batch 64 = 64 per device x 1 device(s); peak learning rate 0.0025" in log
 
     truth = make_sample_dataset(tmp_path / "truth", image_size=32).test_labels  # the same embedded sample
     with open(out / "submission.csv") as f:
@@ -86,39 +90,129 @@ def test_readme_command_learns_digits_and_submits_every_test_id(learning_run, tm
     assert test_acc >= 0.85
 
 
-def test_predict_command_rewrites_the_submission_from_best(learning_run, tmp_path, capsys):
-    tmp, _ = learning_run
+def test_checkpoints_keep_the_last_k_and_the_best(learning_run):
+    out = learning_run[0] / "run"
+    kept = sorted(p.name for p in out.glob("ckpt-*.msgpack"))
+    assert len(kept) == 1  # --keep-checkpoints 2: last.msgpack + one older
+    last_step = json.loads((out / "last.json").read_text())["step"]
+    assert last_step == 6 * 19 and int(kept[0][5:-8]) < last_step
+    assert json.loads((out / kept[0].replace(".msgpack", ".json")).read_text())["step"] == int(kept[0][5:-8])
+
+
+def test_config_json_records_the_run_and_the_files_are_readable_by_others(learning_run):
+    out = learning_run[0] / "run"
+    recorded = json.loads((out / "config.json").read_text())
+    config = TrainConfig.from_dict(recorded["config"])
+    assert config.loop.epochs == 6 and config.loop.checkpoint_every == 7 and config.data.data_dir == run.SAMPLE
+    assert config.data.batch_size == 64 and config.optim.lr == 0.01 and config.model.num_classes == 10
+    assert recorded["given"] == {"epochs": 6, "checkpoint_every": 7, "keep_checkpoints": 2}
+    assert recorded["plan"]["steps_per_epoch"] == 19 and recorded["plan"]["total_steps"] == 114
+
+
+def test_predict_command_rewrites_the_submission_from_the_run_folder(learning_run, tmp_path, capsys):
+    tmp = learning_run[0]
     data = make_sample_dataset(tmp_path / "data", image_size=32)  # the same embedded sample, now on disk
     # this process has 8 devices, the training run had one: another layout, the same predictions
-    assert job.main(["predict", "--checkpoint", str(tmp / "run" / "best.msgpack"), "--data-dir", data.root,
+    assert job.main(["predict", "--checkpoint", str(tmp / "run"), "--data-dir", data.root,
                      "--out", str(tmp_path / "pred"), "--batch-size", "64", "--no-progress"]) == 0
     assert (tmp_path / "pred" / "submission.csv").read_text() == (tmp / "run" / "submission.csv").read_text()
 
 
+def test_load_run_gives_the_model_variables_and_config(learning_run):
+    out = learning_run[0] / "run"
+    model, variables, config = run.load_run(out)
+    best = checkpoint.load(out / "best.msgpack")
+    np.testing.assert_array_equal(variables["params"]["classifier"]["kernel"], best["params"]["classifier"]["kernel"])
+    assert config.model.name == "tf_efficientnetv2_b0" and model.num_classes == 10
+    _, last_vars, _ = run.load_run(out / "last.msgpack")  # the training state's variables
+    assert jax.tree.structure(last_vars) == jax.tree.structure(variables)
+
+
 def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(learning_run, tmp_path):
-    tmp, _ = learning_run
+    tmp = learning_run[0]
     out = tmp_path / "run"
     proc = start_job(README_ARGS, out, tmp / "jax_cache", tmp_path)
     deadline = time.monotonic() + 600
-    while not (out / "last.json").is_file() or json.loads((out / "last.json").read_text())["epoch"] < 2:
+
+    def saved_step():
+        try:
+            return json.loads((out / "last.json").read_text())["step"]
+        except (OSError, ValueError):
+            return 0
+
+    while saved_step() < 21:  # checkpoints at steps 21, 28, 35 fall inside epoch 2 (steps 20-38)
         assert proc.poll() is None, "the job ended before it could be killed"
-        assert time.monotonic() < deadline, "no epoch finished in time"
+        assert time.monotonic() < deadline, "no checkpoint came in time"
         time.sleep(0.05)
-    proc.kill()  # SIGKILL, somewhere in epoch 3
+    proc.kill()  # SIGKILL, mid-epoch
     proc.communicate()
     assert proc.returncode == -9
-    epochs_kept = json.loads((out / "last.json").read_text())["epoch"]
-    assert 2 <= epochs_kept < 6
+    step_kept = saved_step()
+    assert step_kept % 19 != 0 and step_kept < 114
 
     log = finish(start_job(README_ARGS + ["--resume"], out, tmp / "jax_cache", tmp_path))
-    assert f"resumed from {out / 'last.msgpack'}: {epochs_kept} epoch(s) done" in log
+    assert f"resumed from {out / 'last.msgpack'}:" in log and f"step {step_kept}" in log
     full, resumed = (json.loads((d / "metrics.json").read_text()) for d in (tmp / "run", out))
     assert comparable(resumed["history"]) == comparable(full["history"])
-    for name in ("best.msgpack", "submission.csv"):
+    for name in ("best.msgpack", "last.msgpack", "submission.csv"):
         assert (out / name).read_bytes() == (tmp / "run" / name).read_bytes(), name
 
 
+# --------------------------------------------------------------------------- the config and its flags
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtendedConfig(TrainConfig):
+    my_new_knob: int = dataclasses.field(default=7, metadata={"help": "a field a user added"})
+
+
+def test_a_field_added_to_the_config_is_a_flag_and_is_written_to_config_json(sample, tmp_path, monkeypatch):
+    parser = job.build_parser(ExtendedConfig)
+    assert "--my-new-knob" in parser._subparsers._group_actions[0].choices["train"].format_help()
+    args = parser.parse_args(["train", "--data-dir", sample.root, "--out", str(tmp_path), "--my-new-knob", "3",
+                              "--steps", "2", "--no-progress"])
+    assert config_from_args(args, ExtendedConfig).my_new_knob == 3
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_, **__):
+        raise Stop
+
+    monkeypatch.setattr(run, "fit_run", stop)  # config.json is written before the first step
+    with pytest.raises(Stop):
+        job.train_command(args, ExtendedConfig)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["config"]["my_new_knob"] == 3 and written["given"]["my_new_knob"] == 3
+
+
+def test_batch_per_device_is_multiplied_by_the_devices(sample, tmp_path, capsys):
+    config = TrainConfig().replace(data_dir=sample.root, batch_per_device=4, steps=1)
+    resolved, plan = run.resolve(config, run.open_data(config, sample.root))
+    assert plan.global_batch == 32 == resolved.data.batch_size and plan.per_device_batch == 4  # 8 devices
+    code, err = run_main(["train", "--data-dir", sample.root, "--out", str(tmp_path), "--batch-size", "64",
+                          "--batch-per-device", "8"], capsys)
+    assert code == 2 and "--batch-size (global) and --batch-per-device exclude each other" in err
+
+
 # --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "0"], "--lr 0.0: must be a finite number > 0"),
+    (["--steps-per-epoch", "0"], "--steps-per-epoch 0: must be at least 1"),
+    (["--epochs", "0"], "--epochs 0: must be at least 1"),
+    (["--eval-every", "0"], "--eval-every 0: must be at least 1"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints 0: must be at least 1"),
+    (["--model", "tf_efficientnetv2_q9"], "--model: unknown model 'tf_efficientnetv2_q9'"),
+    (["--monitor", "val_f2"], "--monitor 'val_f2' is not a metric of --task softmax; choose one of"),
+    (["--monitor", "val_micro_f1"], "not a metric of --task softmax"),
+    (["--label-smoothing", "1"], "--label-smoothing 1.0: must be in [0, 1)"),
+])
+def test_values_no_run_can_use_are_named_before_any_work(argv, message, sample, tmp_path, capsys):
+    code, err = run_main(["train", "--data-dir", sample.root, "--out", str(tmp_path / "out"), *argv], capsys)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_split_is_named(sample, tmp_path, capsys):
@@ -126,7 +220,7 @@ def test_missing_split_is_named(sample, tmp_path, capsys):
     shutil.copytree(sample.split_dirs["train"], data / "train")
     code, err = run_main(["train", "--data-dir", str(data), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and f"has no val/ split: expected TFRecords in {data / 'val'}/" in err
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()  # refused before any work: not even an empty folder left
 
 
 def test_num_classes_smaller_than_a_label(sample, tmp_path, capsys):
@@ -134,76 +228,103 @@ def test_num_classes_smaller_than_a_label(sample, tmp_path, capsys):
     assert code == 2 and "--num-classes 5 is too small" in err and "label 9 (needs at least 10)" in err
 
 
-def test_num_classes_default_is_max_label_plus_one(sample):
-    splits = job.find_splits(sample.root)
-    assert job.resolve_num_classes(None, splits, 16) == 10
-    assert job.resolve_num_classes(104, splits, 16) == 104
+def test_num_classes_default_is_max_label_plus_one_and_image_size_comes_from_the_names(sample):
+    config = TrainConfig().replace(data_dir=sample.root)
+    data = run.open_data(config, sample.root)
+    resolved, _ = run.resolve(config, data)
+    assert resolved.model.num_classes == 10 and resolved.model.image_size == 16 == data.stored_size
+    assert run.infer_image_size(["a/train.tfrec"]) is None
 
 
 def test_batch_not_divisible_by_the_devices(sample, tmp_path, capsys):
     code, err = run_main(["train", "--data-dir", sample.root, "--batch-size", "12", "--out", str(tmp_path)], capsys)
-    assert code == 2 and "--batch-size 12 must be a positive multiple of the 8 devices" in err
+    assert code == 2 and "--batch-size gives a global batch of 12, which must be a positive multiple of the 8" in err
 
 
-def test_image_size_is_read_from_the_file_names(sample):
-    assert job.infer_image_size(job.find_splits(sample.root)["train"]) == 16
-    assert job.infer_image_size(["a/train.tfrec"]) is None
-
-
-def test_out_dir_holding_another_run_is_refused(sample, tmp_path, capsys):
+def test_out_dir_holding_another_run_is_refused_naming_the_fields(sample, tmp_path, capsys):
     argv = ["train", "--data-dir", sample.root, "--out", str(tmp_path), "--epochs", "3"]
-    settings = job._settings(job.build_parser().parse_args(argv), 16, job._global_batch(None))
-    (tmp_path / "config.json").write_text(json.dumps({"settings": {**settings, "epochs": 5}}))
+    config = TrainConfig().replace(data_dir=sample.root, epochs=3)
+    resolved, _ = run.resolve(config, run.open_data(config, sample.root))
+    (tmp_path / "config.json").write_text(json.dumps({"config": resolved.replace(epochs=5, lr=0.1).to_dict()}))
     (tmp_path / "last.msgpack").write_bytes(b"x")
     code, err = run_main(argv, capsys)
-    assert code == 2 and "holds a run with other settings (epochs: 5 -> 3)" in err and "--overwrite" in err
+    assert code == 2 and "holds a run with another config (--lr: 0.1 -> 0.01; --epochs: 5 -> 3)" in err
+    assert "--overwrite" in err
     code, err = run_main(argv + ["--resume"], capsys)
-    assert code == 2 and "epochs: 5 -> 3" in err
+    assert code == 2 and "--epochs: 5 -> 3" in err
 
-    (tmp_path / "config.json").write_text(json.dumps({"settings": settings}))
-    code, err = run_main(argv, capsys)
+    (tmp_path / "config.json").write_text(json.dumps({"config": resolved.replace(log_every=3).to_dict()}))
+    code, err = run_main(argv, capsys)  # log_every may change on resume: the same run
     assert code == 2 and "already holds this run" in err and "--resume" in err
 
 
 def test_overwrite_removes_only_the_job_outputs(tmp_path):
-    for name in ("config.json", "last.msgpack", "metrics.json", "notes.txt"):
+    for name in ("config.json", "last.msgpack", "ckpt-000000007.msgpack", "metrics.json", "notes.txt"):
         (tmp_path / name).write_text("x")
-    job.prepare_out_dir(tmp_path, {}, resume=False, overwrite=True)
+    (tmp_path / "tensorboard").mkdir()
+    outdir.prepare(tmp_path, TrainConfig(), resume=False, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
-    with pytest.raises(job.JobError, match="holds no run to resume"):
-        job.prepare_out_dir(tmp_path, {}, resume=True, overwrite=False)
-    with pytest.raises(job.JobError, match="no config.json: not a run of this job"):
+    with pytest.raises(outdir.OutDirError, match="holds no run to resume"):
+        outdir.prepare(tmp_path, TrainConfig(), resume=True, overwrite=False)
+    with pytest.raises(outdir.OutDirError, match="no config.json: not a run of this job"):
         (tmp_path / "metrics.json").write_text("{}")
-        job.prepare_out_dir(tmp_path, {}, resume=False, overwrite=False)
+        outdir.prepare(tmp_path, TrainConfig(), resume=False, overwrite=False)
 
 
-def _fake_checkpoint(path, model_config, *, num_classes):
-    """A checkpoint of ``model_config``'s network but with another head size (zeros are enough)."""
-    model = job.build_model({**model_config, "num_classes": num_classes})
-    shapes = job._abstract_variables(model, model_config["image_size"])
+def test_out_dir_that_is_a_file_is_refused(sample, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    code, err = run_main(["train", "--data-dir", sample.root, "--out", str(tmp_path / "f")], capsys)
+    assert code == 2 and f"--out {tmp_path / 'f'} is a file, not a folder" in err
+
+
+def test_a_live_run_owns_its_folder_and_a_dead_ones_lock_is_stale(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = {"pid": sleeper.pid, "host": os.uname().nodename, "started": outdir._start_time(sleeper.pid),
+                "time": time.time()}
+        (tmp_path / outdir.LOCK_NAME).write_text(json.dumps(lock))
+        with pytest.raises(outdir.OutDirError, match=rf"is in use by another run \(pid {sleeper.pid} on "):
+            with outdir.owned(tmp_path):
+                pass
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with outdir.owned(tmp_path):  # the holder is gone: its lock is stale and taken over
+        assert json.loads((tmp_path / outdir.LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert not (tmp_path / outdir.LOCK_NAME).exists()
+
+
+def _fake_run_checkpoint(path, config):
+    """A checkpoint of the network ``config`` builds (zeros are enough), with a run manifest."""
+    from kaggle_utils.efficientnet.model import _abstract_variables
+
+    model = run.build_model(config)
+    shapes = _abstract_variables(model, config.model.image_size)
+    plan = run.Plan(1, 64, 64, 1, 1, 0, 1e-3, 10, (0.5,) * 3, (0.5,) * 3)
     checkpoint.save(path, jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes),
-                    manifest={"model": model_config, "mean": [0.5] * 3, "std": [0.5] * 3})
+                    manifest=run.run_manifest(config, plan))
 
 
-MODEL = {"name": "tf_efficientnetv2_b0", "num_classes": 10, "dtype": "float32", "drop_rate": 0.0,
-         "drop_path_rate": 0.0, "sync_bn": True, "image_size": 16}
+CONFIG = TrainConfig().replace(num_classes=10, image_size=16, dtype="float32", head_multiple=1, drop_rate=0.0,
+                               drop_path_rate=0.0)
 
 
 def test_predict_with_a_checkpoint_of_another_head_size(sample, tmp_path, capsys):
-    _fake_checkpoint(tmp_path / "best.msgpack", MODEL, num_classes=7)
+    _fake_run_checkpoint(tmp_path / "best.msgpack", CONFIG.replace(num_classes=7))
+    manifest = checkpoint.manifest_path(tmp_path / "best.msgpack")
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "config": CONFIG.to_dict()}))  # it lies
     code, err = run_main(["predict", "--checkpoint", str(tmp_path / "best.msgpack"), "--data-dir", sample.root,
                           "--out", str(tmp_path / "pred")], capsys)
     assert code == 2 and "mis-shaped" in err and "classifier/kernel: file (1280, 7) vs expected (1280, 10)" in err
     assert not (tmp_path / "pred").exists()
 
 
-def test_predict_with_a_checkpoint_of_another_model(sample, tmp_path, capsys):
-    _fake_checkpoint(tmp_path / "best.msgpack", {**MODEL, "name": "efficientnet_lite0"}, num_classes=10)
-    manifest = checkpoint.manifest_path(tmp_path / "best.msgpack")
-    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "model": MODEL}))  # a lying manifest
-    code, err = run_main(["predict", "--checkpoint", str(tmp_path / "best.msgpack"), "--data-dir", sample.root,
+def test_predict_with_ported_weights_instead_of_a_run(sample, tmp_path, capsys):
+    (tmp_path / "w.msgpack").write_bytes(b"x")
+    (tmp_path / "w.json").write_text(json.dumps({"model": "tf_efficientnetv2_b0", "timm": {}}))
+    code, err = run_main(["predict", "--checkpoint", str(tmp_path / "w.msgpack"), "--data-dir", sample.root,
                           "--out", str(tmp_path)], capsys)
-    assert code == 2 and "does not match the expected structure" in err and "missing" in err
+    assert code == 2 and "is not a checkpoint of a training run: it holds ported tf_efficientnetv2_b0 weights" in err
 
 
 def test_predict_needs_the_manifest_and_a_test_split(sample, tmp_path, capsys):
@@ -213,7 +334,31 @@ def test_predict_needs_the_manifest_and_a_test_split(sample, tmp_path, capsys):
     assert code == 2 and "has no manifest w.json" in err
     data = tmp_path / "no_test"
     shutil.copytree(sample.split_dirs["train"], data / "train")
-    _fake_checkpoint(tmp_path / "best.msgpack", MODEL, num_classes=10)
+    _fake_run_checkpoint(tmp_path / "best.msgpack", CONFIG)
     code, err = run_main(["predict", "--checkpoint", str(tmp_path / "best.msgpack"), "--data-dir", str(data),
                           "--out", str(tmp_path)], capsys)
     assert code == 2 and "has no test/ split" in err
+
+
+def test_a_fine_tune_starts_from_a_zero_head_at_loss_ln_c(sample, tmp_path):
+    """Ported weights + a new head: the head starts at zero, so the first loss is ln(classes)."""
+    from kaggle_utils.data import load_dataset
+    from kaggle_utils.data.feed import make_mesh
+    from kaggle_utils.efficientnet import create_model
+    from kaggle_utils.train import init_variables
+
+    ported = init_variables(create_model("tf_efficientnetv2_b0"), 32, seed=1)  # 1000 classes, as weights_port
+    checkpoint.save(tmp_path / "w.msgpack", ported, manifest={"model": "tf_efficientnetv2_b0"})
+    config = TrainConfig().replace(data_dir=sample.root, weights=str(tmp_path / "w.msgpack"), steps=1,
+                                   batch_size=64)
+    config, plan = run.resolve(config, run.open_data(config, sample.root))
+    model = run.build_model(config)
+    variables = run.initial_variables(config, model)
+    assert not np.any(variables["params"]["classifier"]["kernel"])
+    np.testing.assert_array_equal(variables["params"]["conv_stem"]["kernel"], ported["params"]["conv_stem"]["kernel"])
+    training = run.build_training(config, plan, model, variables, mesh=make_mesh(jax.devices()[:1]))
+    batch = next(iter(load_dataset(sample.split_dirs["train"], labeled=True, image_size=16, batch_size=64, seed=0)))
+    steps = training.steps
+    _, metrics = steps.train(steps.put_state(training.state), steps.put_batch(batch))
+    metrics = steps.get(metrics)
+    assert abs(float(metrics["loss_sum"]) / int(metrics["count"]) - np.log(10)) < 1e-4

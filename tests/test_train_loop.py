@@ -1,15 +1,18 @@
-"""fit: history and files, resume == uninterrupted, early stopping, NaN guard, callbacks."""
+"""fit: history and files, actions at intervals, resume == uninterrupted (mid-epoch too), early stopping,
+NaN guard, tasks and user metrics, TensorBoard, hooks, bad settings."""
 import csv
+import dataclasses
 import json
+import re
 
 import jax
 import numpy as np
 import pytest
 
 from kaggle_utils import checkpoint
-from kaggle_utils.train import (HISTORY_COLUMNS, TIMING_COLUMNS, SoftmaxClassification, StepConfig, TrainingDiverged,
-                                create_train_state,
-                                fit, init_variables, make_optimizer, make_steps, warmup_cosine)
+from kaggle_utils.train import (HISTORY_COLUMNS, TIMING_COLUMNS, Hook, MetricError, MultiLabelClassification,
+                                SoftmaxClassification, StepConfig, TensorBoardWriter, TrainingDiverged, WriterError,
+                                create_train_state, fit, init_variables, make_optimizer, make_steps, warmup_cosine)
 from train_helpers import TinyCNN, batches, digits
 
 TRAIN, VAL = digits("train"), digits("val")
@@ -167,3 +170,192 @@ def test_train_data_that_runs_out_is_a_clear_error(run):
     steps, state, _ = run
     with pytest.raises(ValueError, match="ran out after 21 of 30 steps"):
         fit(steps, state, train_batches, steps_per_epoch=30, epochs=1, monitor="train_loss", progress=False)
+
+
+# --------------------------------------------------------------------------- actions at intervals
+
+
+def test_eval_every_n_steps_and_checkpoints_keep_exactly_k_plus_best(run, tmp_path):
+    steps, state, schedule = run
+    result = fit(steps, state, train_batches, steps_per_epoch=STEPS_PER_EPOCH, epochs=2, val_batches=val_batches,
+                 out_dir=tmp_path, lr_schedule=schedule, progress=False, eval_every=5, checkpoint_every=3, keep=3)
+    assert [r["step"] for r in result.history] == [5, 10, 15, 16]  # every 5 steps, and the last one
+    assert [r["epoch"] for r in result.history] == [1, 2, 2, 2]
+    # saved at 3 5 6 9 10 12 15 16: last.msgpack (16) and the two before it as ckpt-STEP files
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.msgpack")) == ["ckpt-000000012.msgpack",
+                                                                      "ckpt-000000015.msgpack"]
+    assert json.loads((tmp_path / "last.json").read_text())["step"] == 16
+    assert int(checkpoint.load(tmp_path / "ckpt-000000012.msgpack")["state"]["step"]) == 12
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["step"] == max(result.history, key=lambda r: r["val_f1"])["step"]
+
+
+def test_killed_mid_epoch_resumes_from_a_mid_epoch_checkpoint_exactly(uninterrupted, run, tmp_path):
+    _, full, schedule = uninterrupted
+    steps, state, _ = run
+
+    def dying_batches(epoch):  # killed at step 13, after the checkpoint of step 12 (mid epoch 2)
+        for i, b in enumerate(train_batches(epoch)):
+            if epoch == 2 and i == 5:
+                raise KeyboardInterrupt("killed")
+            yield b
+
+    kwargs = dict(steps_per_epoch=STEPS_PER_EPOCH, epochs=3, val_batches=val_batches, out_dir=tmp_path,
+                  lr_schedule=schedule, progress=False, log_every=3, checkpoint_every=4)
+    with pytest.raises(KeyboardInterrupt):
+        fit(steps, state, dying_batches, **kwargs)
+    assert json.loads((tmp_path / "last.json").read_text())["step"] == 12
+    seen = []
+
+    def recording(epoch):
+        seen.append(epoch)
+        return train_batches(epoch)
+
+    resumed = fit(steps, state, recording, resume=True, **kwargs)
+    assert seen == [2, 3]  # epoch 2 rebuilt, its first 4 batches skipped
+    assert comparable(resumed.history) == comparable(full.history)
+    assert_trees_equal(resumed.state, full.state)
+
+
+# --------------------------------------------------------------------------- tasks, metrics, writers, hooks
+
+
+def multilabel_batches(images, labels, batch_size, **kwargs):
+    """Digits with two labels each: the digit (0-9) and 'odd' (10) or 'even' (11)."""
+    for b in batches(images, labels, batch_size, **kwargs):
+        hot = np.zeros((len(b["label"]), 12), np.float32)
+        hot[np.arange(len(hot)), b["label"]] = 1
+        hot[np.arange(len(hot)), 10 + b["label"] % 2] = 1
+        yield {**b, "label": hot}
+
+
+def test_a_multilabel_problem_trains_with_the_bce_task_and_its_f1_is_monitored(tmp_path):
+    task = MultiLabelClassification()
+    tx = make_optimizer(warmup_cosine(0.03, 24, warmup_steps=4), weight_decay=1e-4)
+    model = TinyCNN(num_classes=12, bn_axis_name="data")
+    steps = make_steps(model, tx, StepConfig(num_classes=12, task=task), mode="jit")
+    state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))
+    result = fit(steps, state, lambda e: multilabel_batches(*TRAIN, BATCH, shuffle_seed=e, pad=False),
+                 steps_per_epoch=8, epochs=3, val_batches=lambda: multilabel_batches(*VAL, BATCH), out_dir=tmp_path,
+                 monitor="val_f1", progress=False)
+    f1 = [r["val_f1"] for r in result.history]
+    assert set(result.history[0]) >= {"val_f1", "val_micro_f1", "val_acc"}
+    assert f1[-1] > 0.7 and f1[-1] > f1[0], f1
+    assert result.best["val_f1"] == max(f1)
+    assert json.loads((tmp_path / "best.json").read_text())["value"] == pytest.approx(max(f1))
+
+
+def test_a_custom_metric_picks_the_best_checkpoint(tmp_path):
+    picked = []
+
+    def worst_class_recall(sums):  # a metric of the summed confusion counts
+        confusion = np.asarray(sums["confusion"], np.float64)
+        recall = np.diag(confusion) / np.maximum(confusion.sum(1), 1)
+        picked.append(recall.min())
+        return recall.min()
+
+    task = SoftmaxClassification().with_metric("worst_recall", worst_class_recall)
+    tx = make_optimizer(warmup_cosine(0.03, 24, warmup_steps=4), weight_decay=1e-4)
+    model = TinyCNN(bn_axis_name="data")
+    steps = make_steps(model, tx, StepConfig(num_classes=10, task=task), mode="jit")
+    state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))
+    result = fit(steps, state, train_batches, steps_per_epoch=8, epochs=3, val_batches=val_batches,
+                 out_dir=tmp_path, monitor="val_worst_recall", progress=False)
+    assert [r["val_worst_recall"] for r in result.history] == picked
+    assert result.best["val_worst_recall"] == max(picked)
+    assert json.loads((tmp_path / "best.json").read_text())["step"] == result.best["step"]
+
+
+def test_a_custom_metric_that_raises_is_named_on_its_first_call(run):
+    steps, state, _ = run
+
+    def broken(sums):
+        return sums["no_such_sum"]
+
+    bad = dataclasses.replace(steps, config=dataclasses.replace(
+        steps.config, task=steps.config.task.with_metric("broken", broken)))
+    with pytest.raises(MetricError, match=r"metric 'broken' \(broken\) raised KeyError: 'no_such_sum'"):
+        fit(bad, state, train_batches, steps_per_epoch=2, epochs=1, val_batches=val_batches, monitor="val_broken",
+            progress=False)
+
+
+def test_tensorboard_event_files_hold_the_logged_scalars_at_the_logged_steps(run, tmp_path):
+    from kaggle_utils.data import tensorflow_on_host
+
+    steps, state, schedule = run
+    fit(steps, state, train_batches, steps_per_epoch=4, epochs=2, val_batches=val_batches, lr_schedule=schedule,
+        writers=[TensorBoardWriter(tmp_path)], log_every=2, progress=False)
+    tf = tensorflow_on_host()
+    seen = {}
+    for event_file in tmp_path.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(event_file)):
+            for value in event.summary.value:
+                seen.setdefault(value.tag, []).append((event.step, value.simple_value))
+    assert [s for s, _ in seen["train/loss"]] == [2, 4, 6, 8]
+    assert [s for s, _ in seen["val/f1"]] == [4, 8]
+    assert {"lr", "grad_norm", "param_norm", "train/img_per_s", "val/acc", "val/loss"} <= set(seen)
+    assert seen["lr"][1][1] == pytest.approx(float(schedule(4)))
+    assert all(v > 0 for _, v in seen["grad_norm"] + seen["param_norm"])
+
+
+def test_hooks_run_at_each_point_of_the_run(run):
+    steps, state, _ = run
+    calls = []
+
+    class Recorder(Hook):
+        def on_run_start(self, state, history):
+            calls.append(("start", int(state.step)))
+
+        def on_epoch_start(self, epoch):
+            calls.append(("epoch", epoch))
+
+        def on_log(self, step, scalars):
+            calls.append(("log", step))
+
+        def on_eval_end(self, row, host_state):
+            calls.append(("eval", row["step"]))
+
+        def on_epoch_end(self, epoch, host_state):
+            calls.append(("epoch_end", epoch))
+
+        def on_run_end(self, result):
+            calls.append(("end", len(result.history)))
+
+    fit(steps, state, train_batches, steps_per_epoch=2, epochs=2, hooks=[Recorder()], monitor="train_loss",
+        log_every=2, progress=False)
+    assert calls == [("start", 0), ("epoch", 1), ("log", 2), ("eval", 2), ("epoch_end", 1), ("epoch", 2),
+                     ("log", 4), ("eval", 4), ("epoch_end", 2), ("end", 2)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(monitor="val_f2"), "monitor 'val_f2' is not a history column of this task"),
+    (dict(eval_every=0), "eval_every must be a positive number of steps, got 0"),
+    (dict(checkpoint_every=-1), "checkpoint_every must be a positive number of steps"),
+    (dict(keep=0), "keep must be a positive number of steps, got 0"),
+    (dict(monitor_mode="up"), "monitor_mode must be auto, min or max"),
+    (dict(patience=0), "patience must be >= 1"),
+])
+def test_bad_loop_settings_are_named_before_any_step(run, kwargs, message):
+    steps, state, _ = run
+
+    def no_data(epoch):
+        raise AssertionError("no batch may be read")
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fit(steps, state, no_data, steps_per_epoch=2, epochs=1, progress=False, **kwargs)
+
+
+def test_an_unwritable_tensorboard_folder_is_an_error_before_training(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(WriterError, match=f"TensorBoard folder {tmp_path / 'file' / 'tb'} is not writable"):
+        TensorBoardWriter(tmp_path / "file" / "tb")
+
+
+def test_min_delta_and_mode_decide_what_improves(run):
+    steps, state, _ = run
+    result = fit(steps, state, train_batches, steps_per_epoch=2, epochs=4, monitor="train_loss",
+                 min_delta=1e9, progress=False)  # nothing beats the first evaluation by that much
+    assert result.best["epoch"] == 1
+    result = fit(steps, state, train_batches, steps_per_epoch=2, epochs=3, monitor="train_loss",
+                 monitor_mode="max", progress=False)
+    assert result.best["train_loss"] == max(r["train_loss"] for r in result.history)

@@ -322,7 +322,7 @@ class _Loop:
         host = self.steps.get(self.window)  # the one device -> host sync of the window
         _check_finite(float(host["loss_sum"]), "training loss", epoch=epoch, step=step)
         seconds = max(time.perf_counter() - clock["log"], 1e-9)
-        running = self.task.finish(_task_sums(host))
+        running = self.task.finish(_task_sums(host), full=False)
         n = max(int(host["steps"]), 1)
         scalars = {**{f"train/{k}": v for k, v in running.items()}, "lr": self._lr(step),
                    "grad_norm": float(host["grad_norm"]) / n, "param_norm": float(host["param_norm"]) / n,
@@ -341,7 +341,7 @@ class _Loop:
     def _evaluate(self, dev_state, host_state, step: int, epoch: int, clock) -> None:
         train_seconds = time.perf_counter() - clock["row"]
         train_sums = self.steps.get(self.pending)
-        train = self.task.finish(_task_sums(train_sums))
+        train = self.task.finish(_task_sums(train_sums), full=False)
         row = {"epoch": epoch, "step": step, **{c: float("nan") for c in self.columns[2:]}}
         row.update({f"train_{k}": v for k, v in train.items() if f"train_{k}" in row})
         row["img_per_s"] = int(train_sums["count"]) / max(train_seconds, 1e-9)

@@ -89,10 +89,10 @@ class Task:
         return self.loss(logits, self._unsmoothed(labels, logits.shape[-1])) if losses is None else losses
 
     # ---- on the host
-    def finish(self, sums: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """Scalar metrics of a split from its summed statistics, user metrics included."""
+    def finish(self, sums: Mapping[str, np.ndarray], *, full: bool = True) -> dict[str, float]:
+        """Scalar metrics from summed statistics; user metrics after evaluations (``full``) only."""
         out = self._finish(sums)
-        for name, fn in self.user_metrics:
+        for name, fn in self.user_metrics if full else ():
             try:
                 value = float(fn(sums))
             except Exception as err:
