@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import json
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from . import checkpoint, outdir, run
-from .config import ConfigError, TrainConfig, add_config_flags, config_from_args, overrides
+from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
 
 __all__ = ["JobError", "build_parser", "main", "predict_command", "train_command"]
 
@@ -90,9 +88,7 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
         training = run.build_training(config, plan, model, variables)
         if jax.process_index() == 0:
             print(plan.describe(config))
-            checkpoint.atomic_write_text(out / "config.json", json.dumps(
-                {"config": config.to_dict(), "given": overrides(given), "plan": dataclasses.asdict(plan)},
-                indent=2, default=list) + "\n")
+            run.write_config(out, config, plan, given=given)
         result = run.fit_run(config, plan, data, training, out, resume=args.resume, progress=args.progress)
         summary = {"best": result.best, "stop_reason": result.stop_reason, "out": str(out)}
         if data.splits["test"]:

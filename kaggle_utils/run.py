@@ -33,8 +33,8 @@ import numpy as np
 from . import checkpoint, runtime
 from .config import ConfigError, TrainConfig, flag_of
 
-__all__ = ["Plan", "RunData", "Training", "build_model", "build_training", "fit_run", "initial_variables",
-           "load_run", "open_data", "resolve", "sample_or_folder"]
+__all__ = ["Plan", "RunData", "Training", "build_model", "build_training", "check_config", "fit_run",
+           "initial_variables", "load_run", "make_task", "open_data", "resolve", "sample_or_folder", "write_config"]
 
 SAMPLE_IMAGE_SIZE = 32
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -362,6 +362,16 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, mesh=No
 
 
 # --------------------------------------------------------------------------- the run
+
+
+def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None) -> Path:
+    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan."""
+    from .config import overrides
+
+    path = Path(out_dir) / "config.json"
+    record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan)}
+    checkpoint.atomic_write_text(path, json.dumps(record, indent=2, default=list) + "\n")
+    return path
 
 
 def run_manifest(config: TrainConfig, plan: Plan) -> dict:
