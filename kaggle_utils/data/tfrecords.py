@@ -37,6 +37,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .jpeg import DCT_METHOD
+from .tfhost import tensorflow_on_host
 
 __all__ = [
     "DataError",
@@ -74,41 +75,6 @@ class DataError(ValueError):
 
 class NoTFRecordsError(DataError, FileNotFoundError):
     """A path, directory or glob that resolves to no TFRecord files."""
-
-
-# --------------------------------------------------------------------------------------
-# TensorFlow, kept on the host
-# --------------------------------------------------------------------------------------
-_tf_module = None
-_tf_lock = threading.Lock()
-
-
-def tensorflow_on_host():
-    """Import TensorFlow with GPUs and TPUs hidden from it, once per process.
-
-    JAX and TensorFlow must not both claim the accelerator: TF would pre-allocate GPU memory
-    (or grab the TPU) that the model needs. The data pipeline only needs CPUs. If TF was
-    already initialised elsewhere with a visible accelerator the setting can no longer be
-    changed; a warning says so instead of failing.
-    """
-    global _tf_module
-    with _tf_lock:
-        if _tf_module is None:
-            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ INFO lines are noise here
-            import tensorflow as tf
-
-            for kind in ("GPU", "TPU"):
-                try:
-                    tf.config.set_visible_devices([], kind)
-                except (RuntimeError, ValueError):
-                    if tf.config.get_visible_devices(kind):
-                        warnings.warn(
-                            f"TensorFlow was initialised before kaggle_utils.data and can see a {kind}; "
-                            "it may take accelerator memory from JAX. Import kaggle_utils.data (or call "
-                            "tensorflow_on_host()) before any other TensorFlow use.", RuntimeWarning,
-                            stacklevel=2)
-            _tf_module = tf
-        return _tf_module
 
 
 # --------------------------------------------------------------------------------------
