@@ -18,10 +18,10 @@ from .augment import (
 )
 from .flowers import FLOWER_NUM_CLASSES, flower_class_names
 from .imgaug_compat import import_imgaug_augmenters
+from .pipeline import HostDataset, load_dataset
 from .sample import SampleDataset, make_sample_dataset
 from .tfrecords import (
     DataError,
-    HostDataset,
     NoTFRecordsError,
     RecordProblem,
     check_tfrecords,
@@ -31,7 +31,6 @@ from .tfrecords import (
     decode_example,
     encode_jpeg,
     list_tfrecords,
-    load_dataset,
     locate_competition_data,
     serialize_example,
     shard_files,
