@@ -1,4 +1,4 @@
-"""TFRecords -> host batches: the tf.data pipeline (:func:`load_dataset`, :class:`HostDataset`).
+"""Data -> host batches: the tf.data pipelines (:func:`load_dataset` for TFRecords, :func:`load_source` for other sources).
 
 Batches are dicts of numpy arrays::
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from . import augment as augment_lib
 from .tfhost import tensorflow_on_host
+from .sources import Source
 from .tfrecords import (
     DEFAULT_SHUFFLE_BUFFER,
     DataError,
@@ -30,8 +31,9 @@ from .tfrecords import (
     list_tfrecords,
     shard_files,
 )
+from .transforms import Resize, decode_image, first_success
 
-__all__ = ["HostDataset", "load_dataset"]
+__all__ = ["HostDataset", "NOT_AN_IMAGE", "SourceDataset", "load_dataset", "load_source"]
 
 
 # --------------------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
                  augment=None, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER, drop_remainder: bool = False,
                  repeat: bool = False, skip_errors: bool = False, process_index: int | None = None,
                  process_count: int | None = None, seed: int | None = None,
-                 augment_workers: int | None = None) -> HostDataset:
+                 augment_workers: int | None = None, crop=None) -> HostDataset:
     """TFRecords -> :class:`HostDataset` of host batches (dicts of numpy arrays).
 
     Args:
@@ -185,48 +187,98 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
       process_index, process_count: this process's shard of the files; default from JAX.
       seed: seeds shuffling and TF-native augmentation (and the augmentation workers).
       augment_workers: worker processes for numpy callables (default: one per CPU core, up to 16).
+      crop: None (default: images as stored, ``image_size`` square); or a transform of
+        :mod:`~kaggle_utils.data.transforms` applied to each decoded image before ``augment``:
+        ``RandomResizedCrop(size)`` for training, ``CenterCrop(size, crop_pct)`` for evaluation
+        and prediction, ``Resize(size)``; batches are then ``size`` x ``size``. Worker
+        augmentation then gets decoded, cropped images (the workers do not decode).
     """
     tf = tensorflow_on_host()
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    _check_batch_size(batch_size)
     process_index, process_count = _process_defaults(process_index, process_count)
     files = shard_files(list_tfrecords(filenames), process_index, process_count)
     problems = _ProblemLog(skip=skip_errors)
     plan = augment_lib.resolve_augment(augment, workers=augment_workers, seed=seed)
+    decode_in_workers = plan.decode_in_workers and crop is None
+    per_image = _per_image_ops(plan.per_image, crop)
 
     records = _read_records(files, ordered=ordered, seed=seed)
     if not ordered:
         records = records.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         records = records.repeat()
-    if plan.per_image is not None:  # one stateless seed pair per record
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-        records = tf.data.Dataset.zip(records, seeds)
     decode = _decode_without_raising if skip_errors else decode_example
     target_key = "label" if labeled else "id"
 
     def to_example(filename, index, serialized, image_seed=None):
         image, target, problem = decode(serialized, labeled=labeled, image_size=image_size,
-                                        decode_image=not plan.decode_in_workers)
-        keep = tf.cond(tf.equal(problem, ""), lambda: tf.constant(True),
-                       lambda: tf.reshape(tf.py_function(problems.report, [filename, index, problem], tf.bool), []))
-        if plan.per_image is not None:
-            image = plan.per_image(image, image_seed)
+                                        decode_image=not decode_in_workers)
+        keep = _keep_or_report(problems, filename, index, problem)
+        if per_image is not None:
+            image = per_image(image, image_seed)
         if labeled:
             target = tf.cast(target, tf.int32)
-        if plan.decode_in_workers:  # JPEG bytes, and where they came from, should a worker fail to decode them
+        if decode_in_workers:  # JPEG bytes, and where they came from, should a worker fail to decode them
             return {"jpeg": image, "filename": filename, "index": index, target_key: target, "keep": keep}
         return {"image": image, target_key: target, "keep": keep}
 
-    if plan.per_image is not None:
-        to_example_fn = lambda record, image_seed: to_example(*record, image_seed)  # noqa: E731
-    else:
-        to_example_fn = to_example
-    examples = records.map(to_example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+    examples = _map_examples(records, to_example, seeded=per_image is not None, seed=seed, ordered=ordered)
+    batches = _batch_examples(examples, batch_size=batch_size, drop_remainder=drop_remainder, ordered=ordered,
+                              plan=plan, problems=problems, decode_in_workers=decode_in_workers, image_size=image_size)
+    return HostDataset(batches, filenames=files, num_examples=count_data_items(files), batch_size=batch_size,
+                       labeled=labeled, repeat=repeat, drop_remainder=drop_remainder, problems=problems,
+                       image_size=image_size, closers=plan.closers)
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
+def _per_image_ops(augment, crop):
+    """``(image, seed) -> image``: ``crop``, then the TF-native ``augment``; None when neither is given.
+
+    Without a crop the augmentation gets the record's seed itself, so seeded runs augment
+    as they did before crops existed.
+    """
+    if crop is None:
+        return augment
+    tf = tensorflow_on_host()
+
+    def crop_then_augment(image, seed):
+        if augment is None:
+            return crop(image, seed)
+        crop_seed, augment_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        return augment(crop(image, crop_seed), augment_seed)
+
+    return crop_then_augment
+
+
+def _keep_or_report(problems: _ProblemLog, name, index, problem):
+    """True for a good example; else the problem goes to ``problems`` (raises, or False to skip it)."""
+    tf = tensorflow_on_host()
+    return tf.cond(tf.equal(problem, ""), lambda: tf.constant(True),
+                   lambda: tf.reshape(tf.py_function(problems.report, [name, index, problem], tf.bool), []))
+
+
+def _map_examples(records, to_example, *, seeded: bool, seed: int | None, ordered: bool):
+    """``records.map(to_example)`` in parallel; ``seeded``: each record also gets a stateless seed pair."""
+    tf = tensorflow_on_host()
+    if not seeded:
+        return records.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    return tf.data.Dataset.zip(records, seeds).map(lambda record, image_seed: to_example(*record, image_seed),
+                                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+
+
+def _batch_examples(examples, *, batch_size, drop_remainder, ordered, plan, problems, decode_in_workers,
+                    image_size):
+    """Examples with a ``keep`` flag -> batches, worker augmentation, prefetch, options."""
+    tf = tensorflow_on_host()
     examples = examples.filter(lambda ex: ex["keep"])  # only with skip_errors can keep be False
     examples = examples.map(lambda ex: {k: v for k, v in ex.items() if k != "keep"})
     batches = examples.batch(batch_size, drop_remainder=drop_remainder)
-    if plan.decode_in_workers:
+    if decode_in_workers:
         batches = augment_lib.decode_and_augment_batches(
             batches, plan.per_batch, image_size=image_size, report=problems.add, num_parallel_calls=plan.parallel_calls,
             deterministic=ordered, on_error=problems.record_error)
@@ -237,7 +289,85 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     options = tf.data.Options()
     options.deterministic = ordered
     options.threading.max_intra_op_parallelism = 1  # parallelism comes from the maps, not inside ops
-    batches = batches.with_options(options)
-    return HostDataset(batches, filenames=files, num_examples=count_data_items(files), batch_size=batch_size,
-                       labeled=labeled, repeat=repeat, drop_remainder=drop_remainder, problems=problems,
-                       image_size=image_size, closers=plan.closers)
+    return batches.with_options(options)
+
+
+# --------------------------------------------------------------------------------------
+# Sources other than TFRecords
+# --------------------------------------------------------------------------------------
+NOT_AN_IMAGE = "not a readable image file (JPEG, PNG, GIF, BMP or WebP)"
+
+
+class SourceDataset(HostDataset):
+    """:class:`HostDataset` of a :class:`~kaggle_utils.data.sources.Source`; ``.source`` has its class names and ids."""
+
+    def __init__(self, tf_dataset, *, source: Source, **kwargs):
+        super().__init__(tf_dataset, filenames=[source.description], **kwargs)
+        self.source = source
+
+    def _explain(self, err) -> BaseException:
+        if self._problems.first_error is not None:
+            return self._problems.first_error
+        return DataError(f"reading {self.source.description} failed: {type(err).__name__}: {err.message.strip()}")
+
+
+def _source_transform(image_size: int | None, crop):
+    if crop is None:
+        if image_size is None:
+            raise ValueError("give image_size= (images are resized to it) or crop=")
+        return Resize(image_size)
+    if image_size is not None and image_size != crop.size:
+        raise ValueError(f"image_size={image_size} differs from crop.size={crop.size}; give one of them")
+    return crop
+
+
+def load_source(source: Source, *, batch_size: int, image_size: int | None = None, crop=None,
+                ordered: bool = False, augment=None, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
+                drop_remainder: bool = False, repeat: bool = False, skip_errors: bool = False,
+                process_index: int | None = None, process_count: int | None = None, seed: int | None = None,
+                augment_workers: int | None = None, with_ids: bool = False) -> SourceDataset:
+    """A :class:`~kaggle_utils.data.sources.Source` -> host batches, as :func:`load_dataset` gives.
+
+    ``{"image": uint8 [B, S, S, 3], "label": int32 [B] (float32 [B, C] multi-hot for a
+    multi-label source) | "id": object (bytes) [B], "mask": bool [B]}``; ``with_ids=True``
+    adds ``id`` to labeled batches too (e.g. out-of-fold predictions).
+
+    Each file is read and decoded in the parallel map (any format and mode, see
+    :mod:`~kaggle_utils.data.transforms`), then ``crop`` (default ``Resize(image_size)``:
+    the whole image squashed to a square) and ``augment``. Process ``k`` of ``n`` reads
+    every n-th example. A file that does not decode raises :class:`DataError` naming it, or
+    with ``skip_errors`` is left out and counted. The other arguments are
+    :func:`load_dataset`'s.
+    """
+    tf = tensorflow_on_host()
+    _check_batch_size(batch_size)
+    crop = _source_transform(image_size, crop)
+    process_index, process_count = _process_defaults(process_index, process_count)
+    indices = source.indices(process_index, process_count)
+    problems = _ProblemLog(skip=skip_errors)
+    plan = augment_lib.resolve_augment(augment, workers=augment_workers, seed=seed)
+    per_image = _per_image_ops(plan.per_image, crop)
+
+    records = source.records(indices, ordered=ordered, seed=seed, shuffle_buffer_size=shuffle_buffer_size)
+    if repeat:
+        records = records.repeat()
+    ids = tf.constant(source.ids)
+    labels = None if source.labels is None else tf.constant(source.labels)
+    read = (lambda path: decode_image(tf.io.read_file(path))) if source.paths is not None else decode_image
+
+    def to_example(name, index, payload, image_seed):
+        image, ok = first_success(read, payload, tf.zeros([1, 1, 3], tf.uint8))
+        keep = _keep_or_report(problems, name, index, tf.where(ok, "", NOT_AN_IMAGE))
+        example = {"image": per_image(image, image_seed), "keep": keep}
+        if labels is not None:
+            example["label"] = tf.gather(labels, index)
+        if labels is None or with_ids:
+            example["id"] = tf.gather(ids, index)
+        return example
+
+    examples = _map_examples(records, to_example, seeded=True, seed=seed, ordered=ordered)
+    batches = _batch_examples(examples, batch_size=batch_size, drop_remainder=drop_remainder, ordered=ordered,
+                              plan=plan, problems=problems, decode_in_workers=False, image_size=crop.size)
+    return SourceDataset(batches, source=source, num_examples=len(indices), batch_size=batch_size,
+                         labeled=source.labeled, repeat=repeat, drop_remainder=drop_remainder, problems=problems,
+                         image_size=crop.size, closers=plan.closers)

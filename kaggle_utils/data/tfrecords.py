@@ -38,6 +38,7 @@ import numpy as np
 
 from .jpeg import DCT_METHOD
 from .tfhost import tensorflow_on_host
+from .transforms import first_success
 
 __all__ = [
     "DataError",
@@ -350,16 +351,15 @@ def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: 
 def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decode_image: bool = True):
     """:func:`decode_example` that also turns undecodable JPEGs / unparsable records into a problem.
 
-    tf.data has no try/except, but ``ignore_errors`` on a one-element dataset is one: the
-    element either comes out decoded or is replaced by the fallback. It costs a few tens of
-    microseconds per record, so it is used only with ``skip_errors=True``.
+    Each record goes through :func:`~kaggle_utils.data.transforms.first_success` (a try/except
+    for tf.data); it costs a few tens of microseconds per record, so it is used only with
+    ``skip_errors=True``.
     """
     tf = tensorflow_on_host()
     _, dtype = _target_feature(labeled)
 
     def attempt(parse_fn, fallback):
-        tried = tf.data.Dataset.from_tensors(serialized).map(lambda s: (parse_fn(s), True)).ignore_errors()
-        return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()
+        return first_success(parse_fn, serialized, fallback)
 
     no_image = tf.zeros([image_size, image_size, 3], tf.uint8) if decode_image else tf.constant(b"")
     fallback = (no_image, tf.constant(-1 if labeled else b"", dtype), tf.constant(""))
