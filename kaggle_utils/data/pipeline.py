@@ -325,7 +325,8 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
                 ordered: bool = False, augment=None, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
                 drop_remainder: bool = False, repeat: bool = False, skip_errors: bool = False,
                 process_index: int | None = None, process_count: int | None = None, seed: int | None = None,
-                augment_workers: int | None = None, with_ids: bool = False) -> SourceDataset:
+                augment_workers: int | None = None, with_ids: bool = False,
+                indices=None) -> SourceDataset:
     """A :class:`~kaggle_utils.data.sources.Source` -> host batches, as :func:`load_dataset` gives.
 
     ``{"image": uint8 [B, S, S, 3], "label": int32 [B] (float32 [B, C] multi-hot for a
@@ -335,7 +336,8 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     Each file is read and decoded in the parallel map (any format and mode, see
     :mod:`~kaggle_utils.data.transforms`), then ``crop`` (default ``Resize(image_size)``:
     the whole image squashed to a square) and ``augment``. Process ``k`` of ``n`` reads
-    every n-th example. A file that does not decode raises :class:`DataError` naming it, or
+    every n-th example; ``indices`` (example numbers) replaces that choice, read in that order in
+    ordered mode (files; a tfds split is read in its own order). A file that does not decode raises :class:`DataError` naming it, or
     with ``skip_errors`` is left out and counted. The other arguments are
     :func:`load_dataset`'s.
     """
@@ -343,7 +345,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     _check_batch_size(batch_size)
     crop = _source_transform(image_size, crop)
     process_index, process_count = _process_defaults(process_index, process_count)
-    indices = source.indices(process_index, process_count)
+    indices = source.indices(process_index, process_count) if indices is None else np.asarray(indices, np.int64)
     problems = _ProblemLog(skip=skip_errors)
     plan = augment_lib.resolve_augment(augment, workers=augment_workers, seed=seed)
     per_image = _per_image_ops(plan.per_image, crop)
