@@ -2,8 +2,9 @@
 
 The competition ships ``{train,val,test}/NN-SxS-COUNT.tfrec`` files: ``image`` (JPEG bytes)
 with ``class`` (int64) for train/val, ``image`` with ``id`` (bytes) for test. This module
-finds those files, counts them, writes them (for the sample data and the tests), and
-turns them into an iterable of host batches::
+finds those files, counts them, writes them (for the sample data, the tests and the converter),
+and parses them for :func:`kaggle_utils.data.pipeline.load_dataset`, which turns them into an
+iterable of host batches::
 
     {"image": uint8 [B, H, W, 3], "label": int32 [B] | "id": object (bytes) [B], "mask": bool [B]}
 

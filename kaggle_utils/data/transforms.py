@@ -62,9 +62,11 @@ def decode_image(encoded):
     return tf.ensure_shape(image, [None, None, 3])
 
 
-def _check_interpolation(interpolation: str) -> None:
-    if interpolation not in INTERPOLATIONS:
-        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+def _check_size_and_interpolation(transform) -> None:
+    if not isinstance(transform.size, int) or transform.size < 1:
+        raise ValueError(f"size must be a positive int, got {transform.size!r}")
+    if transform.interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {transform.interpolation!r}")
 
 
 def resize_image(image, height, width, interpolation: str = "bilinear"):
@@ -78,21 +80,14 @@ def _square(image, size: int):
     return tensorflow_on_host().ensure_shape(image, [size, size, 3])
 
 
-def _check_size(size: int) -> None:
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be a positive int, got {size!r}")
-
-
 @dataclass(frozen=True)
 class Resize:
     """Squash the whole image to ``size`` x ``size`` (the aspect ratio is not kept; nothing is cut)."""
     size: int
     interpolation: str = "bilinear"
-    needs_seed = False
 
     def __post_init__(self):
-        _check_size(self.size)
-        _check_interpolation(self.interpolation)
+        _check_size_and_interpolation(self)
 
     def __call__(self, image, seed=None):
         return _square(resize_image(image, self.size, self.size, self.interpolation), self.size)
@@ -109,11 +104,9 @@ class CenterCrop:
     size: int
     crop_pct: float = 0.875
     interpolation: str = "bilinear"
-    needs_seed = False
 
     def __post_init__(self):
-        _check_size(self.size)
-        _check_interpolation(self.interpolation)
+        _check_size_and_interpolation(self)
         if not 0 < self.crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
 
@@ -145,11 +138,9 @@ class RandomResizedCrop:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     hflip: float = 0.5
     interpolation: str = "bilinear"
-    needs_seed = True
 
     def __post_init__(self):
-        _check_size(self.size)
-        _check_interpolation(self.interpolation)
+        _check_size_and_interpolation(self)
         if not 0 < self.scale[0] <= self.scale[1] <= 1:
             raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {self.scale}")
         if not 0 < self.ratio[0] <= self.ratio[1]:
