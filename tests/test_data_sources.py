@@ -347,3 +347,12 @@ def test_convert_command_line_with_a_csv_and_a_tfds_source(csv_images, tiny_tfds
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert run.returncode == 0, run.stderr
     assert sum(convert.read_conversion_info(tmp_path / "tfds")["counts"].values()) == 30
+
+
+def test_numpy_augmentation_runs_on_source_batches(folders):
+    root, _ = folders
+    source = kd.class_folders(f"{root}/train")
+    plain, _ = read_all(source)
+    inverted, _ = read_all(source, augment=lambda images: 255 - images, augment_workers=0)
+    np.testing.assert_array_equal(inverted["image"], 255 - plain["image"])
+    np.testing.assert_array_equal(inverted["label"], plain["label"])
