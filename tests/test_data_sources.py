@@ -356,3 +356,13 @@ def test_numpy_augmentation_runs_on_source_batches(folders):
     inverted, _ = read_all(source, augment=lambda images: 255 - images, augment_workers=0)
     np.testing.assert_array_equal(inverted["image"], 255 - plain["image"])
     np.testing.assert_array_equal(inverted["label"], plain["label"])
+
+
+def test_stratified_split_partitions_each_class_and_keeps_one_in_train():
+    labels = np.array([0] * 10 + [1] * 4 + [2])
+    train, val = convert.stratified_split(labels, 0.6, seed=3)
+    assert sorted(np.concatenate([train, val]).tolist()) == list(range(len(labels)))
+    assert np.bincount(labels[val], minlength=3).tolist() == [6, 2, 0]  # round(0.6 * n), class 2 stays in train
+    assert np.bincount(labels[train], minlength=3).tolist() == [4, 2, 1]
+    again, _ = convert.stratified_split(labels, 0.6, seed=3)
+    np.testing.assert_array_equal(again, train)

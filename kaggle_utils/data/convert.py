@@ -9,7 +9,8 @@ reads back.
 * Images are decoded (any format, see :mod:`~kaggle_utils.data.transforms`), squashed to
   ``N`` x ``N`` (:class:`~kaggle_utils.data.transforms.Resize`) and stored as JPEGs (quality
   95 by default); crops for training and evaluation happen later, on read.
-* The validation split is stratified: ``round(F * n_c)`` random examples of each class ``c``.
+* The validation split is stratified: ``round(F * n_c)`` random examples of each class ``c``
+  (at most ``n_c - 1``).
   Train and val examples are written in a random order (file sources; a tfds split keeps its
   own, already shuffled, order), so shards are not sorted by class.
 * Multi-label sources are refused: the format has one ``class`` per record. Read them with
@@ -61,14 +62,17 @@ def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_
 
 
 def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) example numbers, each in random order: ``round(val_fraction * n_c)`` of class c to val."""
+    """(train, val) example numbers, each in random order: ``round(val_fraction * n_c)`` of class c to val.
+
+    A class keeps at least one example in train, so no class is known only from validation.
+    """
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     rng = np.random.default_rng(seed)
     train, val = [], []
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))
-        n_val = int(round(val_fraction * len(members)))
+        n_val = min(int(round(val_fraction * len(members))), len(members) - 1)
         val.append(members[:n_val])
         train.append(members[n_val:])
     return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(val))
