@@ -167,10 +167,14 @@ def test_load_dataset_default_is_unchanged_and_eval_crop_is_applied_per_image(re
         np.testing.assert_array_equal(image, kd.CenterCrop(32, crop_pct=0.8)(tf.constant(original)).numpy())
 
 
-def test_load_dataset_train_crop_then_randaugment_varies_with_the_seed(records):
-    first = read(records, crop=kd.RandomResizedCrop(24), augment="randaugment", seed=1)
-    again = read(records, crop=kd.RandomResizedCrop(24), augment="randaugment", seed=1)
-    other = read(records, crop=kd.RandomResizedCrop(24), augment="randaugment", seed=2)
+def test_load_dataset_train_crops_vary_with_the_seed_and_randaugment_runs_on_the_crops(records):
+    first = read(records, crop=kd.RandomResizedCrop(24), seed=1)
+    again = read(records, crop=kd.RandomResizedCrop(24), seed=1)
+    other = read(records, crop=kd.RandomResizedCrop(24), seed=2)
     assert first["image"].shape[1:] == (24, 24, 3)
     np.testing.assert_array_equal(first["image"], again["image"])
     assert not np.array_equal(first["image"], other["image"])
+    augmented = read(records, crop=kd.RandomResizedCrop(24), augment=kd.RandAugment(num_ops=1, jit_compile=False),
+                     seed=1)
+    assert augmented["image"].shape == first["image"].shape and augmented["image"].dtype == np.uint8
+    np.testing.assert_array_equal(augmented["label"], first["label"])
