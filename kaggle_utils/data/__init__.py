@@ -18,10 +18,11 @@ from .augment import (
 )
 from .flowers import FLOWER_NUM_CLASSES, flower_class_names
 from .imgaug_compat import import_imgaug_augmenters
+from .pipeline import HostDataset, SourceDataset, load_dataset, load_source
 from .sample import SampleDataset, make_sample_dataset
+from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfrecords import (
     DataError,
-    HostDataset,
     NoTFRecordsError,
     RecordProblem,
     check_tfrecords,
@@ -31,7 +32,6 @@ from .tfrecords import (
     decode_example,
     encode_jpeg,
     list_tfrecords,
-    load_dataset,
     locate_competition_data,
     serialize_example,
     shard_files,
@@ -40,6 +40,7 @@ from .tfrecords import (
     write_split,
     write_tfrecord,
 )
+from .transforms import CenterCrop, RandomResizedCrop, Resize
 
 __all__ = [
     "AugmentWorkerError", "DataError", "FLOWER_NUM_CLASSES", "HostDataset", "ImgaugRandAugment", "NoTFRecordsError",
@@ -49,4 +50,7 @@ __all__ = [
     "import_imgaug_augmenters", "list_tfrecords", "load_dataset", "locate_competition_data", "make_sample_dataset",
     "resolve_augment", "serialize_example", "shard_files", "shard_name", "show_augmented", "tensorflow_on_host",
     "write_split", "write_tfrecord",
+    # sources other than TFRecords, and resolution
+    "CenterCrop", "RandomResizedCrop", "Resize", "Source", "SourceDataset", "class_folders", "csv_source",
+    "image_folder", "load_source", "tfds_source",
 ]

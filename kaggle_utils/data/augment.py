@@ -42,7 +42,8 @@ import numpy as np
 
 from .imgaug_compat import import_imgaug_augmenters
 from .jpeg import decode_jpeg_into
-from .tfrecords import UNDECODABLE, RecordProblem, tensorflow_on_host
+from .tfhost import tensorflow_on_host
+from .tfrecords import UNDECODABLE, RecordProblem
 
 __all__ = [
     "AugmentPlan",

@@ -1,0 +1,173 @@
+"""Any source -> TFRecords in the flower competition's layout, so it runs at TFRecord speed and through the job.
+
+``python -m kaggle_utils.data convert SRC --out DIR [--image-size N] [--val-fraction F] [--shards K]``
+writes ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` with the competition's feature keys
+(``image`` JPEG + ``class`` int64, or ``image`` + ``id`` for test) and ``DIR/class_names.json``
+(class names, the source's id / label column names, counts), which :func:`read_conversion_info`
+reads back.
+
+* Images are decoded (any format, see :mod:`~kaggle_utils.data.transforms`), squashed to
+  ``N`` x ``N`` (:class:`~kaggle_utils.data.transforms.Resize`) and stored as JPEGs (quality
+  95 by default); crops for training and evaluation happen later, on read.
+* The validation split is stratified: ``round(F * n_c)`` random examples of each class ``c``
+  (at most ``n_c - 1``).
+  Train and val examples are written in a random order (file sources; a tfds split keeps its
+  own, already shuffled, order), so shards are not sorted by class.
+* Multi-label sources are refused: the format has one ``class`` per record. Read them with
+  :func:`~kaggle_utils.data.pipeline.load_source` instead.
+* Each file is written atomically, and the whole conversion goes to a staging folder inside
+  ``DIR`` that replaces the old ``train/ val/ test/`` only once every file is written, so a
+  re-run never mixes old and new shards; an existing conversion is replaced only with
+  ``overwrite=True`` (``--overwrite``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from .pipeline import load_source
+from .sources import Source, class_folders, csv_source, image_folder, tfds_source
+from .tfrecords import (DataError, atomic_output_path, count_from_name, encode_jpeg, serialize_example, shard_name,
+                        write_tfrecord)
+
+__all__ = ["INFO_FILE", "SPLITS", "convert_source", "read_conversion_info", "source_from_spec", "stratified_split"]
+
+SPLITS = ("train", "val", "test")
+INFO_FILE = "class_names.json"
+_READ_BATCH = 64
+
+
+def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_column: str | None = "label",
+                     tfds_data_dir=None, labeled: bool = True, class_names: list[str] | None = None) -> Source:
+    """``tfds:NAME[:SPLIT]``, a ``.csv`` (images in ``image_dir``, default the CSV's folder), or a folder.
+
+    A folder is class folders when ``labeled``, else a flat folder of test images.
+    """
+    if spec.startswith("tfds:"):
+        name, _, split = spec[len("tfds:"):].partition(":")
+        return tfds_source(name, split or ("train" if labeled else "test"), data_dir=tfds_data_dir,
+                           label_key="label" if labeled else None)
+    if spec.lower().endswith(".csv"):
+        folder = image_dir if image_dir is not None else os.path.dirname(os.path.abspath(spec))
+        return csv_source(spec, folder, id_column=id_column, label_column=label_column if labeled else None,
+                          class_names=class_names)
+    if labeled:
+        return class_folders(spec)
+    return image_folder(spec, id_column=id_column, class_names=class_names)
+
+
+def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) example numbers, each in random order: ``round(val_fraction * n_c)`` of class c to val.
+
+    A class keeps at least one example in train, so no class is known only from validation.
+    """
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    rng = np.random.default_rng(seed)
+    train, val = [], []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        n_val = min(int(round(val_fraction * len(members))), len(members) - 1)
+        val.append(members[:n_val])
+        train.append(members[n_val:])
+    return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(val))
+
+
+def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size: int, shards: int, quality: int,
+                 skip_errors: bool) -> list[str]:
+    """Read ``indices`` of ``source`` in order and write them as about ``shards`` files."""
+    per_file = math.ceil(len(indices) / min(shards, len(indices)))
+    dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, ordered=True,
+                          with_ids=True, skip_errors=skip_errors, process_index=0, process_count=1)
+    pending, paths = [], []
+
+    def flush():
+        path = os.path.join(folder, shard_name(len(paths), image_size, len(pending)))
+        write_tfrecord(path, pending)
+        paths.append(path)
+        pending.clear()
+
+    for batch in dataset:
+        for i in np.flatnonzero(batch["mask"]):
+            target = {"label": int(batch["label"][i])} if source.labeled else {"id": batch["id"][i]}
+            pending.append(serialize_example(encode_jpeg(batch["image"][i], quality), **target))
+            if len(pending) == per_file:
+                flush()
+    if pending:
+        flush()
+    return paths
+
+
+def _existing_splits(out_dir: str) -> list[str]:
+    return [s for s in SPLITS if os.path.exists(os.path.join(out_dir, s))]
+
+
+def _swap_in(staging: str, out_dir: str) -> None:
+    """Move the old splits aside, the staged ones in, then delete the old ones."""
+    old = tempfile.mkdtemp(prefix=".convert-old-", dir=out_dir)
+    for split in _existing_splits(out_dir):
+        os.replace(os.path.join(out_dir, split), os.path.join(old, split))
+    for split in _existing_splits(staging):
+        os.replace(os.path.join(staging, split), os.path.join(out_dir, split))
+    os.replace(os.path.join(staging, INFO_FILE), os.path.join(out_dir, INFO_FILE))
+    shutil.rmtree(old)
+
+
+def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: float = 0.15, shards: int = 16,
+                   test: Source | None = None, seed: int = 0, quality: int = 95, overwrite: bool = False,
+                   skip_errors: bool = False) -> dict:
+    """Write ``train`` (split into train/val) and ``test`` as competition-layout TFRecords; returns the info written.
+
+    ``shards``: files per split (fewer for splits with fewer examples). See the module docstring.
+    """
+    if train.multi_label:
+        raise DataError(f"{train.description} is multi-label: the competition's TFRecord format holds one class "
+                        "per record, so it cannot be converted; read it with load_source instead")
+    if not train.labeled:
+        raise DataError(f"{train.description} has no labels: give it as the test source (--test)")
+    if test is not None and test.labeled:
+        raise DataError(f"the test source {test.description} has labels: give an unlabeled folder or CSV")
+    if shards < 1 or image_size < 1:
+        raise ValueError(f"shards and image_size must be >= 1, got {shards} and {image_size}")
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    os.makedirs(out_dir, exist_ok=True)
+    if _existing_splits(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir} already holds {', '.join(_existing_splits(out_dir))}: pass overwrite=True "
+                              "(--overwrite) to replace them, or choose another --out")
+    train_idx, val_idx = stratified_split(train.labels, val_fraction, seed)
+    jobs = [("train", train, train_idx), ("val", train, val_idx)]
+    if test is not None:
+        jobs.append(("test", test, np.arange(test.num_examples)))
+    staging = tempfile.mkdtemp(prefix=".convert-staging-", dir=out_dir)
+    try:
+        counts = {}
+        for split, source, indices in jobs:
+            if len(indices):
+                folder = os.path.join(staging, split)
+                os.makedirs(folder)
+                files = _write_split(source, indices, folder, image_size=image_size, shards=shards, quality=quality,
+                                     skip_errors=skip_errors)
+                counts[split] = sum(count_from_name(f) for f in files)
+        info = {"class_names": train.class_names, "id_column": (test or train).id_column,
+                "label_column": train.label_column, "image_size": image_size, "counts": counts,
+                "source": train.description, "test_source": None if test is None else test.description}
+        with atomic_output_path(os.path.join(staging, INFO_FILE)) as tmp, open(tmp, "w") as f:
+            json.dump(info, f, indent=1)
+        _swap_in(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return info
+
+
+def read_conversion_info(out_dir) -> dict:
+    """The ``class_names.json`` a conversion wrote: class_names, id_column, label_column, image_size, counts."""
+    path = os.path.join(os.fspath(out_dir), INFO_FILE)
+    if not os.path.isfile(path):
+        raise DataError(f"{path} does not exist: {out_dir} was not written by kaggle_utils.data convert")
+    with open(path) as f:
+        return json.load(f)

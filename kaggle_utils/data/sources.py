@@ -1,0 +1,326 @@
+"""Image-classification data that is not in TFRecords: class folders, CSV + images, tensorflow-datasets.
+
+A :class:`Source` is what a run needs to know before it reads a pixel: the examples (files
+or tfds records), their ids, labels (``int32 [N]``) or multi-hot targets (``float32 [N, C]``),
+the class names, and the id / label column names of the competition's CSV (so a submission
+can be written with them). :func:`kaggle_utils.data.pipeline.load_source` turns one into the
+same host batches as :func:`~kaggle_utils.data.pipeline.load_dataset`.
+
+Everything that can be checked without decoding is checked here, when the source is made,
+so bad input stops a run before training starts, with a :class:`DataError` naming the file,
+row (the CSV line number, the header being line 1) and column: missing columns, rows whose
+image file is missing, labels not in the class list, mixed label kinds, duplicate ids, empty
+class folders. Images that do not decode are found by the pipeline (named, or counted with
+``skip_errors``).
+
+Sources:
+
+* :func:`class_folders` ``DIR/<class>/*.{jpg,jpeg,png,...}``: class names are the sorted folder
+  names, ids the paths relative to ``DIR`` without extension.
+* :func:`image_folder` ``DIR/*.{jpg,...}`` without labels (a test set): ids are the file names
+  without extension.
+* :func:`csv_source` a CSV with an id (or path) column and, for train data, a label column: a
+  class name or an integer index per row, or several separated by spaces (multi-label). Ids
+  name files in ``image_dir`` with or without their extension.
+* :func:`tfds_source` a tensorflow-datasets split, read offline from ``data_dir`` once prepared.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .tfrecords import DataError
+
+__all__ = ["IMAGE_EXTENSIONS", "Source", "class_folders", "csv_source", "image_folder", "tfds_source"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+
+
+@dataclass(frozen=True, eq=False)
+class Source:
+    """Examples, ids and labels of one split; ``paths`` for files, ``tfds`` for a tensorflow-datasets split.
+
+    ``labels`` is None for unlabeled data (a test set), int32 ``[N]`` class indices, or, when
+    ``multi_label``, float32 ``[N, C]`` multi-hot targets. ``names`` say where each example
+    comes from (its file), for error messages. ``id_column`` / ``label_column`` are the
+    competition's own column names, for the submission.
+    """
+    description: str
+    names: list[str]
+    ids: list[str]
+    labels: np.ndarray | None
+    class_names: list[str] | None
+    id_column: str = "id"
+    label_column: str | None = "label"
+    multi_label: bool = False
+    paths: list[str] | None = None
+    tfds: dict | None = field(default=None, repr=False)  # builder, split, image_key
+
+    def __post_init__(self):
+        if len(self.ids) != len(self.names) or (self.labels is not None and len(self.labels) != len(self.ids)):
+            raise ValueError(f"{self.description}: ids, names and labels differ in length")
+        if not self.ids:
+            raise DataError(f"{self.description}: no images found")
+
+    def __repr__(self):
+        kind = "multi-label" if self.multi_label else "labeled" if self.labeled else "unlabeled"
+        classes = f", {self.num_classes} classes" if self.class_names is not None else ""
+        return f"Source({self.description}: {self.num_examples} {kind} examples{classes})"
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.ids)
+
+    @property
+    def labeled(self) -> bool:
+        return self.labels is not None
+
+    @property
+    def num_classes(self) -> int | None:
+        return None if self.class_names is None else len(self.class_names)
+
+    def indices(self, process_index: int = 0, process_count: int = 1) -> np.ndarray:
+        """The examples process ``process_index`` of ``process_count`` reads (every k-th)."""
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise ValueError(f"process_index={process_index} is not in [0, process_count={process_count})")
+        if self.num_examples < process_count:
+            raise DataError(f"{self.description}: {self.num_examples} example(s) cannot be split over "
+                            f"{process_count} processes")
+        return np.arange(self.num_examples)[process_index::process_count]
+
+    def records(self, indices: np.ndarray, *, ordered: bool, seed: int | None, shuffle_buffer_size: int):
+        """tf.data of ``(name, index, payload)`` for ``indices``: payload is a file path (``paths``) or image bytes.
+
+        Files are shuffled by index (all of them, cheap); tfds records in a buffer, read in
+        file order so that a record's index, and with it its label and id, stays fixed.
+        """
+        from .tfhost import tensorflow_on_host
+
+        tf = tensorflow_on_host()
+        if self.tfds is None:
+            records = tf.data.Dataset.from_tensor_slices(indices.astype(np.int64))
+            if not ordered:
+                records = records.shuffle(len(indices), seed=seed, reshuffle_each_iteration=True)
+            paths = tf.constant(self.paths)
+            return records.map(lambda i: (tf.gather(paths, i), i, tf.gather(paths, i)))
+        import tensorflow_datasets as tfds
+
+        builder, split, key = self.tfds["builder"], self.tfds["split"], self.tfds["image_key"]
+        records = builder.as_dataset(split=split, shuffle_files=False, decoders={key: tfds.decode.SkipDecoding()})
+        wanted = tf.constant(np.isin(np.arange(self.num_examples), indices))
+        name = tf.constant(self.description)
+        records = records.enumerate().filter(lambda i, _: tf.gather(wanted, i)).map(lambda i, ex: (name, i, ex[key]))
+        if not ordered:
+            records = records.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
+        return records
+
+
+# --------------------------------------------------------------------------------------
+# Folders
+# --------------------------------------------------------------------------------------
+def _images_in(folder: str, extensions) -> list[str]:
+    wanted = tuple(e.lower() for e in extensions)
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                  if f.lower().endswith(wanted) and os.path.isfile(os.path.join(folder, f)))
+
+
+def _check_folder(root: str) -> str:
+    root = os.fspath(root)
+    if not os.path.isdir(root):
+        raise DataError(f"image folder {root!r} does not exist or is not a folder")
+    return root
+
+
+def _check_unique(ids: list[str], where: list[str], what: str) -> None:
+    first: dict[str, str] = {}
+    for id_, place in zip(ids, where):
+        if id_ in first:
+            raise DataError(f"{what}: duplicate id {id_!r} ({first[id_]} and {place})")
+        first[id_] = place
+
+
+def class_folders(root, *, extensions=IMAGE_EXTENSIONS) -> Source:
+    """``root/<class>/<image>``: one sub-folder per class, class names sorted; an empty class folder is an error."""
+    root = _check_folder(root)
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+    if not classes:
+        raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>)")
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        found = _images_in(os.path.join(root, name), extensions)
+        if not found:
+            raise DataError(f"class folder {os.path.join(root, name)!r} holds no images ({', '.join(extensions)})")
+        paths += found
+        labels += [label] * len(found)
+    ids = [os.path.splitext(os.path.relpath(p, root))[0].replace(os.sep, "/") for p in paths]
+    return Source(f"class folders {root}", names=paths, ids=ids, labels=np.asarray(labels, np.int32),
+                  class_names=classes, paths=paths)
+
+
+def image_folder(root, *, extensions=IMAGE_EXTENSIONS, id_column: str = "id",
+                 class_names: list[str] | None = None) -> Source:
+    """``root/<image>`` without labels (a test set); ids are the file names without extension."""
+    root = _check_folder(root)
+    paths = _images_in(root, extensions)
+    ids = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+    _check_unique(ids, paths, root)
+    return Source(f"image folder {root}", names=paths, ids=ids, labels=None, class_names=class_names,
+                  id_column=id_column, label_column=None, paths=paths)
+
+
+# --------------------------------------------------------------------------------------
+# CSV + images
+# --------------------------------------------------------------------------------------
+def _read_csv(path: str, columns: list[str]) -> list[tuple[int, dict]]:
+    if not os.path.isfile(path):
+        raise DataError(f"CSV file {path!r} does not exist")
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})")
+        return [(reader.line_num, row) for row in reader]
+
+
+def _find_image(image_dir: str, value: str, extensions, where: str) -> str:
+    candidates = [os.path.join(image_dir, value)]
+    if not value.lower().endswith(tuple(extensions)):
+        candidates = [candidates[0] + e for e in extensions] + [candidates[0] + e.upper() for e in extensions]
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+    tried = candidates[0] if len(candidates) == 1 else f"{candidates[0]}{{{','.join(extensions)}}}"
+    raise DataError(f"{where}: image file {tried} does not exist")
+
+
+def _label_kind(token: str) -> str:
+    return "integer" if token.lstrip("-").isdigit() else "name"
+
+
+def _parse_labels(rows, path: str, column: str, class_names, separator):
+    """Per row a list of class indices; class names from the data unless given."""
+    tokens = []
+    kinds: dict[str, str] = {}
+    for line, row in rows:
+        where = f"{path}, line {line}, column {column!r}"
+        found = [t.strip() for t in (row[column] or "").strip().split(separator) if t.strip()]
+        if not found:
+            raise DataError(f"{where}: empty label")
+        for token in found:
+            kinds.setdefault(_label_kind(token), f"line {line} ({token!r})")
+        if len(kinds) > 1:
+            raise DataError(f"{path}, column {column!r}: mixed label kinds, class names and integers "
+                            f"(integer at {kinds['integer']}, name at {kinds['name']})")
+        tokens.append((where, found))
+    integers = kinds and next(iter(kinds)) == "integer"
+    if class_names is None:
+        if integers:
+            class_names = [str(i) for i in range(max(int(t) for _, found in tokens for t in found) + 1)]
+        else:
+            class_names = sorted({t for _, found in tokens for t in found})
+    index = {name: i for i, name in enumerate(class_names)}
+    labels = []
+    for where, found in tokens:
+        row_labels = []
+        for token in found:
+            label = int(token) if integers else index.get(token)
+            if label is None or not 0 <= label < len(class_names):
+                raise DataError(f"{where}: label {token!r} is not in the {len(class_names)} classes "
+                                f"({', '.join(class_names[:10])}{', ...' if len(class_names) > 10 else ''})")
+            row_labels.append(label)
+        labels.append(row_labels)
+    return labels, list(class_names)
+
+
+def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None = None,
+               class_names: list[str] | None = None, multi_label: bool | None = None,
+               extensions=IMAGE_EXTENSIONS, label_separator: str | None = None) -> Source:
+    """A CSV of ids (file names, with or without extension, relative to ``image_dir``) and labels.
+
+    ``label_column=None``: unlabeled (a test CSV). Labels are class names or integer indices
+    (not both); ``class_names`` fixes the class list (else: sorted names found, or
+    ``0..max``). A row with several labels (split on whitespace, or ``label_separator``)
+    makes the source multi-label (or pass ``multi_label=True``): ``labels`` are then multi-hot
+    float32 ``[N, C]``; ``multi_label=False`` makes such a row an error.
+    """
+    csv_path, image_dir = os.fspath(csv_path), _check_folder(image_dir)
+    columns = [id_column] + ([label_column] if label_column else [])
+    rows = _read_csv(csv_path, columns)
+    paths, ids = [], []
+    for line, row in rows:
+        where = f"{csv_path}, line {line}, column {id_column!r}"
+        value = (row[id_column] or "").strip()
+        if not value:
+            raise DataError(f"{where}: empty id")
+        paths.append(_find_image(image_dir, value, extensions, where))
+        ids.append(value)
+    _check_unique(ids, [f"line {line}" for line, _ in rows], f"{csv_path}, column {id_column!r}")
+    labels = None
+    if label_column is not None:
+        per_row, class_names = _parse_labels(rows, csv_path, label_column, class_names, label_separator)
+        several = [line for (line, _), found in zip(rows, per_row) if len(found) > 1]
+        if multi_label is False and several:
+            raise DataError(f"{csv_path}, line {several[0]}, column {label_column!r}: several labels in a "
+                            "single-label source (multi_label=False)")
+        multi_label = bool(several) if multi_label is None else multi_label
+        if multi_label:
+            labels = np.zeros((len(rows), len(class_names)), np.float32)
+            for i, found in enumerate(per_row):
+                labels[i, found] = 1.0
+        else:
+            labels = np.asarray([found[0] for found in per_row], np.int32)
+    return Source(f"CSV {csv_path}", names=paths, ids=ids, labels=labels, class_names=class_names,
+                  id_column=id_column, label_column=label_column, multi_label=bool(multi_label), paths=paths)
+
+
+# --------------------------------------------------------------------------------------
+# tensorflow-datasets
+# --------------------------------------------------------------------------------------
+def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: str = "image",
+                label_key: str | None = "label", download: bool = False) -> Source:
+    """A tfds split, offline from ``data_dir`` (prepared before, or ``download=True``).
+
+    The labels are read in one pass over the records without decoding the images. Ids are
+    ``<split>-<record index>`` (tfds splits have no common id feature).
+    """
+    from .tfhost import tensorflow_on_host
+
+    tensorflow_on_host()
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))
+    except Exception as err:  # tfds raises DatasetNotFoundError and others
+        raise DataError(f"tfds dataset {name!r}: {err}") from None
+    if download:
+        builder.download_and_prepare()
+    elif not builder.is_prepared():
+        raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir} (pass download=True "
+                        "where the internet is on, or prepare it there first)")
+    features = builder.info.features
+    if image_key not in features:
+        raise DataError(f"tfds dataset {name!r} has no feature {image_key!r} (features: {', '.join(features)})")
+    class_names, labels = None, None
+    if label_key is not None:
+        if label_key not in features or not hasattr(features[label_key], "names"):
+            raise DataError(f"tfds dataset {name!r}: {label_key!r} is not a class-label feature "
+                            f"(features: {', '.join(features)})")
+        class_names = list(features[label_key].names)
+    try:
+        records = builder.as_dataset(split=split, shuffle_files=False,
+                                     decoders={image_key: tfds.decode.SkipDecoding()})
+    except Exception as err:
+        raise DataError(f"tfds dataset {name!r}: split {split!r}: {err}") from None
+    if label_key is not None:
+        labels = np.fromiter(records.map(lambda ex: ex[label_key]).as_numpy_iterator(), np.int64).astype(np.int32)
+        count = len(labels)
+    else:
+        count = int(records.reduce(np.int64(0), lambda n, _: n + 1))
+    description = f"tfds:{name}/{split}"
+    return Source(description, names=[description] * count, ids=[f"{split}-{i}" for i in range(count)],
+                  labels=labels, class_names=class_names, label_column=label_key,
+                  tfds={"builder": builder, "split": split, "image_key": image_key})
