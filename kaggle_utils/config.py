@@ -57,6 +57,16 @@ class ModelConfig:
 class DataConfig:
     data_dir: str | None = _field(None, "folder with train/, val/ and optionally test/ TFRecords (default: the "
                                         "embedded digits sample, written to a temporary folder)")
+    source: str | None = _field(None, "instead of --data-dir: class folders DIR/<class>/*.jpg, a CSV of id + label "
+                                      "(images in --image-dir), or tfds:NAME[:SPLIT]; converted once into OUT/data")
+    test_source: str | None = _field(None, "with --source: unlabeled test images (a folder or a CSV of ids)")
+    image_dir: str | None = _field(None, "with a CSV --source / --test-source: the images' folder (default: the "
+                                         "CSV's folder)")
+    id_column: str = _field("id", "the CSV's id column, and the submission's")
+    label_column: str = _field("label", "the CSV's label column, and the submission's")
+    val_fraction: float = _field(0.15, "with --source: stratified share of each class held out for validation")
+    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: from --source; empty: "
+                                              "the index itself)")
     batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
     batch_per_device: int | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
                                                 "BATCH_SIZE_PER_CORE); global = this x device count")

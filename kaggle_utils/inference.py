@@ -47,20 +47,27 @@ def _text(value) -> str:
     return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
 
 
-def write_submission(path: str | Path, ids: Sequence, labels: Sequence[int]) -> Path:
-    """Atomic ``id,label`` CSV, one row per id in the given order."""
+def write_submission(path: str | Path, ids: Sequence, labels: Sequence[int], *,
+                     columns: tuple[str, str] = ("id", "label"), class_names: Sequence[str] = ()) -> Path:
+    """Atomic CSV in the competition's ``columns``, one row per id in the given order.
+
+    With ``class_names`` the label column holds each class's name (a CSV source's own labels),
+    otherwise its index (the flower competition).
+    """
     if len(ids) != len(labels):
         raise ValueError(f"{len(ids)} ids but {len(labels)} labels")
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["id", "label"])
-    writer.writerows((_text(i), int(label)) for i, label in zip(ids, labels))
+    writer.writerow(list(columns))
+    name = (lambda i: class_names[i]) if class_names else int  # noqa: E731
+    writer.writerows((_text(i), name(int(label))) for i, label in zip(ids, labels))
     checkpoint.atomic_write_text(path, text.getvalue())
     return Path(path)
 
 
 def predict_split(steps: Steps, variables: dict | TrainState, filenames, *, image_size: int, batch_size: int,
-                  out_path: str | Path) -> tuple[Path, np.ndarray, np.ndarray]:
+                  out_path: str | Path, columns: tuple[str, str] = ("id", "label"),
+                  class_names: Sequence[str] = ()) -> tuple[Path, np.ndarray, np.ndarray]:
     """Predicts the TFRecords ``filenames`` (test split) and writes the submission on process 0.
 
     ``batch_size`` is the global batch. The number of predicted rows is checked against
@@ -83,5 +90,5 @@ def predict_split(steps: Steps, variables: dict | TrainState, filenames, *, imag
         raise ValueError(f"test ids repeat (e.g. {dupes}): refusing to write an ambiguous submission")
     out_path = Path(out_path)
     if jax.process_index() == 0:
-        write_submission(out_path, texts, probs.argmax(-1))
+        write_submission(out_path, texts, probs.argmax(-1), columns=columns, class_names=class_names)
     return out_path, ids, probs

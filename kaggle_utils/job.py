@@ -76,7 +76,7 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
     given = config_from_args(args, config_cls)
     run.check_config(given)
     out = Path(args.out)
-    with _owned(out), run.sample_or_folder(given) as root:
+    with _owned(out), run.data_root(given, out) as root:
         data = run.open_data(given, root)
         config, plan = run.resolve(given, data)
         if jax.process_index() == 0:
@@ -120,7 +120,9 @@ def _predict(steps, variables, files, config: TrainConfig, batch_size: int, out:
     from .inference import predict_split
 
     path, ids, _ = predict_split(steps, variables, files, image_size=config.model.image_size,
-                                 batch_size=batch_size, out_path=out / "submission.csv")
+                                 batch_size=batch_size, out_path=out / "submission.csv",
+                                 columns=(config.data.id_column, config.data.label_column),
+                                 class_names=config.data.class_names)
     return path, ids
 
 

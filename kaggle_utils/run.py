@@ -34,7 +34,8 @@ from . import checkpoint, runtime
 from .config import ConfigError, TrainConfig, flag_of
 
 __all__ = ["Plan", "RunData", "Training", "build_model", "build_training", "check_config", "fit_run",
-           "initial_variables", "load_run", "make_task", "open_data", "resolve", "sample_or_folder", "write_config"]
+           "converted_source", "data_root", "initial_variables", "load_run", "make_task", "open_data", "resolve",
+           "sample_or_folder", "write_config"]
 
 SAMPLE_IMAGE_SIZE = 32
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -52,9 +53,54 @@ class RunData:
     num_train: int
     max_label: int
     description: str  # where the data came from, for config.json
+    class_names: tuple[str, ...] = ()  # submission labels by index (empty: the index)
 
 
 SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it
+
+
+def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
+    """``--source`` written once as competition-layout TFRecords into ``OUT/data`` (reused on resume)."""
+    from .data import DataError
+    from .data.convert import convert_source, read_conversion_info, source_from_spec
+
+    data = config.data
+    if data.data_dir is not None:
+        raise ConfigError("--source and --data-dir exclude each other: give the records folder or the source")
+    if config.model.image_size is None:
+        raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
+    target = Path(out_dir) / "data"
+    spec = dict(image_dir=data.image_dir, id_column=data.id_column, label_column=data.label_column)
+    train = source_from_spec(data.source, **spec)
+    test = source_from_spec(data.test_source, labeled=False, **spec) if data.test_source else None
+    try:
+        info = read_conversion_info(target)
+    except DataError:
+        info = None
+    wanted = {"source": train.description, "test_source": None if test is None else test.description,
+              "image_size": config.model.image_size}
+    if info is not None and all(info.get(k) == v for k, v in wanted.items()):
+        return target  # this run's conversion, e.g. before a --resume
+    if jax.process_index() == 0:
+        print(f"--source {data.source}: converting {train.num_examples} images to {config.model.image_size}px "
+              f"TFRecords in {target}")
+        convert_source(train, target, image_size=config.model.image_size, val_fraction=data.val_fraction,
+                       test=test, seed=config.seed, overwrite=True, skip_errors=data.skip_errors)
+    if jax.process_count() > 1:  # the others read what process 0 wrote (a shared filesystem)
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("kaggle_utils converted_source")
+    return target
+
+
+@contextlib.contextmanager
+def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
+    """The folder of TFRecords a run reads: ``--data-dir``, ``--source`` converted, or the sample."""
+    if config.data.source is not None:
+        yield converted_source(config, out_dir)
+    else:
+        with sample_or_folder(config) as root:
+            yield root
 
 
 @contextlib.contextmanager
@@ -159,9 +205,21 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
                           f"{top} (needs at least {top + 1})")
     if splits["test"]:
         scan_test_ids(splits["test"])
+    if config.data.data_dir in (None, SAMPLE) and config.data.source is None:
+        description = SAMPLE
+    else:
+        description = str(root.resolve())
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
-                   max_label=top,
-                   description=SAMPLE if config.data.data_dir in (None, SAMPLE) else str(root.resolve()))
+                   max_label=top, description=description, class_names=_class_names(config, root))
+
+
+def _class_names(config: TrainConfig, root: Path) -> tuple[str, ...]:
+    """The submission's label names: given, or those a conversion of ``--source`` recorded."""
+    if config.data.class_names or config.data.source is None:
+        return tuple(config.data.class_names)
+    from .data.convert import read_conversion_info
+
+    return tuple(read_conversion_info(root)["class_names"])
 
 
 # --------------------------------------------------------------------------- resolution
@@ -228,6 +286,8 @@ def _check_values(config: TrainConfig) -> None:
             raise ConfigError(f"{flag_of(name)} {value}: must be in [{low}, {high})")
     if config.optim.weight_decay < 0 or config.optim.warmup_epochs < 0:
         raise ConfigError("--weight-decay and --warmup-epochs must be >= 0")
+    if not 0 < config.data.val_fraction < 1:
+        raise ConfigError(f"--val-fraction {config.data.val_fraction}: must be in (0, 1)")
     if config.model.freeze and not config.model.weights:
         raise ConfigError("--freeze needs --weights (freezing a randomly initialised network is a mistake)")
     if config.model.weights and not Path(config.model.weights).is_file():
@@ -262,8 +322,11 @@ def resolve(config: TrainConfig, data: RunData) -> tuple[TrainConfig, Plan]:
         raise ConfigError(f"--image-size {image_size} differs from the records' {data.stored_size}x"
                           f"{data.stored_size}; train at the stored size or convert the data to that size")
     platform = runtime.current_platform()
+    if data.class_names and len(data.class_names) <= data.max_label:
+        raise ConfigError(f"--class-names names {len(data.class_names)} classes but the data holds label "
+                          f"{data.max_label}")
     config = config.replace(
-        data_dir=data.description, num_classes=config.model.num_classes or data.max_label + 1, image_size=image_size,
+        data_dir=data.description, class_names=data.class_names, num_classes=config.model.num_classes or data.max_label + 1, image_size=image_size,
         dtype=config.model.dtype or runtime.default_dtype(platform), batch_size=_global_batch(config),
         batch_per_device=None, lr=config.optim.lr or (FINETUNE_LR if config.model.weights else SCRATCH_LR),
         head_multiple=config.model.head_multiple or (128 if platform == "tpu" else 1),

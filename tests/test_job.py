@@ -362,3 +362,71 @@ def test_a_fine_tune_starts_from_a_zero_head_at_loss_ln_c(sample, tmp_path):
     _, metrics = steps.train(steps.put_state(training.state), steps.put_batch(batch))
     metrics = steps.get(metrics)
     assert abs(float(metrics["loss_sum"]) / int(metrics["count"]) - np.log(10)) < 1e-4
+
+
+# --------------------------------------------------------------------------- other competitions' data
+
+
+def _digit_images(n_per_class, offset=0):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    for digit in range(10):
+        for i, image in enumerate(d.images[d.target == digit][offset:offset + n_per_class]):
+            big = np.kron((image * 255 / 16).astype(np.uint8), np.ones((4, 4), np.uint8))  # 8 -> 32 px
+            yield digit, i, np.repeat(big[..., None], 3, -1)
+
+
+def _save_png(path, image):
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image).save(path)
+
+
+SOURCE_ARGS = ["--image-size", "32", "--steps", "2", "--batch-size", "64", "--no-progress"]
+
+
+def test_the_job_trains_from_class_folders_and_submits_the_folder_ids(learning_run, tmp_path):
+    for digit, i, image in _digit_images(20):
+        _save_png(tmp_path / "folders" / str(digit) / f"{digit}_{i}.png", image)
+    for digit, i, image in _digit_images(3, offset=20):
+        _save_png(tmp_path / "test" / f"t{digit}{i}.png", image)
+    args = ["train", "--source", str(tmp_path / "folders"), "--test-source", str(tmp_path / "test"), *SOURCE_ARGS]
+    log = finish(start_job(args, tmp_path / "run", learning_run[0] / "jax_cache", tmp_path))
+    assert "converting 200 images to 32px TFRecords" in log
+    with open(tmp_path / "run" / "submission.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["id", "label"]
+    assert sorted(r[0] for r in rows[1:]) == sorted(p.stem for p in (tmp_path / "test").iterdir())
+    assert {r[1] for r in rows[1:]} <= {str(d) for d in range(10)}
+    config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert config["data"]["class_names"] == [str(d) for d in range(10)]
+
+
+def test_the_job_trains_from_a_csv_and_submits_in_its_columns_with_its_label_names(learning_run, tmp_path):
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    train_rows, test_ids = [], []
+    for digit, i, image in _digit_images(20):
+        _save_png(tmp_path / "images" / f"a{digit}_{i}.png", image)
+        train_rows.append(f"a{digit}_{i},{names[digit]}")
+    for digit, i, image in _digit_images(2, offset=20):
+        _save_png(tmp_path / "images" / f"b{digit}_{i}.png", image)
+        test_ids.append(f"b{digit}_{i}")
+    (tmp_path / "train.csv").write_text("image_id,digit\n" + "\n".join(train_rows) + "\n")
+    (tmp_path / "test.csv").write_text("image_id\n" + "\n".join(test_ids) + "\n")
+    args = ["train", "--source", str(tmp_path / "train.csv"), "--test-source", str(tmp_path / "test.csv"),
+            "--image-dir", str(tmp_path / "images"), "--id-column", "image_id", "--label-column", "digit",
+            *SOURCE_ARGS]
+    finish(start_job(args, tmp_path / "run", learning_run[0] / "jax_cache", tmp_path))
+    with open(tmp_path / "run" / "submission.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["image_id", "digit"]
+    assert [r[0] for r in rows[1:]] == test_ids  # the test CSV's order
+    assert {r[1] for r in rows[1:]} <= set(names)
+
+
+def test_source_and_data_dir_exclude_each_other(sample, tmp_path, capsys):
+    code, err = run_main(["train", "--data-dir", sample.root, "--source", str(tmp_path), "--image-size", "16",
+                          "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "--source and --data-dir exclude each other" in err
