@@ -100,21 +100,28 @@ def partner_rows(mask: jax.Array) -> jax.Array:
     return jnp.where(mask, partner, jnp.arange(size))
 
 
+def _beta(key: jax.Array, alpha: jax.Array) -> jax.Array:
+    """Beta(alpha, alpha) of ``alpha``'s shape, from one log-gamma draw of both parts.
+
+    One sampler for Mixup's and CutMix's alpha alike (``jax.random.beta`` runs two, and a
+    gamma sampler is slow to compile); in log space, so small alphas do not underflow to 0/0.
+    """
+    log_gamma = jax.random.loggamma(key, jnp.broadcast_to(alpha, (2, *alpha.shape)))
+    return jnp.exp(log_gamma[0] - jnp.logaddexp(log_gamma[0], log_gamma[1]))
+
+
 def _draw(key: jax.Array, shape: tuple, config: MixConfig):
     """``(mixed?, cutmix?, lambda)`` for one batch (``shape=()``) or per element (``(B,)``)."""
-    k_apply, k_switch, k_mixup, k_cutmix = jax.random.split(key, 4)
+    k_apply, k_switch, k_lam = jax.random.split(key, 3)
     mixed = jax.random.uniform(k_apply, shape) < config.prob
     if config.mixup_enabled and config.cutmix_enabled:
         cutmix = jax.random.uniform(k_switch, shape) < config.switch_prob
     else:
         cutmix = jnp.full(shape, config.cutmix_enabled)
     # with cutmix_minmax the box sets lambda, so its alpha only has to be a valid Beta parameter
-    cutmix_alpha = config.cutmix_alpha if config.cutmix_alpha > 0 else 1.0
-    lam = jnp.ones(shape, jnp.float32)
-    if config.mixup_enabled:
-        lam = jnp.where(cutmix, lam, jax.random.beta(k_mixup, config.mixup_alpha, config.mixup_alpha, shape))
-    if config.cutmix_enabled:
-        lam = jnp.where(cutmix, jax.random.beta(k_cutmix, cutmix_alpha, cutmix_alpha, shape), lam)
+    alpha = jnp.where(cutmix, config.cutmix_alpha if config.cutmix_alpha > 0 else 1.0,
+                      config.mixup_alpha if config.mixup_alpha > 0 else 1.0)
+    lam = _beta(k_lam, alpha)
     return mixed, cutmix & mixed, jnp.where(mixed, lam, 1.0)
 
 
