@@ -1,4 +1,7 @@
 """Device RandAugment: each JAX op against the TF op it copies, and the per-image policy."""
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +38,13 @@ def both(tf_ops, name, image, level):
     return tf_out.astype(int), jax_out.astype(int)
 
 
+def compared(tf_ops, name):
+    """``(image, level, tf_out, jax_out)`` for every test image and level."""
+    for image in IMAGES.values():
+        for level in LEVELS:
+            yield (image, level, *both(tf_ops, name, image, level))
+
+
 def test_the_op_tables_name_the_same_ops_in_the_same_order():
     assert list(ops.RANDAUGMENT_OPS) == list(tf_augment.RANDAUGMENT_OPS)
     assert set(INTEGER_OPS + FLOAT_OPS + GEOMETRIC_OPS) == set(ops.RANDAUGMENT_OPS)
@@ -42,14 +52,12 @@ def test_the_op_tables_name_the_same_ops_in_the_same_order():
 
 @pytest.mark.parametrize("name", INTEGER_OPS)
 def test_integer_ops_equal_tf_exactly(tf_ops, name):
-    for image in IMAGES.values():
-        for level in LEVELS:
-            tf_out, jax_out = both(tf_ops, name, image, level)
-            np.testing.assert_array_equal(jax_out, tf_out, err_msg=f"{name} level {level}")
+    for _, level, tf_out, jax_out in compared(tf_ops, name):
+        np.testing.assert_array_equal(jax_out, tf_out, err_msg=f"{name} level {level}")
 
 
 def test_equalize_subsamples_large_images_as_tf_does(tf_ops):
-    """Above 384x384 both take the histogram over every second pixel: equal outputs, unlike the full one."""
+    """Above 384x384 both take the histogram over every second pixel; at 384x384 both take every pixel."""
     image = data.astronaut()  # 512x512
     tf_out, jax_out = both(tf_ops, "equalize", image, 0.0)
     np.testing.assert_array_equal(jax_out, tf_out)
@@ -60,12 +68,10 @@ def test_equalize_subsamples_large_images_as_tf_does(tf_ops):
 @pytest.mark.parametrize("name", FLOAT_OPS)
 def test_float_ops_equal_tf_within_one_level(tf_ops, name):
     differing = total = 0
-    for image in IMAGES.values():
-        for level in LEVELS:
-            tf_out, jax_out = both(tf_ops, name, image, level)
-            assert np.abs(jax_out - tf_out).max() <= 1, f"{name} level {level}"
-            differing += np.count_nonzero(jax_out != tf_out)
-            total += tf_out.size
+    for _, level, tf_out, jax_out in compared(tf_ops, name):
+        assert np.abs(jax_out - tf_out).max() <= 1, f"{name} level {level}"
+        differing += np.count_nonzero(jax_out != tf_out)
+        total += tf_out.size
     assert differing <= total * 1e-3  # only where x + 0.5 lands within float rounding of an integer
 
 
@@ -85,13 +91,11 @@ def _tie_pixels(name, shape, level) -> np.ndarray:
 @pytest.mark.parametrize("name", GEOMETRIC_OPS)
 def test_geometric_ops_equal_tf_except_at_rounding_ties(tf_ops, name):
     ties = total = 0
-    for image in IMAGES.values():
-        for level in LEVELS:
-            tf_out, jax_out = both(tf_ops, name, image, level)
-            tie = _tie_pixels(name, image.shape, level)
-            np.testing.assert_array_equal(jax_out[~tie], tf_out[~tie], err_msg=f"{name} level {level}")
-            ties += np.count_nonzero(tie)
-            total += tie.size
+    for image, level, tf_out, jax_out in compared(tf_ops, name):
+        tie = _tie_pixels(name, image.shape, level)
+        np.testing.assert_array_equal(jax_out[~tie], tf_out[~tie], err_msg=f"{name} level {level}")
+        ties += np.count_nonzero(tie)
+        total += tie.size
     assert ties <= total * 0.05
 
 
@@ -164,3 +168,11 @@ def test_none_is_the_identity_and_bad_settings_are_errors():
         rand_augment_batch(jax.random.key(0), images.astype(jnp.float32)[0])
     assert RandAugmentConfig(magnitude=[5, 25]).magnitude == (5.0, 25.0)
     hash(RandAugmentConfig(ops=["rotate", "color"]))  # static argument of a jitted step
+
+
+def test_importing_device_augment_loads_neither_tensorflow_torch_nor_the_data_package():
+    code = ("import sys, kaggle_utils.device_augment; "
+            "loaded = [m for m in ('tensorflow', 'torch', 'kaggle_utils.data', 'cv2', 'PIL') if m in sys.modules]; "
+            "print(loaded); sys.exit(bool(loaded))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
