@@ -187,7 +187,9 @@ def report(runs: dict, args) -> None:
           f"step (per round: {' '.join(f'{r:+.0%}' for r in per_round)}); with lax.map "
           f"{change('step + device RandAugment (lax.map)', 'step alone')}")
     print(f"fed by tf.data: TF RandAugment on the host "
-          f"{change('tf.data + TF RandAugment -> step', 'tf.data -> step')}, device RandAugment {change('tf.data -> step + device RandAugment', 'tf.data -> step')}")
+          f"{change('tf.data + TF RandAugment -> step', 'tf.data -> step')}, device RandAugment "
+          f"{change('tf.data -> step + device RandAugment', 'tf.data -> step')}")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
