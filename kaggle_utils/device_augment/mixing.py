@@ -1,0 +1,189 @@
+"""Mixup and CutMix with timm's semantics, on the device inside the jitted train step.
+
+:func:`mix` follows ``timm.data.Mixup``: per batch (``mode="batch"``, one lambda and one box
+for the whole batch) or per element (``mode="elem"``), mix with probability ``prob``; when
+both are enabled, CutMix instead of Mixup with probability ``switch_prob``; lambda from
+``Beta(alpha, alpha)``; a CutMix box of side ``sqrt(1 - lambda)`` around a uniform centre,
+clipped to the image, with lambda corrected to the clipped area (``correct_lam``), or a box
+of ``cutmix_minmax`` ratios (which always corrects lambda, and as in timm makes CutMix active
+whatever ``cutmix_alpha``); label smoothing folded into the targets as ``mixup_target`` does.
+
+Each row mixes with its partner in the *reversed* batch, as timm's ``x.flip(0)``, except
+that the reversal is taken over the real rows only (``mask``): padding never mixes with real
+rows, and padded rows keep their own image and (smoothed) target. With an odd count of real
+rows the middle one is its own partner, so it stays as it is. Randomness comes only from the
+key: pass one per step and per replica, the batch being that replica's shard.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["MixConfig", "mix", "partner_rows", "smooth_targets"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MixConfig:
+    """timm ``Mixup`` arguments (same names and defaults); hashable, so a static part of a jitted step."""
+
+    num_classes: int
+    mixup_alpha: float = 1.0  # Mixup is enabled when > 0
+    cutmix_alpha: float = 0.0  # CutMix is enabled when > 0 (or when cutmix_minmax is set)
+    cutmix_minmax: tuple[float, float] | None = None  # box side ratios instead of alpha, e.g. (0.2, 0.8)
+    prob: float = 1.0  # of mixing a batch (or an element)
+    switch_prob: float = 0.5  # of CutMix instead of Mixup when both are enabled
+    mode: str = "batch"  # "batch" | "elem"
+    correct_lam: bool = True  # lambda from the clipped CutMix box's area
+    label_smoothing: float = 0.1
+    multi_label: bool = False  # float targets are independent labels: smoothed towards 0.5, as timm
+
+    def __post_init__(self):
+        if self.num_classes < 1:
+            raise ValueError(f"MixConfig.num_classes must be >= 1, got {self.num_classes}")
+        if self.mode not in ("batch", "elem"):
+            raise ValueError(f"MixConfig.mode must be 'batch' or 'elem', got {self.mode!r}")
+        for name in ("prob", "switch_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"MixConfig.{name} must be in [0, 1], got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"MixConfig.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
+            raise ValueError(f"MixConfig alphas must be >= 0, got mixup_alpha={self.mixup_alpha}, "
+                             f"cutmix_alpha={self.cutmix_alpha}")
+        if self.cutmix_minmax is not None:
+            low, high = self.cutmix_minmax
+            if not 0.0 < low < high <= 1.0:
+                raise ValueError(f"MixConfig.cutmix_minmax must be (low, high) with 0 < low < high <= 1, "
+                                 f"got {self.cutmix_minmax}")
+            object.__setattr__(self, "cutmix_minmax", (float(low), float(high)))
+        if not (self.mixup_enabled or self.cutmix_enabled):
+            raise ValueError("MixConfig mixes nothing: set mixup_alpha > 0, cutmix_alpha > 0 or cutmix_minmax "
+                             "(or do not call mix)")
+
+    @property
+    def mixup_enabled(self) -> bool:
+        return self.mixup_alpha > 0
+
+    @property
+    def cutmix_enabled(self) -> bool:
+        return self.cutmix_alpha > 0 or self.cutmix_minmax is not None
+
+
+def smooth_targets(labels: jax.Array, config: MixConfig) -> jax.Array:
+    """Integer labels ``[B]`` or float targets ``[B, C]`` -> smoothed float32 targets ``[B, C]``.
+
+    As timm's ``mixup_target``: one-hot with ``off = s / C`` and ``on = 1 - s + off``; float
+    targets are taken as distributions (``y (1 - s) + s / C``, the same for one-hot rows) or,
+    with ``multi_label``, as independent labels (``y (1 - s) + s / 2``).
+    """
+    s, c = config.label_smoothing, config.num_classes
+    if jnp.issubdtype(labels.dtype, jnp.integer):
+        if labels.ndim != 1:
+            raise ValueError(f"integer labels must be [B], got shape {labels.shape}")
+        off = s / c
+        return jnp.where(jax.nn.one_hot(labels, c, dtype=jnp.bool_), 1.0 - s + off, off).astype(jnp.float32)
+    if labels.ndim != 2 or labels.shape[1] != c:
+        raise ValueError(f"float targets must be [B, num_classes={c}], got shape {labels.shape}")
+    labels = labels.astype(jnp.float32)
+    return labels * (1.0 - s) + (0.5 * s if config.multi_label else s / c)
+
+
+def partner_rows(mask: jax.Array) -> jax.Array:
+    """Index of each row's partner: the batch reversed over the real rows; padded rows are their own."""
+    size = mask.shape[0]
+    real_first = jnp.argsort(~mask, stable=True)  # real rows in order, then the padding
+    rank = jnp.cumsum(mask) - 1
+    count = jnp.sum(mask)
+    partner = real_first[jnp.clip(count - 1 - rank, 0, size - 1)]
+    return jnp.where(mask, partner, jnp.arange(size))
+
+
+def _beta(key: jax.Array, alpha: jax.Array) -> jax.Array:
+    """Beta(alpha, alpha) of ``alpha``'s shape, from one log-gamma draw of both parts.
+
+    One sampler for Mixup's and CutMix's alpha alike (``jax.random.beta`` runs two, and a
+    gamma sampler is slow to compile); in log space, so small alphas do not underflow to 0/0.
+    """
+    log_gamma = jax.random.loggamma(key, jnp.broadcast_to(alpha, (2, *alpha.shape)))
+    return jnp.exp(log_gamma[0] - jnp.logaddexp(log_gamma[0], log_gamma[1]))
+
+
+def _draw(key: jax.Array, shape: tuple, config: MixConfig):
+    """``(mixed?, cutmix?, lambda)`` for one batch (``shape=()``) or per element (``(B,)``)."""
+    k_apply, k_switch, k_lam = jax.random.split(key, 3)
+    mixed = jax.random.uniform(k_apply, shape) < config.prob
+    if config.mixup_enabled and config.cutmix_enabled:
+        cutmix = jax.random.uniform(k_switch, shape) < config.switch_prob
+    else:
+        cutmix = jnp.full(shape, config.cutmix_enabled)
+    # with cutmix_minmax the box sets lambda, so its alpha only has to be a valid Beta parameter
+    alpha = jnp.where(cutmix, config.cutmix_alpha if config.cutmix_alpha > 0 else 1.0,
+                      config.mixup_alpha if config.mixup_alpha > 0 else 1.0)
+    lam = _beta(k_lam, alpha)
+    return mixed, cutmix & mixed, jnp.where(mixed, lam, 1.0)
+
+
+def _span(key: jax.Array, size: int, lam: jax.Array, config: MixConfig) -> tuple[jax.Array, jax.Array]:
+    """[low, high) of the CutMix box along one axis of ``size`` pixels (timm's rand_bbox / _minmax)."""
+    k_cut, k_pos = jax.random.split(key)
+    if config.cutmix_minmax is not None:
+        low, high = config.cutmix_minmax
+        cut = jax.random.randint(k_cut, (), int(size * low), int(size * high))
+        start = jax.random.randint(k_pos, (), 0, size - cut + 1)
+        return start, start + cut
+    cut = jnp.floor(size * jnp.sqrt(1.0 - lam)).astype(jnp.int32)
+    centre = jax.random.randint(k_pos, (), 0, size)
+    return jnp.clip(centre - cut // 2, 0, size), jnp.clip(centre + (cut + 1) // 2, 0, size)
+
+
+def _box(key: jax.Array, height: int, width: int, lam: jax.Array, config: MixConfig):
+    """``(box mask [H, W], lambda)`` for one image shape and one drawn lambda."""
+    k_y, k_x = jax.random.split(key)
+    y_low, y_high = _span(k_y, height, lam, config)
+    x_low, x_high = _span(k_x, width, lam, config)
+    ys, xs = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
+    box = (ys >= y_low) & (ys < y_high) & (xs >= x_low) & (xs < x_high)
+    if config.correct_lam or config.cutmix_minmax is not None:
+        lam = 1.0 - ((y_high - y_low) * (x_high - x_low)).astype(jnp.float32) / (height * width)
+    return box, lam
+
+
+def mix(key: jax.Array, images: jax.Array, labels: jax.Array, mask: jax.Array | None,
+        config: MixConfig) -> tuple[jax.Array, jax.Array]:
+    """Mix one replica's float images ``[B, H, W, C]`` and their labels: ``(images, soft targets [B, C])``.
+
+    ``labels``: integer ``[B]`` or float (soft / multi-hot) ``[B, num_classes]``. ``mask``: bool
+    ``[B]``, False for padding rows (None: all real). The targets are float32; each real row's
+    sums to 1 for single-label input.
+    """
+    if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
+        raise ValueError(f"mix takes float images [B, H, W, C] (normalised), got {images.dtype} {images.shape}")
+    batch, height, width = images.shape[:3]
+    mask = jnp.ones(batch, bool) if mask is None else mask.astype(bool)
+    targets = smooth_targets(labels, config)
+    if targets.shape[0] != batch or mask.shape != (batch,):
+        raise ValueError(f"mix: images {images.shape}, labels {labels.shape} and mask {mask.shape} disagree on B")
+    k_draw, k_box = jax.random.split(key)
+    shape = () if config.mode == "batch" else (batch,)
+    mixed, cutmix, lam = _draw(k_draw, shape, config)
+    if config.cutmix_enabled:
+        if config.mode == "batch":
+            box, box_lam = _box(k_box, height, width, lam, config)
+        else:
+            box, box_lam = jax.vmap(_box, in_axes=(0, None, None, 0, None))(
+                jax.random.split(k_box, batch), height, width, lam, config)
+        lam = jnp.where(cutmix, box_lam, lam)
+    else:
+        box = jnp.zeros((height, width), bool)
+    partner = partner_rows(mask)
+    partner_images = images[partner]
+    lam_x = lam.reshape(lam.shape + (1, 1, 1)).astype(images.dtype)
+    blended = images * lam_x + partner_images * (1 - lam_x)
+    pasted = jnp.where(box[..., None], partner_images, images)
+    out = jnp.where(cutmix.reshape(cutmix.shape + (1, 1, 1)), pasted, blended)
+    keep = (mask & mixed)[:, None, None, None]
+    lam_y = lam.reshape(lam.shape + (1,))
+    mixed_targets = targets * lam_y + targets[partner] * (1.0 - lam_y)
+    return jnp.where(keep, out, images), jnp.where(keep[:, :, 0, 0], mixed_targets, targets)

@@ -1,0 +1,142 @@
+"""RandAugment on the accelerator: per-image random ops inside the jitted train step.
+
+The policy of the TF-native :class:`kaggle_utils.data.RandAugment`, drawn from a JAX key
+instead of a TF seed: per image, an optional left-right flip (half the images), then for
+each of ``num_ops`` slots one op drawn uniformly from ``ops``, a magnitude (``m``, or drawn
+uniformly from ``m=(low, high)``) on imgaug's 0..30 scale and a random sign. The same key
+gives the same images; the numbers differ from the TF pipeline's (another generator).
+
+Dispatch is ``lax.switch`` over the op index. Under ``vmap`` (the batch version) a switch
+with a per-image index computes every branch for every image and selects, so the five
+geometric ops share one branch: their matrices are cheap scalar maths, and one warp (the
+gather) runs per slot instead of five. ``sequential=True`` maps over the batch with
+``lax.map`` instead, where each image runs only its own branch: less work, but one image at
+a time (worth it on a CPU, rarely on an accelerator).
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .ops import RANDAUGMENT_OPS, WARP_MATRICES, warp
+
+__all__ = ["DEVICE_AUGMENTS", "MAX_MAGNITUDE", "RandAugmentConfig", "make_device_augment", "rand_augment",
+           "rand_augment_batch"]
+
+MAX_MAGNITUDE = 30  # imgaug's RandAugment scale, as the TF version
+
+
+@dataclasses.dataclass(frozen=True)
+class RandAugmentConfig:
+    """RandAugment(num_ops, magnitude) settings; hashable, so a static argument of a jitted step."""
+
+    num_ops: int = 2
+    magnitude: float | tuple[float, float] = 15  # m, or (low, high) drawn uniformly per slot
+    ops: tuple[str, ...] = tuple(RANDAUGMENT_OPS)
+    flip: bool = True  # mirror half the images left-right first, as imgaug's and the TF RandAugment
+    sequential: bool = False  # lax.map over the batch instead of vmap (see the module docstring)
+
+    def __post_init__(self):
+        magnitude = self.magnitude
+        low, high = (magnitude, magnitude) if isinstance(magnitude, numbers.Real) else tuple(magnitude)
+        if not 0 <= low <= high <= MAX_MAGNITUDE:
+            raise ValueError(f"RandAugmentConfig.magnitude must be in [0, {MAX_MAGNITUDE}] (imgaug's scale) "
+                             f"with low <= high, got {magnitude}")
+        object.__setattr__(self, "magnitude", (float(low), float(high)))
+        object.__setattr__(self, "ops", tuple(self.ops))
+        unknown = [name for name in self.ops if name not in RANDAUGMENT_OPS]
+        if unknown or not self.ops:
+            raise ValueError(f"RandAugmentConfig.ops: unknown ops {unknown} or none given; choose from "
+                             f"{list(RANDAUGMENT_OPS)}")
+        if self.num_ops < 0:
+            raise ValueError(f"RandAugmentConfig.num_ops must be >= 0, got {self.num_ops}")
+
+
+def _branches(ops: Sequence[str]) -> tuple[list[Callable], jax.Array, list[Callable]]:
+    """Switch branches ``(image, level, op_index) -> image``, each op's branch, and warp matrices.
+
+    The geometric ops all map to one warp branch, whose matrix is chosen by the op index.
+    """
+    branches, branch_of_op, matrices = [], [], []
+    warp_branch = None
+    for name in ops:
+        if name in WARP_MATRICES:
+            if warp_branch is None:
+                warp_branch = len(branches)
+                branches.append(lambda image, level, index: warp(image, _matrix(matrices, index, level, image.shape)))
+            branch_of_op.append(warp_branch)
+            matrices.append(WARP_MATRICES[name])
+        else:
+            branches.append(lambda image, level, index, fn=RANDAUGMENT_OPS[name]: fn(image, level))
+            branch_of_op.append(len(branches) - 1)
+            matrices.append(None)
+    return branches, jnp.asarray(branch_of_op, jnp.int32), matrices
+
+
+def _matrix(matrices: list, index: jax.Array, level: jax.Array, shape) -> jax.Array:
+    identity = jnp.asarray([1.0, 0.0, 0.0, 0.0, 1.0, 0.0], jnp.float32)
+    table = [(lambda level, fn=fn: fn(level, shape)) if fn is not None else (lambda level: identity)
+             for fn in matrices]
+    return lax.switch(index, table, level)
+
+
+def rand_augment(key: jax.Array, image: jax.Array, config: RandAugmentConfig = RandAugmentConfig()) -> jax.Array:
+    """One uint8 ``[H, W, 3]`` image, augmented with its own draws from ``key``."""
+    if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != jnp.uint8:
+        raise ValueError(f"rand_augment needs a uint8 image [H, W, 3], got {image.dtype} {image.shape}")
+    num_ops = config.num_ops
+    draws = jax.random.uniform(key, (3 * num_ops + 1,))
+    if config.flip:
+        image = jnp.where(draws[-1] < 0.5, image[:, ::-1], image)
+    low, high = config.magnitude
+    branches, branch_of_op, matrices = _branches(config.ops)
+    count = len(config.ops)
+
+    def apply_one_op(slot, image):  # a loop, not unrolled: the ops are traced and compiled once
+        which, sign_draw, magnitude_draw = draws[3 * slot], draws[3 * slot + 1], draws[3 * slot + 2]
+        index = jnp.minimum((which * count).astype(jnp.int32), count - 1)
+        sign = jnp.where(sign_draw < 0.5, -1.0, 1.0)
+        level = sign * (low + magnitude_draw * (high - low)) / MAX_MAGNITUDE
+        return lax.switch(branch_of_op[index], branches, image, level, index)
+
+    return lax.fori_loop(0, num_ops, apply_one_op, image) if num_ops else image
+
+
+def rand_augment_batch(key: jax.Array, images: jax.Array,
+                       config: RandAugmentConfig = RandAugmentConfig()) -> jax.Array:
+    """uint8 ``[B, H, W, 3]``: every image with its own key (``jax.random.split(key, B)``)."""
+    if images.ndim != 4:
+        raise ValueError(f"rand_augment_batch needs a uint8 batch [B, H, W, 3], got {images.dtype} {images.shape}")
+    keys = jax.random.split(key, images.shape[0])
+    if config.sequential:
+        return lax.map(lambda pair: rand_augment(pair[0], pair[1], config), (keys, images))
+    return jax.vmap(rand_augment, in_axes=(0, 0, None))(keys, images, config)
+
+
+DEVICE_AUGMENTS = {"randaugment-device": RandAugmentConfig()}
+
+
+def make_device_augment(name_or_config: str | RandAugmentConfig | None) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """``augment`` argument -> ``fn(key, images_uint8 [B, H, W, 3]) -> images_uint8``, to call inside a jitted step.
+
+    ``None`` or ``"none"`` gives the identity (the key is ignored), so a step can call the
+    result unconditionally. Pass the replica's own key (e.g. folded with the step and the
+    replica index) so replicas and steps draw differently.
+    """
+    if name_or_config is None or name_or_config == "none":
+        return lambda key, images: images
+    if isinstance(name_or_config, str):
+        if name_or_config not in DEVICE_AUGMENTS:
+            raise ValueError(f"device augment {name_or_config!r} is not known: use None, 'none', "
+                             f"{', '.join(repr(k) for k in DEVICE_AUGMENTS)} or a RandAugmentConfig")
+        name_or_config = DEVICE_AUGMENTS[name_or_config]
+    if not isinstance(name_or_config, RandAugmentConfig):
+        raise TypeError(f"device augment must be None, a name or a RandAugmentConfig, got "
+                        f"{type(name_or_config).__name__}")
+    config = name_or_config
+    return lambda key, images: rand_augment_batch(key, images, config)
