@@ -72,6 +72,13 @@ class DataConfig:
                                                 "BATCH_SIZE_PER_CORE); global = this x device count")
     augment: str = _field("none", "host augmentation: none | randaugment | imgaug",
                           choices=("none", "randaugment", "imgaug"))
+    train_crop: str = _field("none", "training crop: none (the stored image, resized to --image-size if that "
+                                     "differs) | random-resized (timm's RandomResizedCrop + flip)",
+                             choices=("none", "random-resized"))
+    eval_image_size: int | None = _field(None, "image side for evaluation and prediction (FixRes; default "
+                                               "--image-size)")
+    crop_pct: float | None = _field(None, "evaluation / prediction center crop: resize to size / crop_pct, crop "
+                                          "the center (timm's rule; e.g. 0.875); default a plain resize")
     skip_errors: bool = _field(False, "skip unreadable records (counted and reported) instead of stopping")
     deterministic: bool = _field(True, "deterministic input order, so --resume continues exactly")
 

@@ -67,7 +67,7 @@ def write_submission(path: str | Path, ids: Sequence, labels: Sequence[int], *,
 
 def predict_split(steps: Steps, variables: dict | TrainState, filenames, *, image_size: int, batch_size: int,
                   out_path: str | Path, columns: tuple[str, str] = ("id", "label"),
-                  class_names: Sequence[str] = ()) -> tuple[Path, np.ndarray, np.ndarray]:
+                  class_names: Sequence[str] = (), crop=None) -> tuple[Path, np.ndarray, np.ndarray]:
     """Predicts the TFRecords ``filenames`` (test split) and writes the submission on process 0.
 
     ``batch_size`` is the global batch. The number of predicted rows is checked against
@@ -79,7 +79,7 @@ def predict_split(steps: Steps, variables: dict | TrainState, filenames, *, imag
     files = list_tfrecords(filenames)
     expected = count_data_items(files)
     dataset = load_dataset(files, labeled=False, image_size=image_size, batch_size=batch_size, ordered=True,
-                           process_index=0, process_count=1)
+                           process_index=0, process_count=1, crop=crop)
     ids, probs = predict(steps, variables, dataset)
     if len(ids) != expected:
         raise ValueError(f"predicted {len(ids)} test images but the file names of {len(files)} file(s) "

@@ -93,7 +93,7 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
         summary = {"best": result.best, "stop_reason": result.stop_reason, "out": str(out)}
         if data.splits["test"]:
             path, ids = _predict(training.steps, _best_variables(out, result), data.splits["test"], config,
-                                 plan.global_batch, out)
+                                 plan.global_batch, out, data.stored_size)
             summary["submission"] = str(path)
             if jax.process_index() == 0:
                 print(f"wrote {path}: {len(ids)} rows (best at step {result.best and result.best['step']})")
@@ -116,10 +116,11 @@ def _best_variables(out: Path, result) -> dict:
     return variables
 
 
-def _predict(steps, variables, files, config: TrainConfig, batch_size: int, out: Path):
+def _predict(steps, variables, files, config: TrainConfig, batch_size: int, out: Path, stored_size: int):
     from .inference import predict_split
 
-    path, ids, _ = predict_split(steps, variables, files, image_size=config.model.image_size,
+    path, ids, _ = predict_split(steps, variables, files, image_size=stored_size,
+                                 crop=run.eval_transform(config, stored_size),
                                  batch_size=batch_size, out_path=out / "submission.csv",
                                  columns=(config.data.id_column, config.data.label_column),
                                  class_names=config.data.class_names)
@@ -136,17 +137,14 @@ def predict_command(args) -> dict:
 
     model, variables, config = run.load_run(args.checkpoint)
     splits = run.find_splits(args.data_dir, need_labels=False)
-    found = run.infer_image_size(splits["test"])
-    size = config.model.image_size
-    if found is not None and found != size:
-        raise JobError(f"{args.data_dir}/test holds {found}x{found} images but the run was trained at {size}x{size}")
+    stored = run.infer_image_size(splits["test"]) or config.model.image_size  # any size: eval_transform resizes
     run.scan_test_ids(splits["test"])
     batch = run._global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
     cfg = pretrained_cfg(config.model.name)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
                              task=run.make_task(config), tta_flip=config.task.tta if args.tta is None else args.tta)
     steps = make_steps(model, None, step_config, mode=args.mode)
-    path, ids = _predict(steps, variables, splits["test"], config, batch, Path(args.out))
+    path, ids = _predict(steps, variables, splits["test"], config, batch, Path(args.out), stored)
     if jax.process_index() == 0:
         print(f"wrote {path}: {len(ids)} rows")
     return {"submission": str(path), "rows": len(ids)}

@@ -318,9 +318,8 @@ def resolve(config: TrainConfig, data: RunData) -> tuple[TrainConfig, Plan]:
 
     check_config(config)
     image_size = config.model.image_size or data.stored_size
-    if image_size != data.stored_size:
-        raise ConfigError(f"--image-size {image_size} differs from the records' {data.stored_size}x"
-                          f"{data.stored_size}; train at the stored size or convert the data to that size")
+    if config.data.crop_pct is not None and not 0 < config.data.crop_pct <= 1:
+        raise ConfigError(f"--crop-pct {config.data.crop_pct}: must be in (0, 1]")
     platform = runtime.current_platform()
     if data.class_names and len(data.class_names) <= data.max_label:
         raise ConfigError(f"--class-names names {len(data.class_names)} classes but the data holds label "
@@ -427,6 +426,26 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, mesh=No
 # --------------------------------------------------------------------------- the run
 
 
+def train_transform(config: TrainConfig, stored_size: int):
+    """The training crop of images stored at ``stored_size`` (None: as stored)."""
+    from .data import RandomResizedCrop, Resize
+
+    size = config.model.image_size
+    if config.data.train_crop == "random-resized":
+        return RandomResizedCrop(size)
+    return Resize(size) if size != stored_size else None
+
+
+def eval_transform(config: TrainConfig, stored_size: int):
+    """Evaluation and prediction: a center crop by ``crop_pct``, a resize to the eval size, or as stored."""
+    from .data import CenterCrop, Resize
+
+    size = config.data.eval_image_size or config.model.image_size
+    if config.data.crop_pct is not None:
+        return CenterCrop(size, crop_pct=config.data.crop_pct)
+    return Resize(size) if size != stored_size else None
+
+
 def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None) -> Path:
     """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan."""
     from .config import overrides
@@ -451,18 +470,19 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
     per_process = plan.global_batch // jax.process_count()
 
     def train_batches(epoch):
-        dataset = load_dataset(data.splits["train"], labeled=True, image_size=config.model.image_size,
+        dataset = load_dataset(data.splits["train"], labeled=True, image_size=data.stored_size,
                                batch_size=per_process, augment=None if config.data.augment == "none" else
                                config.data.augment, drop_remainder=True, repeat=True,
-                               seed=config.seed * 100_003 + epoch, skip_errors=config.data.skip_errors)
+                               seed=config.seed * 100_003 + epoch, skip_errors=config.data.skip_errors,
+                               crop=train_transform(config, data.stored_size))
         try:
             yield from dataset
         finally:
             dataset.close()
 
-    val_dataset = load_dataset(data.splits["val"], labeled=True, image_size=config.model.image_size,
+    val_dataset = load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size,
                                batch_size=plan.global_batch, ordered=True, process_index=0, process_count=1,
-                               skip_errors=config.data.skip_errors)
+                               skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size))
     writers = list(writers)
     if out_dir is not None and config.loop.tensorboard and jax.process_index() == 0:
         writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard"))

@@ -430,3 +430,15 @@ def test_source_and_data_dir_exclude_each_other(sample, tmp_path, capsys):
     code, err = run_main(["train", "--data-dir", sample.root, "--source", str(tmp_path), "--image-size", "16",
                           "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "--source and --data-dir exclude each other" in err
+
+
+def test_the_job_trains_at_another_size_with_random_crops_and_evaluates_a_center_crop(learning_run, tmp_path):
+    """Stored at 32 px: train on random-resized 24 px crops, evaluate and predict 32 px center crops (FixRes)."""
+    args = ["train", "--image-size", "24", "--train-crop", "random-resized", "--eval-image-size", "32",
+            "--crop-pct", "0.875", "--steps", "3", "--batch-size", "64", "--no-progress"]
+    log = finish(start_job(args, tmp_path / "run", learning_run[0] / "jax_cache", tmp_path))
+    assert "at 24px" in log
+    rows = (tmp_path / "run" / "submission.csv").read_text().splitlines()
+    assert len(rows) - 1 == 269  # the sample's test split, every id once
+    config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert config["model"]["image_size"] == 24 and config["data"]["crop_pct"] == 0.875
