@@ -70,8 +70,13 @@ class DataConfig:
     batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
     batch_per_device: int | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
                                                 "BATCH_SIZE_PER_CORE); global = this x device count")
-    augment: str = _field("none", "host augmentation: none | randaugment | imgaug",
-                          choices=("none", "randaugment", "imgaug"))
+    augment: str = _field("none", "none | randaugment (TF, on the host) | imgaug (worker processes) | "
+                                  "randaugment-device (JAX, inside the jitted train step: no host work)",
+                          choices=("none", "randaugment", "imgaug", "randaugment-device"))
+    mixup_alpha: float = _field(0.0, "Mixup's Beta(alpha, alpha) (0: off); on the device, soft targets")
+    cutmix_alpha: float = _field(0.0, "CutMix's Beta(alpha, alpha) (0: off)")
+    mix_prob: float = _field(1.0, "probability of mixing a batch (with --mixup-alpha / --cutmix-alpha)")
+    mix_switch_prob: float = _field(0.5, "probability of CutMix instead of Mixup when both are on")
     train_crop: str = _field("none", "training crop: none (the stored image, resized to --image-size if that "
                                      "differs) | random-resized (timm's RandomResizedCrop + flip)",
                              choices=("none", "random-resized"))

@@ -139,7 +139,7 @@ def predict_command(args) -> dict:
     splits = run.find_splits(args.data_dir, need_labels=False)
     stored = run.infer_image_size(splits["test"]) or config.model.image_size  # any size: eval_transform resizes
     run.scan_test_ids(splits["test"])
-    batch = run._global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
+    batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
     cfg = pretrained_cfg(config.model.name)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
                              task=run.make_task(config), tta_flip=config.task.tta if args.tta is None else args.tta)

@@ -359,3 +359,23 @@ def test_min_delta_and_mode_decide_what_improves(run):
     result = fit(steps, state, train_batches, steps_per_epoch=2, epochs=3, monitor="train_loss",
                  monitor_mode="max", progress=False)
     assert result.best["train_loss"] == max(r["train_loss"] for r in result.history)
+
+
+def test_a_run_with_mixup_cutmix_and_device_randaugment_in_the_step_learns(tmp_path):
+    """Mixing and RandAugment inside the jitted step, with their own keys: the loss still falls."""
+    import functools
+
+    from kaggle_utils.device_augment import MixConfig, make_device_augment, mix
+
+    mixing = MixConfig(num_classes=10, mixup_alpha=0.4, cutmix_alpha=1.0, label_smoothing=0.0)
+    config = StepConfig(num_classes=10, task=SoftmaxClassification(label_smoothing=0.1),
+                        augment=make_device_augment("randaugment-device"),
+                        mix=functools.partial(mix, config=mixing))
+    tx = make_optimizer(warmup_cosine(0.03, 32, warmup_steps=4), weight_decay=1e-4)
+    model = TinyCNN(bn_axis_name="data")
+    steps = make_steps(model, tx, config, mode="jit")
+    state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))
+    result = fit(steps, state, train_batches, steps_per_epoch=8, epochs=4, val_batches=val_batches,
+                 progress=False)
+    losses = [r["train_loss"] for r in result.history]
+    assert losses[-1] < losses[0] and result.history[-1]["val_acc"] > 0.5, result.history

@@ -1,0 +1,31 @@
+"""One training run from a :class:`~kaggle_utils.config.TrainConfig`: the functions the job and notebook 04 share.
+
+In the order a run uses them:
+
+1. ``data``: :func:`data_root` (``--data-dir``, ``--source`` converted once into TFRecords, or
+   the embedded digits sample) and :func:`open_data` -> :class:`RunData` (splits, counts, stored
+   size), every label checked against ``[0, num_classes)`` and the test split's ids checked,
+   before anything trains.
+2. ``resolve``: :func:`resolve`, the config with everything left open filled in for this
+   machine and this data (classes, image size, dtype, global batch, learning rate), and the
+   :class:`Plan` of numbers derived from it (steps, warmup, peak learning rate).
+3. ``build``: :func:`build_model`, :func:`initial_variables` (a new head on ported weights
+   starts at zero, so a fine-tune's first loss is ln C), :func:`build_training` (task,
+   optimizer, device augmentation and mixing, steps, state) and :func:`fit_run` (the loop with
+   the config's intervals, crops, TensorBoard, files in ``out_dir``).
+4. ``saved``: :func:`write_config` and :func:`load_run`, ``(model, variables, config)`` back from
+   any run folder or checkpoint the kit wrote, for ``predict``, notebooks and users.
+"""
+from .build import (Training, build_model, build_training, device_augmentation, eval_transform, fit_run,
+                    host_augment, initial_variables, train_transform)
+from .data import (SAMPLE, RunData, converted_source, data_root, find_splits, infer_image_size, open_data,
+                   sample_or_folder, scan_labels, scan_test_ids)
+from .resolve import DTYPES, Plan, check_config, global_batch, make_task, resolve, run_manifest
+from .saved import load_run, write_config
+
+__all__ = [
+    "DTYPES", "Plan", "RunData", "SAMPLE", "Training", "build_model", "build_training", "check_config",
+    "converted_source", "data_root", "device_augmentation", "eval_transform", "find_splits", "fit_run",
+    "global_batch", "host_augment", "infer_image_size", "initial_variables", "load_run", "make_task", "open_data",
+    "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids", "train_transform", "write_config",
+]

@@ -1,0 +1,154 @@
+"""A resolved run's pieces: model, initial variables, task, optimizer, steps, state; and its loop."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ..config import ConfigError, TrainConfig
+from .data import RunData
+from .resolve import DTYPES, Plan, make_task, run_manifest
+
+def build_model(config: TrainConfig):
+    """The module a run trains: the variant with a classifier of ``head_width`` outputs."""
+    from .efficientnet import create_model
+    from .surgery import padded_width
+    from .train import AXIS
+
+    model = config.model
+    return create_model(model.name, num_classes=padded_width(model.num_classes, model.head_multiple or 1),
+                        dtype=DTYPES[model.dtype], drop_rate=model.drop_rate, drop_path_rate=model.drop_path_rate,
+                        bn_axis_name=AXIS if model.sync_bn else None)
+
+
+def initial_variables(config: TrainConfig, model) -> dict:
+    """Random init, or ported weights for the backbone with a zero classifier.
+
+    A zero head outputs equal logits, so the first loss is ln C and the first gradients reach
+    the head only: timm's U(±1/sqrt(fan_out)) init, sized for 1000 outputs, gives a few
+    classes large random logits that the pretrained features then spend steps unlearning.
+    """
+    from .train import init_variables
+
+    variables = init_variables(model, config.model.image_size, seed=config.seed)
+    if config.model.weights is None:
+        return variables
+    from . import surgery
+    from .efficientnet import efficientnet_v2_pretrained
+
+    _, ported = efficientnet_v2_pretrained(config.model.name, config.model.weights,
+                                           input_size=config.model.image_size)
+    variables, report = surgery.inherit(ported, variables)
+    params = dict(variables["params"])
+    params["classifier"] = jax.tree.map(jnp.zeros_like, params["classifier"])
+    if jax.process_index() == 0:
+        print(f"--weights {Path(config.model.weights).name}: {report}; classifier starts at zero")
+    return {**variables, "params": params}
+
+
+def device_augmentation(config: TrainConfig) -> dict:
+    """The train step's ``augment`` (device RandAugment) and ``mix`` (Mixup / CutMix) of a config."""
+    from .device_augment import MixConfig, make_device_augment, mix
+
+    data = config.data
+    out = {}
+    if data.augment == "randaugment-device":
+        out["augment"] = make_device_augment("randaugment-device")
+    if data.mixup_alpha > 0 or data.cutmix_alpha > 0:
+        # the task has smoothed the targets already; mixing only blends them
+        mixing = MixConfig(num_classes=config.model.num_classes, mixup_alpha=data.mixup_alpha,
+                           cutmix_alpha=data.cutmix_alpha, prob=data.mix_prob, switch_prob=data.mix_switch_prob,
+                           label_smoothing=0.0, multi_label=config.task.task == "multilabel")
+        out["mix"] = functools.partial(mix, config=mixing)
+    return out
+
+
+class Training(NamedTuple):
+    model: object
+    steps: object  # kaggle_utils.train.Steps
+    state: object  # host TrainState
+    schedule: object
+
+
+def build_training(config: TrainConfig, plan: Plan, model, variables, *, mesh=None) -> Training:
+    """Task, optimizer (frozen parts), compiled steps and the initial state of a resolved config."""
+    from . import surgery
+    from .train import StepConfig, create_train_state, make_optimizer, make_steps, warmup_cosine
+
+    schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
+    frozen = None
+    if config.model.freeze:
+        try:
+            frozen = surgery.freeze_mask(variables["params"], list(config.model.freeze))
+        except surgery.SurgeryError as err:
+            raise ConfigError(f"--freeze: {err}") from None
+    tx = make_optimizer(schedule, weight_decay=config.optim.weight_decay, clip_norm=config.optim.clip_norm,
+                        frozen=frozen)
+    step_config = StepConfig(num_classes=config.model.num_classes, mean=plan.mean, std=plan.std,
+                             task=make_task(config), ema_decay=config.optim.ema_decay or 0.999,
+                             tta_flip=config.task.tta, **device_augmentation(config))
+    trained = surgery.freeze_batchnorm(model, list(config.model.freeze)) if config.model.freeze else model
+    steps = make_steps(trained, tx, step_config, mode=config.loop.mode, mesh=mesh)
+    state = jax.device_get(create_train_state(variables, tx, seed=config.seed, ema=config.optim.ema_decay > 0))
+    return Training(model, steps, state, schedule)
+
+
+def host_augment(config: TrainConfig) -> str | None:
+    """The input pipeline's augmentation (None when there is none, or when it runs on the device)."""
+    return None if config.data.augment in ("none", "randaugment-device") else config.data.augment
+
+
+def train_transform(config: TrainConfig, stored_size: int):
+    """The training crop of images stored at ``stored_size`` (None: as stored)."""
+    from .data import RandomResizedCrop, Resize
+
+    size = config.model.image_size
+    if config.data.train_crop == "random-resized":
+        return RandomResizedCrop(size)
+    return Resize(size) if size != stored_size else None
+
+
+def eval_transform(config: TrainConfig, stored_size: int):
+    """Evaluation and prediction: a center crop by ``crop_pct``, a resize to the eval size, or as stored."""
+    from .data import CenterCrop, Resize
+
+    size = config.data.eval_image_size or config.model.image_size
+    if config.data.crop_pct is not None:
+        return CenterCrop(size, crop_pct=config.data.crop_pct)
+    return Resize(size) if size != stored_size else None
+
+
+def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
+            resume: bool = False, progress: bool = True, hooks=(), writers=()):
+    """The loop over ``data`` with the config's intervals, monitor and writers (TensorBoard in ``out_dir``)."""
+    from .data import load_dataset
+    from .train import TensorBoardWriter, fit
+
+    per_process = plan.global_batch // jax.process_count()
+
+    def train_batches(epoch):
+        dataset = load_dataset(data.splits["train"], labeled=True, image_size=data.stored_size,
+                               batch_size=per_process, augment=host_augment(config), drop_remainder=True, repeat=True,
+                               seed=config.seed * 100_003 + epoch, skip_errors=config.data.skip_errors,
+                               crop=train_transform(config, data.stored_size))
+        try:
+            yield from dataset
+        finally:
+            dataset.close()
+
+    val_dataset = load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size,
+                               batch_size=plan.global_batch, ordered=True, process_index=0, process_count=1,
+                               skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size))
+    writers = list(writers)
+    if out_dir is not None and config.loop.tensorboard and jax.process_index() == 0:
+        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard"))
+    loop = config.loop
+    return fit(training.steps, training.state, train_batches, steps_per_epoch=plan.steps_per_epoch,
+               total_steps=plan.total_steps, val_batches=lambda: iter(val_dataset), out_dir=out_dir,
+               monitor=loop.monitor, monitor_mode=loop.monitor_mode, min_delta=loop.min_delta,
+               patience=loop.patience, log_every=loop.log_every, eval_every=loop.eval_every,
+               checkpoint_every=loop.checkpoint_every, keep=loop.keep_checkpoints, lr_schedule=training.schedule,
+               hooks=hooks, writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress)

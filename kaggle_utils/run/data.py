@@ -1,0 +1,198 @@
+"""A run's data: the TFRecord folder it reads (``--data-dir``, ``--source`` converted, or the sample), checked.
+
+Every check the final submission depends on runs here, before any training: splits present,
+labels in ``[0, classes)`` on every labelled split, the test split's ids present, unique and as
+many as its file names promise.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import jax
+import numpy as np
+
+from ..config import ConfigError, TrainConfig
+
+SAMPLE_IMAGE_SIZE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    root: Path
+    splits: dict[str, list[str]]  # train / val / test -> TFRecord files (test may be empty)
+    stored_size: int  # image side in the records
+    num_train: int
+    max_label: int
+    description: str  # where the data came from, for config.json
+    class_names: tuple[str, ...] = ()  # submission labels by index (empty: the index)
+
+
+SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it
+
+
+def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
+    """``--source`` written once as competition-layout TFRecords into ``OUT/data`` (reused on resume)."""
+    from .data import DataError
+    from .data.convert import convert_source, read_conversion_info, source_from_spec
+
+    data = config.data
+    if data.data_dir is not None:
+        raise ConfigError("--source and --data-dir exclude each other: give the records folder or the source")
+    if config.model.image_size is None:
+        raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
+    target = Path(out_dir) / "data"
+    spec = dict(image_dir=data.image_dir, id_column=data.id_column, label_column=data.label_column)
+    train = source_from_spec(data.source, **spec)
+    test = source_from_spec(data.test_source, labeled=False, **spec) if data.test_source else None
+    try:
+        info = read_conversion_info(target)
+    except DataError:
+        info = None
+    wanted = {"source": train.description, "test_source": None if test is None else test.description,
+              "image_size": config.model.image_size}
+    if info is not None and all(info.get(k) == v for k, v in wanted.items()):
+        return target  # this run's conversion, e.g. before a --resume
+    if jax.process_index() == 0:
+        print(f"--source {data.source}: converting {train.num_examples} images to {config.model.image_size}px "
+              f"TFRecords in {target}")
+        convert_source(train, target, image_size=config.model.image_size, val_fraction=data.val_fraction,
+                       test=test, seed=config.seed, overwrite=True, skip_errors=data.skip_errors)
+    if jax.process_count() > 1:  # the others read what process 0 wrote (a shared filesystem)
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("kaggle_utils converted_source")
+    return target
+
+
+@contextlib.contextmanager
+def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
+    """The folder of TFRecords a run reads: ``--data-dir``, ``--source`` converted, or the sample."""
+    if config.data.source is not None:
+        yield converted_source(config, out_dir)
+    else:
+        with sample_or_folder(config) as root:
+            yield root
+
+
+@contextlib.contextmanager
+def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
+    """The data folder of ``config``: its ``data_dir``, or the digits sample written to a temporary folder."""
+    if config.data.data_dir not in (None, SAMPLE):
+        yield Path(config.data.data_dir)
+        return
+    from .data import make_sample_dataset
+
+    size = config.model.image_size or SAMPLE_IMAGE_SIZE
+    with tempfile.TemporaryDirectory(prefix="kaggle_utils_sample_") as tmp:
+        if jax.process_index() == 0:
+            print(f"no --data-dir: training on the embedded digits sample ({size}x{size}) in {tmp}")
+        make_sample_dataset(tmp, source="digits", image_size=size)
+        yield Path(tmp)
+
+
+def find_splits(data_dir: str | Path, *, need_labels: bool = True) -> dict[str, list[str]]:
+    """``{split: files}`` of ``data_dir``; train/val required for training, test for predicting."""
+    from .data import list_tfrecords
+
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise ConfigError(f"--data-dir {data_dir} is not a folder")
+    splits = {}
+    for split in ("train", "val", "test"):
+        folder = data_dir / split
+        required = split != "test" if need_labels else split == "test"
+        try:
+            splits[split] = list_tfrecords(folder) if folder.is_dir() else []
+        except FileNotFoundError:
+            splits[split] = []
+        if required and not splits[split]:
+            raise ConfigError(f"--data-dir {data_dir} has no {split}/ split: expected TFRecords in {folder}/ "
+                              f"(the competition layout: {data_dir}/{{train,val,test}}/*.tfrec)")
+    return splits
+
+
+_SIZE_IN_NAME = re.compile(r"-(\d+)x(\d+)-")
+
+
+def infer_image_size(files: list[str]) -> int | None:
+    """The ``SxS`` of Kaggle's file names (``00-512x512-798.tfrec`` -> 512), if they carry one."""
+    sizes = {m.group(1) for m in map(_SIZE_IN_NAME.search, (Path(f).name for f in files)) if m}
+    return int(sizes.pop()) if len(sizes) == 1 else None
+
+
+def scan_labels(files: list[str], image_size: int, *, skip_errors: bool = False) -> np.ndarray:
+    """Every label of ``files`` (reads the split once; also proves the records decode at this size)."""
+    from .data import load_dataset
+
+    labels = [b["label"][b["mask"]] for b in load_dataset(files, labeled=True, image_size=image_size,
+                                                             batch_size=256, ordered=True, process_index=0,
+                                                             process_count=1, skip_errors=skip_errors)]
+    return np.concatenate(labels) if labels else np.zeros(0, np.int32)
+
+
+def scan_test_ids(files: list[str]) -> list[str]:
+    """The test split's ids in order, parsed without decoding images; checked as a submission needs them."""
+    from .data import count_data_items, tensorflow_on_host
+
+    tf = tensorflow_on_host()
+    feature = {"id": tf.io.FixedLenFeature([], tf.string, default_value="\x00missing")}
+    ids = []
+    for name in files:
+        for index, record in enumerate(tf.data.TFRecordDataset(name)):
+            value = tf.io.parse_single_example(record, feature)["id"].numpy()
+            if value == b"\x00missing":
+                raise ConfigError(f"{name}, record {index}: the test split has no 'id' feature; submission.csv "
+                                  "needs one id per test image")
+            ids.append(value.decode("utf-8"))
+    expected = count_data_items(files)
+    if len(ids) != expected:
+        raise ConfigError(f"the test split holds {len(ids)} records but its file names promise {expected}: "
+                          "a submission would miss or repeat images")
+    seen: set[str] = set()
+    repeated = [i for i in ids if i in seen or seen.add(i)]
+    if repeated:
+        raise ConfigError(f"test ids repeat ({len(repeated)} duplicates, e.g. {sorted(set(repeated))[:5]}): "
+                          "refusing to train for an ambiguous submission")
+    return ids
+
+
+def open_data(config: TrainConfig, root: str | Path) -> RunData:
+    """The run's data in ``root``, checked: splits, stored size, labels in range, test ids usable."""
+    from .data import count_data_items
+
+    root = Path(root)
+    splits = find_splits(root)
+    stored = infer_image_size(splits["train"]) or config.model.image_size
+    if stored is None:
+        raise ConfigError(f"--image-size is needed: the file names in {root}/train carry no SxS size")
+    seen = {split: scan_labels(splits[split], stored, skip_errors=config.data.skip_errors) for split in ("train", "val")}
+    for split, labels in seen.items():
+        if labels.size and labels.min() < 0:
+            raise ConfigError(f"the {split} split holds label {int(labels.min())}: labels must be in [0, classes)")
+    top = max(int(v.max()) for v in seen.values() if v.size)
+    if config.model.num_classes is not None and config.model.num_classes <= top:
+        where = next(s for s, v in seen.items() if v.size and v.max() == top)
+        raise ConfigError(f"--num-classes {config.model.num_classes} is too small: the {where} split holds label "
+                          f"{top} (needs at least {top + 1})")
+    if splits["test"]:
+        scan_test_ids(splits["test"])
+    if config.data.data_dir in (None, SAMPLE) and config.data.source is None:
+        description = SAMPLE
+    else:
+        description = str(root.resolve())
+    return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
+                   max_label=top, description=description, class_names=_class_names(config, root))
+
+
+def _class_names(config: TrainConfig, root: Path) -> tuple[str, ...]:
+    """The submission's label names: given, or those a conversion of ``--source`` recorded."""
+    if config.data.class_names or config.data.source is None:
+        return tuple(config.data.class_names)
+    from .data.convert import read_conversion_info
+
+    return tuple(read_conversion_info(root)["class_names"])

@@ -1,0 +1,161 @@
+"""What a config leaves open, filled in for this machine and this data; the numbers it implies.
+
+``None`` in a config always means "the default" and a value the user gave is used or refused
+(named by its flag), never silently replaced.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from .. import runtime
+from ..config import ConfigError, TrainConfig, flag_of
+from .data import RunData
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+SCRATCH_LR, FINETUNE_LR = 1e-2, 2e-3  # AdamW peak per 256 images
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The numbers a resolved config implies on this machine; printed at start, kept in config.json."""
+
+    device_count: int
+    global_batch: int
+    per_device_batch: int
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    peak_lr: float
+    head_width: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def describe(self, config: TrainConfig) -> str:
+        return (f"global batch {self.global_batch} = {self.per_device_batch} per device x {self.device_count} "
+                f"device(s); peak learning rate {self.peak_lr:.3g} ({config.optim.lr:g} per 256 images); "
+                f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
+                f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes, "
+                f"{config.model.dtype}")
+
+
+def global_batch(config: TrainConfig) -> int:
+    n = jax.device_count()
+    data = config.data
+    if data.batch_size is not None and data.batch_per_device is not None:
+        raise ConfigError("--batch-size (global) and --batch-per-device exclude each other: give one")
+    size = data.batch_per_device * n if data.batch_per_device is not None else data.batch_size
+    size = runtime.global_batch(n) if size is None else size
+    flag = "--batch-per-device" if data.batch_per_device is not None else "--batch-size"
+    if size < 1 or size % n or size % jax.process_count():
+        raise ConfigError(f"{flag} gives a global batch of {size}, which must be a positive multiple of the {n} "
+                          f"devices ({jax.local_device_count()} per process x {jax.process_count()} process(es)), "
+                          f"e.g. {runtime.global_batch(n)}")
+    return size
+
+
+def _check_values(config: TrainConfig) -> None:
+    """Values no run can use, named by flag; ``None`` always means "the default", never a given 0."""
+    positive = {"epochs": config.loop.epochs, "steps": config.loop.steps,
+                "steps_per_epoch": config.loop.steps_per_epoch, "eval_every": config.loop.eval_every,
+                "checkpoint_every": config.loop.checkpoint_every, "keep_checkpoints": config.loop.keep_checkpoints,
+                "log_every": config.loop.log_every, "patience": config.loop.patience,
+                "num_classes": config.model.num_classes, "image_size": config.model.image_size,
+                "head_multiple": config.model.head_multiple}
+    for name, value in positive.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag_of(name)} {value}: must be at least 1")
+    for name, value in {"lr": config.optim.lr, "clip_norm": config.optim.clip_norm}.items():
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{flag_of(name)} {value}: must be a finite number > 0")
+    for name, value, low, high in (("label_smoothing", config.task.label_smoothing, 0, 1),
+                                   ("drop_rate", config.model.drop_rate, 0, 1),
+                                   ("drop_path_rate", config.model.drop_path_rate, 0, 1),
+                                   ("ema_decay", config.optim.ema_decay, 0, 1),
+                                   ("warmup_max_fraction", config.optim.warmup_max_fraction, 0, 1)):
+        if not low <= value < high:
+            raise ConfigError(f"{flag_of(name)} {value}: must be in [{low}, {high})")
+    if config.optim.weight_decay < 0 or config.optim.warmup_epochs < 0:
+        raise ConfigError("--weight-decay and --warmup-epochs must be >= 0")
+    for name in ("mixup_alpha", "cutmix_alpha"):
+        if getattr(config.data, name) < 0:
+            raise ConfigError(f"{flag_of(name)} {getattr(config.data, name)}: must be >= 0 (0: off)")
+    for name in ("mix_prob", "mix_switch_prob"):
+        if not 0 <= getattr(config.data, name) <= 1:
+            raise ConfigError(f"{flag_of(name)} {getattr(config.data, name)}: must be in [0, 1]")
+    if not 0 < config.data.val_fraction < 1:
+        raise ConfigError(f"--val-fraction {config.data.val_fraction}: must be in (0, 1)")
+    if config.model.freeze and not config.model.weights:
+        raise ConfigError("--freeze needs --weights (freezing a randomly initialised network is a mistake)")
+    if config.model.weights and not Path(config.model.weights).is_file():
+        raise ConfigError(f"--weights {config.model.weights} does not exist")
+    from .efficientnet import resolve_name
+
+    try:
+        resolve_name(config.model.name)
+    except ValueError as err:
+        raise ConfigError(f"--model: {err}") from None
+
+
+def check_config(config: TrainConfig) -> None:
+    """Every check that needs no data: values, model name, monitor against the task's metrics."""
+    from .train import history_columns
+
+    _check_values(config)
+    columns = history_columns(make_task(config))
+    if config.loop.monitor not in columns:
+        raise ConfigError(f"--monitor {config.loop.monitor!r} is not a metric of --task {config.task.task}; "
+                          f"choose one of {', '.join(c for c in columns[2:] if c not in ('img_per_s', 'seconds'))}")
+
+
+def resolve(config: TrainConfig, data: RunData) -> tuple[TrainConfig, Plan]:
+    """``config`` with nothing left open for this machine and data, and the numbers it implies."""
+    from .efficientnet import pretrained_cfg
+    from .surgery import padded_width
+
+    check_config(config)
+    image_size = config.model.image_size or data.stored_size
+    if config.data.crop_pct is not None and not 0 < config.data.crop_pct <= 1:
+        raise ConfigError(f"--crop-pct {config.data.crop_pct}: must be in (0, 1]")
+    platform = runtime.current_platform()
+    if data.class_names and len(data.class_names) <= data.max_label:
+        raise ConfigError(f"--class-names names {len(data.class_names)} classes but the data holds label "
+                          f"{data.max_label}")
+    config = config.replace(
+        data_dir=data.description, class_names=data.class_names, num_classes=config.model.num_classes or data.max_label + 1, image_size=image_size,
+        dtype=config.model.dtype or runtime.default_dtype(platform), batch_size=global_batch(config),
+        batch_per_device=None, lr=config.optim.lr or (FINETUNE_LR if config.model.weights else SCRATCH_LR),
+        head_multiple=config.model.head_multiple or (128 if platform == "tpu" else 1),
+        weights=str(Path(config.model.weights).resolve()) if config.model.weights else None)
+    batch = config.data.batch_size
+    steps_per_epoch = config.loop.steps_per_epoch or data.num_train // batch
+    if steps_per_epoch < 1:
+        raise ConfigError(f"--batch-size {batch} is larger than the {data.num_train} training examples")
+    total = config.loop.steps or config.loop.epochs * steps_per_epoch
+    warmup = min(round(config.optim.warmup_epochs * steps_per_epoch), int(config.optim.warmup_max_fraction * total))
+    cfg = pretrained_cfg(config.model.name)
+    from .train import scaled_lr
+
+    plan = Plan(device_count=jax.device_count(), global_batch=batch, per_device_batch=batch // jax.device_count(),
+                steps_per_epoch=steps_per_epoch, total_steps=total, warmup_steps=warmup,
+                peak_lr=scaled_lr(config.optim.lr, batch),
+                head_width=padded_width(config.model.num_classes, config.model.head_multiple),
+                mean=tuple(cfg["mean"]), std=tuple(cfg["std"]))
+    return config, plan
+
+
+def make_task(config: TrainConfig):
+    from .train import make_task as make
+
+    return make(config.task.task, label_smoothing=config.task.label_smoothing, focal_gamma=config.task.focal_gamma)
+
+
+def run_manifest(config: TrainConfig, plan: Plan) -> dict:
+    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model."""
+    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
