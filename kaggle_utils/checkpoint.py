@@ -6,13 +6,22 @@ reader sees the old file or the new one, never half of one. Reads check the whol
 against what the caller expects and name every key that does not fit, because a silently
 partial load (a head with the wrong size, a missing stage) trains for hours before anyone
 notices.
+
+A writer killed mid-write (SIGKILL, a lost machine) leaves its hidden temporary file behind:
+the name carries the writer's pid and a tag of its host, so :func:`remove_stale_temp_files`
+can tell a dead writer's leftover (same host, pid gone) from a file still being written.
+A leftover from another host (a shared folder) cannot be checked that way and is removed
+only once nothing has written to it for ``max_age_s``, far longer than any write takes.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +36,14 @@ __all__ = [
     "check_tree",
     "load",
     "manifest_path",
+    "remove_stale_temp_files",
     "save",
 ]
+
+_HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+# .<name>.<pid>.<host tag>.<mkstemp's 8 random characters>.tmp
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})\.[a-z0-9_]{8}\.tmp$")
+STALE_TEMP_AGE_S = 3600.0
 
 
 class CheckpointError(ValueError):
@@ -39,9 +54,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that ``path`` is always either old or complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.{_HOST_TAG}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide weights and submissions
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -54,6 +70,54 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _umask() -> int:
+    """The process umask; read from /proc where possible, since setting it to read it races with threads."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _writer_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STALE_TEMP_AGE_S) -> list[Path]:
+    """Deletes the temporary files that writers killed mid-write left in ``folder``; returns them.
+
+    Only names :func:`atomic_write_bytes` makes are touched. A file whose writer ran on this
+    host goes when that pid is gone; one from another host when it is older than ``max_age_s``.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for entry in folder.iterdir():
+        match = _TEMP_NAME.match(entry.name)
+        if match is None or not entry.is_file():
+            continue
+        if match["host"] == _HOST_TAG:
+            stale = not _writer_alive(int(match["pid"]))
+        else:
+            stale = time.time() - entry.stat().st_mtime > max_age_s
+        if stale:
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return sorted(removed)
 
 
 def manifest_path(path: str | os.PathLike) -> Path:
@@ -88,6 +152,11 @@ def _read_state_dict(path: Path) -> dict:
     data = path.read_bytes()
     if not data:
         raise CheckpointError(f"checkpoint {path} is empty")
+    foreign = _torch_format(data)
+    if foreign:
+        raise CheckpointError(
+            f"checkpoint {path} is a PyTorch {foreign}, not a Flax msgpack checkpoint: convert it with "
+            f"`python -m weights_port MODEL --checkpoint {path} --out {path.stem}.msgpack`")
     try:
         state = serialization.msgpack_restore(data)
     except Exception as e:  # msgpack raises several unrelated types for damaged input
@@ -97,6 +166,19 @@ def _read_state_dict(path: Path) -> dict:
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a tree of arrays")
     return state
+
+
+def _torch_format(data: bytes) -> str | None:
+    """What PyTorch file ``data`` is, by its first bytes; None for anything else (msgpack included)."""
+    if data.startswith(b"PK\x03\x04"):
+        return "checkpoint (torch.save zip archive)"
+    if len(data) > 1 and data[0] == 0x80 and 2 <= data[1] <= 5:  # msgpack's 0x80 is an empty map, nothing after
+        return "checkpoint (pickle)"
+    if len(data) > 9 and data[8:9] == b"{":
+        header_size = int.from_bytes(data[:8], "little")
+        if 8 + header_size <= len(data) and data[8:8 + header_size].rstrip(b" ").endswith(b"}"):  # JSON, padded
+            return "safetensors file"
+    return None
 
 
 def _flat(tree: Any) -> dict[str, Any]:

@@ -95,7 +95,7 @@ _COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.egg-in
 
 
 class PackagingError(ValueError):
-    """An input to ``package`` is unusable; the message names the file and the reason."""
+    """An input to ``package`` or ``lint`` is unusable; the message names the file and the reason."""
 
 
 @dataclass(frozen=True)
@@ -461,6 +461,7 @@ def _lint_targets(paths: Iterable[str | Path]) -> list[tuple[str, Path]]:
     targets = []
     for p in map(Path, paths):
         if p.is_dir():
+            before = len(targets)
             for found in sorted(p.rglob("*")):
                 if ".ipynb_checkpoints" in found.parts or not found.is_file():
                     continue
@@ -470,6 +471,9 @@ def _lint_targets(paths: Iterable[str | Path]) -> list[tuple[str, Path]]:
                     targets.append(("dataset", found))
                 elif found.suffix == ".ipynb":
                     targets.append(("notebook", found))
+            if len(targets) == before:
+                raise PackagingError(f"{p}: nothing to check (no {KERNEL_METADATA}, {DATASET_METADATA} or .ipynb "
+                                     "in it): give the folder or files to lint")
         elif p.name == DATASET_METADATA:
             targets.append(("dataset", p))
         elif p.suffix == ".ipynb":
@@ -650,10 +654,22 @@ def package(out: str | Path, *, user: str = DEFAULT_USER, notebooks_dir: str | P
             raise PackagingError(f"notebook {plan[slug][1].name} gets the slug {slug!r} of the {kind} dataset")
         if kind == "kit" or checked:
             plan[slug] = (kind, None, None)
+    if out.exists() and not out.is_dir():
+        raise PackagingError(f"{out} is a file: give package a folder (new or existing) to write into")
     existing = [name for name in plan if (out / name).exists()]
+    files_in_the_way = [str(out / name) for name in existing if not (out / name).is_dir()]
+    if files_in_the_way:
+        raise PackagingError(f"{', '.join(files_in_the_way)}: a file where package writes a folder; move it away")
     if existing and not overwrite:
         raise PackagingError(f"{out} already has {', '.join(existing)}: pass --overwrite to replace them")
+    try:
+        return _build(out, plan, checked, user, repo, notes)
+    except OSError as e:  # read-only place, full disk: nothing partial is left (see _build)
+        raise PackagingError(f"cannot write into {out}: {e.strerror or e}") from None
 
+
+def _build(out: Path, plan: dict[str, tuple], checked: dict[Path, dict], user: str, repo: Path,
+           notes: list[str]) -> PackageResult:
     out.mkdir(parents=True, exist_ok=True)
     folders, stripped = {}, {}
     for name, (kind, src, notebook) in plan.items():
@@ -709,7 +725,11 @@ def _report(problems: list[Problem]) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "lint":
-        problems = lint(args.paths or None, fix=args.fix)
+        try:
+            problems = lint(args.paths or None, fix=args.fix)
+        except PackagingError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         status = _report(problems)
         if status == 0:
             print("lint: ok")

@@ -7,6 +7,8 @@ image still travels with its own label or id.
 """
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -257,6 +259,22 @@ def test_skip_errors_skips_and_counts_bad_records(tmp_path, case, decode_route):
     assert re.search(problem, skipped.problem)
 
 
+def test_png_records_on_the_worker_decode_route_name_file_record_and_remedy(tmp_path, copy_pool):
+    png = tf.io.encode_png(np.full((SIZE, SIZE, 3), 60, np.uint8)).numpy()
+    bad_file = write_with_one_bad_record(tmp_path / "split", example({"image": png, "class": 102}))
+    with pytest.raises(kd.DataError) as info:
+        list(load(tmp_path / "split", ordered=True, augment=copy_pool))
+    message = str(info.value)
+    assert message.startswith(f"{bad_file}, record 2: image bytes are a PNG; augmentation workers decode JPEGs only")
+    assert "decode_jpegs=False" in message and "augment='randaugment'" in message
+    skipping = load(tmp_path / "split", ordered=True, augment=copy_pool, skip_errors=True)
+    with pytest.warns(RuntimeWarning, match="skipped 1 bad record"):
+        _, data = collect(skipping)
+    assert data["label"][data["mask"]].tolist() == [0, 1, 2, 3, 100, 101, 103, 104]
+    _, data = collect(load(tmp_path / "split", ordered=True))  # TensorFlow's decode reads the PNG
+    assert data["label"][data["mask"]].tolist() == [0, 1, 2, 3, 100, 101, 102, 103, 104]
+
+
 def test_corrupt_file_is_an_error_naming_the_file(tmp_path):
     folder = write_kaggle_split(tmp_path / "split", [4, 4])
     broken = kd.list_tfrecords(folder)[1]
@@ -265,6 +283,53 @@ def test_corrupt_file_is_an_error_naming_the_file(tmp_path):
     with pytest.raises(kd.DataError) as info:
         list(load(folder, ordered=True))
     assert broken in str(info.value)
+
+
+def test_a_truncated_record_is_named_by_its_own_number(tmp_path):
+    folder = write_kaggle_split(tmp_path / "split", [5])
+    (path,) = kd.list_tfrecords(folder)
+    sizes = [len(r.numpy()) + 16 for r in tf.data.TFRecordDataset(path)]  # length, 2 CRCs, data
+    cut = sum(sizes[:3]) + sizes[3] // 2  # records 0-2 whole, record 3 cut in its middle
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+    truncated = open(path, "rb").read()
+    with pytest.raises(kd.DataError) as info:
+        list(load(folder, ordered=True))
+    assert str(info.value).startswith(f"{path}, record 3: not a readable TFRecord file (")
+    assert "{{" not in str(info.value) and "[Op:" not in str(info.value)
+    (found,) = kd.check_tfrecords([path], labeled=True, image_size=SIZE)
+    assert (found.filename, found.index) == (path, 3)
+    assert open(path, "rb").read() == truncated
+
+
+BAD_RECORD_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import test_data_tfrecords as t
+kd = t.kd
+for route, case in (("tf-decode", "missing class"), ("worker-decode", "truncated jpeg")):
+    folder = f"{sys.argv[2]}/{route}"
+    t.write_with_one_bad_record(folder, t.BAD_RECORDS[case][0], labeled=True)
+    with kd.ProcessPoolAugmenter(np.copy, num_workers=1) as pool:
+        try:
+            list(t.load(folder, ordered=True, augment=pool if route == "worker-decode" else None))
+        except kd.DataError as err:
+            print("DataError:", err, flush=True)
+"""
+
+
+def test_a_bad_record_is_reported_without_tensorflows_traceback(tmp_path):
+    """Raised inside tf.py_function, the error made TF log ~60 lines of traceback before it."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}  # what a user sees: warnings shown
+    done = subprocess.run([sys.executable, "-c", BAD_RECORD_SCRIPT, os.path.dirname(__file__), str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr
+    errors = done.stdout.splitlines()
+    assert len(errors) == 2, done.stdout
+    assert errors[0].startswith(f"DataError: {tmp_path}/tf-decode/01-{SIZE}x{SIZE}-5.tfrec, record 2: missing feature")
+    assert errors[1].startswith(f"DataError: {tmp_path}/worker-decode/01-{SIZE}x{SIZE}-5.tfrec, record 2: image bytes")
+    assert "Traceback" not in done.stderr and "DataError" not in done.stderr, done.stderr
 
 
 def test_names_that_promise_more_records_than_read_give_a_warning(tmp_path):

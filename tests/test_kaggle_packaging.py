@@ -10,6 +10,7 @@ import nbformat
 import numpy as np
 import pytest
 
+from fs_helpers import read_only_folder
 from kaggle_utils import checkpoint, kaggle, runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +142,19 @@ def test_lint_fails_clearly_on_broken_copies(tmp_path, capsys, case, change, key
 def test_lint_names_each_other_trap(tmp_path, change, key, words):
     problems = kaggle.lint([mutated(tmp_path, change)])
     assert any(p.key == key and words in p.message for p in problems), problems
+
+
+def test_lint_of_a_folder_with_nothing_to_check_is_an_error(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "sub" / "notes.txt").write_text("x")
+    assert kaggle.main(["lint", str(empty)]) == 2
+    printed = capsys.readouterr()
+    assert printed.err == (f"error: {empty}: nothing to check (no kernel-metadata.json, dataset-metadata.json or "
+                           ".ipynb in it): give the folder or files to lint\n")
+    assert "ok" not in printed.out
+    with pytest.raises(kaggle.PackagingError, match="nothing to check"):
+        kaggle.lint([committed_copy(tmp_path / "meta"), empty])
 
 
 def test_lint_reports_and_fixes_pinned_image_keys(tmp_path, capsys):
@@ -290,6 +304,35 @@ def test_package_checks_everything_before_writing(tmp_path, notebooks, capsys):
     assert kaggle.main(["package", str(out), "--notebooks", str(notebooks), "--overwrite"]) == 0
     assert (out / "extra" / "05_extra.ipynb").is_file()
     assert (out / "flax-model-surgery").is_dir()  # only the folders this run builds are replaced
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+def test_package_into_a_read_only_place_or_onto_a_file_is_one_line(tmp_path, capsys):
+    a_file = tmp_path / "out.txt"
+    a_file.write_text("keep me")
+    assert kaggle.main(["package", str(a_file), "--notebooks", str(tmp_path / "none")]) == 2
+    assert f"{a_file} is a file" in _one_line_error(capsys)
+    assert a_file.read_text() == "keep me"
+
+    with read_only_folder(tmp_path / "ro") as read_only:
+        for out in (read_only, read_only / "out"):
+            assert kaggle.main(["package", str(out), "--notebooks", str(tmp_path / "none")]) == 2
+            err = _one_line_error(capsys)
+            assert f"cannot write into {out}: " in err and ("Read-only" in err or "Permission denied" in err), err
+            assert list(read_only.iterdir()) == []
+
+    out = tmp_path / "built"
+    out.mkdir()
+    (out / kaggle.KIT_SLUG).write_text("a file where the kit folder goes")
+    assert kaggle.main(["package", str(out), "--notebooks", str(tmp_path / "none"), "--overwrite"]) == 2
+    assert f"{out / kaggle.KIT_SLUG}: a file where package writes a folder" in _one_line_error(capsys)
+    assert sorted(p.name for p in out.iterdir()) == [kaggle.KIT_SLUG]
+    assert (out / kaggle.KIT_SLUG).read_text() == "a file where the kit folder goes"
 
 
 def test_two_notebooks_with_one_slug_are_refused(tmp_path):

@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from fs_helpers import read_only_folder
 from kaggle_utils import checkpoint
 from kaggle_utils.efficientnet import create_model, efficientnet_v2_pretrained, load_weights
 from timm_reference import random_timm_model, timm_forward, to_nhwc
-from weights_port import ConversionError, VerificationError, convert_timm, flax_name, load_torch_state_dict, port
+from weights_port import (ConversionError, OutputError, VerificationError, convert_timm, flax_name,
+                          load_torch_state_dict, port)
+from weights_port.__main__ import main as port_main
 
 NAME = "tf_efficientnetv2_b0"
 
@@ -202,7 +205,7 @@ def test_cli_random_port(tmp_path):
     assert out.is_file() and (tmp_path / "b0.json").is_file()
     bad = subprocess.run([sys.executable, "-m", "weights_port", NAME, "--checkpoint", str(tmp_path / "nope.pth"),
                           "--out", str(tmp_path / "x.msgpack")], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 1 and "nope.pth does not exist" in bad.stderr
+    assert bad.returncode == 2 and "nope.pth does not exist" in bad.stderr
     assert not (tmp_path / "x.msgpack").exists()
 
 
@@ -211,3 +214,66 @@ def test_model_package_imports_neither_tensorflow_nor_torch():
             "bad = [m for m in ('tensorflow', 'torch') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_another_architectures_checkpoint_is_one_line_naming_model_and_keys(tmp_path):
+    import timm
+
+    other = timm.create_model("efficientnet_b0", pretrained=False).state_dict()
+    ckpt = tmp_path / "efficientnet_b0.pth"
+    torch.save(other, ckpt)
+    out = tmp_path / "w.msgpack"
+    done = subprocess.run([sys.executable, "-m", "weights_port", NAME, "--checkpoint", str(ckpt), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    key = "blocks.0.0.bn1.bias"  # efficientnet_b0's first block is wider than the V2's
+    theirs, ours = tuple(other[key].shape), tuple(timm.create_model(NAME).state_dict()[key].shape)
+    assert theirs != ours
+    assert done.stderr.startswith(f"error: {ckpt} is not a {NAME} checkpoint")
+    assert f"{key} file {theirs} vs model {ours}" in done.stderr
+    assert "missing" in done.stderr and "unexpected" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ckpt.name]
+
+
+def test_a_resnet_checkpoint_names_its_keys(tmp_path):
+    import timm
+
+    ckpt = tmp_path / "resnet.pth"
+    torch.save(timm.create_model("resnet10t", pretrained=False).state_dict(), ckpt)
+    with pytest.raises(ConversionError, match=rf"resnet.pth is not a {NAME} checkpoint.*unexpected \d+ \(conv1\."):
+        port(NAME, tmp_path / "w.msgpack", checkpoint_path=ckpt)
+    assert not (tmp_path / "w.msgpack").exists()
+
+
+def _port_to(out, capsys) -> str:
+    """Runs the CLI in this process; returns its one-line error."""
+    assert port_main([NAME, "--random", "--out", str(out), "--verify-size", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --out {out}: "), err
+    return err
+
+
+def test_unwritable_outputs_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    import importlib
+
+    port_module = importlib.import_module("weights_port.port")  # the module, not the function it exports
+    monkeypatch.setattr(port_module, "timm_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    folder = tmp_path / "folder.msgpack"
+    folder.mkdir()
+    assert "is a folder" in _port_to(folder, capsys)
+    assert list(folder.iterdir()) == []
+
+    old = tmp_path / "w.msgpack"
+    old.write_bytes(b"earlier weights")
+    (tmp_path / "w.json").mkdir()  # the manifest's place is taken
+    assert f"{tmp_path / 'w.json'} is a folder" in _port_to(old, capsys)
+    assert old.read_bytes() == b"earlier weights"
+
+    with read_only_folder(tmp_path / "ro") as read_only:
+        for out in (read_only / "w.msgpack", read_only / "new" / "w.msgpack"):
+            err = _port_to(out, capsys)
+            assert f"cannot write in {read_only}" in err and ("Read-only" in err or "Permission" in err), err
+            assert list(read_only.iterdir()) == []
+    with pytest.raises(OutputError, match="is a folder"):
+        port(NAME, folder, pretrained=False)

@@ -4,7 +4,7 @@
 writing, ``__main__`` the command line. Imports torch; never imports tensorflow.
 """
 from .convert import ConversionError, convert_state_dict, convert_timm, flax_name
-from .port import PortResult, VerificationError, load_torch_state_dict, port, verify
+from .port import OutputError, PortResult, VerificationError, check_output, load_torch_state_dict, port, verify
 
-__all__ = ["ConversionError", "PortResult", "VerificationError", "convert_state_dict", "convert_timm", "flax_name",
-           "load_torch_state_dict", "port", "verify"]
+__all__ = ["ConversionError", "OutputError", "PortResult", "VerificationError", "check_output", "convert_state_dict",
+           "convert_timm", "flax_name", "load_torch_state_dict", "port", "verify"]

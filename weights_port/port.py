@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import tempfile
 from pathlib import Path
 
 import jax
@@ -20,13 +21,50 @@ from kaggle_utils.efficientnet import create_model, resolve_name
 
 from .convert import ConversionError, convert_timm
 
-__all__ = ["PortResult", "VerificationError", "load_torch_state_dict", "port", "timm_model", "verify"]
+__all__ = ["OutputError", "PortResult", "VerificationError", "check_output", "load_torch_state_dict", "port",
+           "timm_model", "verify"]
 
 DEFAULT_TOLERANCE = 1e-4  # max |logit diff| / max |logit|, fp32 with highest matmul precision
 
 
 class VerificationError(RuntimeError):
     """The Flax port does not reproduce timm's outputs; nothing was written."""
+
+
+class OutputError(ValueError):
+    """The weights cannot be written where asked; the message names the path."""
+
+
+def check_output(out: str | Path) -> Path:
+    """Refuses an ``out`` that cannot be written before the minutes of loading and verifying.
+
+    Probes with a temporary file in the nearest existing folder, since permission bits say
+    nothing about read-only filesystems or a root user.
+    """
+    out = Path(out)
+    for target in (out, checkpoint.manifest_path(out)):
+        if target.is_dir():
+            raise OutputError(f"--out {out}: {target} is a folder; give a file name ending in .msgpack")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise OutputError(f"--out {out}: cannot write in {folder}: {e.strerror or e}") from None
+    return out
+
+
+def _fit_report(model, state: dict, limit: int = 4) -> str:
+    """The keys and shapes of ``state`` that do not fit ``model``; empty when all fit."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(getattr(v, "shape", ())) for k, v in state.items()}
+    missing = sorted(set(want) - set(got))
+    unexpected = sorted(set(got) - set(want))
+    misshaped = [f"{k} file {got[k]} vs model {want[k]}" for k in sorted(set(got) & set(want)) if got[k] != want[k]]
+    parts = [f"{title} {len(keys)} ({', '.join(keys[:limit])}{', ...' if len(keys) > limit else ''})"
+             for title, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)) if keys]
+    return "; ".join(parts)
 
 
 @dataclasses.dataclass
@@ -75,10 +113,11 @@ def timm_model(name: str, *, checkpoint_path: str | Path | None = None, pretrain
         head = state.get("classifier.weight")
         n = num_classes if num_classes is not None else (int(head.shape[0]) if head is not None else 0)
         model = timm.create_model(name, pretrained=False, num_classes=n)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ConversionError(f"{checkpoint_path} does not fit timm's {name}: missing {list(missing)[:8]}, "
-                                  f"unexpected {list(unexpected)[:8]}")
+        problems = _fit_report(model, state)
+        if problems:  # checked here: torch's own error is a page of "size mismatch" lines
+            raise ConversionError(f"{checkpoint_path} is not a {name} checkpoint (another architecture or "
+                                  f"variant?): {problems}")
+        model.load_state_dict(state)
         return model.eval()
     if pretrained:
         try:
@@ -122,6 +161,8 @@ def port(name: str, out: str | Path | None, *, checkpoint_path: str | Path | Non
     import timm
 
     name = resolve_name(name)
+    if out is not None:
+        out = check_output(out)
     model = timm_model(name, checkpoint_path=checkpoint_path, pretrained=pretrained and checkpoint_path is None,
                        num_classes=num_classes, seed=seed)
     variables = convert_timm(model, name, num_classes=num_classes)
@@ -143,5 +184,8 @@ def port(name: str, out: str | Path | None, *, checkpoint_path: str | Path | Non
                         verify_input=[2, verify_size, verify_size, 3], timm_version=timm.__version__,
                         jax_version=jax.__version__, python=platform.python_version(),
                         format="flax.serialization msgpack of {params, batch_stats}")
-        sha = checkpoint.save(out, variables, manifest=manifest)
+        try:
+            sha = checkpoint.save(out, variables, manifest=manifest)
+        except OSError as e:
+            raise OutputError(f"--out {out}: cannot write {e.filename or out}: {e.strerror or e}") from None
     return PortResult(name, n_cls, abs_diff, rel_diff, Path(out) if out else None, sha)

@@ -736,9 +736,9 @@ def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_siz
 
     ``batches`` carry ``jpeg`` (header already checked), ``filename`` and ``index`` per
     record, which come out as ``image`` and ``mask``. A JPEG that a worker cannot decode
-    (a header that parses over a broken body) goes to ``report`` with its file and record:
-    ``report`` raises, or counts it and the record's ``mask`` is False, so nothing is lost
-    silently and the batch keeps its static shape.
+    (a header that parses over a broken body) goes to ``report`` with its file and record,
+    which keeps it as the error to raise or counts it; the record's ``mask`` is False, so
+    nothing is lost silently and the batch keeps its static shape.
     """
     tf = tensorflow_on_host()
     image_shape = (image_size, image_size, 3)

@@ -24,6 +24,7 @@ from .tfrecords import (
     DataError,
     RecordProblem,
     _decode_without_raising,
+    _op_message,
     _ProblemLog,
     check_tfrecords,
     count_data_items,
@@ -107,10 +108,16 @@ class HostDataset:
                 break
             except tf.errors.OpError as err:
                 raise self._explain(err) from None
+            self._raise_recorded_error()  # before a batch that lacks the bad record is delivered
             host = self._to_host(batch)
             delivered += int(host["mask"].sum())
             yield host
+        self._raise_recorded_error()
         self._check_epoch(delivered, self._problems.num_skipped - skipped_before)
+
+    def _raise_recorded_error(self) -> None:
+        if self._problems.first_error is not None:
+            raise self._problems.first_error
 
     def _to_host(self, batch) -> dict[str, np.ndarray]:
         host = {key: value.numpy() for key, value in batch.items()}
@@ -140,7 +147,7 @@ class HostDataset:
         if found:
             return DataError(f"{found[0]} (pass skip_errors=True to skip bad records)")
         return DataError(f"reading {len(self.filenames)} TFRecord file(s) failed: {type(err).__name__}: "
-                         f"{err.message.strip()}")
+                         f"{_op_message(err)}")
 
     def close(self) -> None:
         """Stop augmentation workers this dataset started (also done at interpreter exit)."""
@@ -308,7 +315,7 @@ class SourceDataset(HostDataset):
     def _explain(self, err) -> BaseException:
         if self._problems.first_error is not None:
             return self._problems.first_error
-        return DataError(f"reading {self.source.description} failed: {type(err).__name__}: {err.message.strip()}")
+        return DataError(f"reading {self.source.description} failed: {type(err).__name__}: {_op_message(err)}")
 
 
 def _source_transform(image_size: int | None, crop):

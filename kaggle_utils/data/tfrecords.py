@@ -124,13 +124,21 @@ def count_from_name(filename: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _op_message(err) -> str:
+    """A TensorFlow error's text without its annotations (``{{function_node ...}}``, ``[[...]]``, ``[Op:...]``)."""
+    text = re.sub(r"\{\{.*?\}\}", " ", err.message)
+    text = re.sub(r"\[\[.*?\]\]", " ", text, flags=re.S)
+    text = re.sub(r"\[Op:\w+\]( name:\S*)?", " ", text)
+    return " ".join(text.split())
+
+
 def count_records(filename: str) -> int:
     """Count the records of one file by reading it (inside TF, no Python per record)."""
     tf = tensorflow_on_host()
     try:
         return int(tf.data.TFRecordDataset(filename).reduce(np.int64(0), lambda n, _: n + 1))
     except tf.errors.OpError as err:
-        raise DataError(f"{filename}: not a readable TFRecord file ({err.message.strip()})") from None
+        raise DataError(f"{filename}: not a readable TFRecord file ({_op_message(err)})") from None
 
 
 def count_data_items(filenames: str | Sequence[str]) -> int:
@@ -300,6 +308,9 @@ def _malformed(labeled: bool) -> str:
 
 
 UNDECODABLE = "image bytes are not a decodable JPEG"
+_WORKERS_DECODE_JPEG_ONLY = (
+    "augmentation workers decode JPEGs only: re-encode the images as JPEG, or let TensorFlow decode them "
+    "(augment='randaugment' or None, or ProcessPoolAugmenter(fn, decode_jpegs=False))")
 
 
 def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: bool = True):
@@ -325,10 +336,13 @@ def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: 
         image = tf.cond(has_image, lambda: tf.io.decode_jpeg(jpeg, channels=3, dct_method=DCT_METHOD),
                         lambda: tf.zeros([0, 0, 3], tf.uint8))
         height_width = tf.shape(image)[:2]
+        is_jpeg = tf.constant(True)  # TF's decode_jpeg also decodes PNG, GIF and BMP
     else:
-        height_width = tf.cond(has_image, lambda: tf.io.extract_jpeg_shape(jpeg)[:2], lambda: tf.zeros([2], tf.int32))
+        is_jpeg = tf.equal(tf.strings.substr(jpeg, 0, 2), b"\xff\xd8")
+        height_width = tf.cond(has_image & is_jpeg, lambda: tf.io.extract_jpeg_shape(jpeg)[:2],
+                               lambda: tf.zeros([2], tf.int32))
     size_ok = tf.reduce_all(tf.equal(height_width, [image_size, image_size]))
-    fits = has_image & tf.equal(n_target, 1) & size_ok
+    fits = has_image & is_jpeg & tf.equal(n_target, 1) & size_ok
     if decode_image:
         image = tf.cond(fits, lambda: tf.reshape(image, [image_size, image_size, 3]),
                         lambda: tf.zeros([image_size, image_size, 3], tf.uint8))
@@ -341,9 +355,12 @@ def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: 
         size_problem = tf.strings.format(
             "image is {}x{} (height x width), expected {}x{}",
             (height_width[0], height_width[1], image_size, image_size))
+        kind = tf.where(tf.equal(tf.strings.substr(jpeg, 0, 4), b"\x89PNG"), "a PNG", "not a JPEG")
+        format_problem = tf.strings.join(["image bytes are ", kind, "; " + _WORKERS_DECODE_JPEG_ONLY])
         return tf.where(~has_image, _count_problem(tf, "image", n_image, "JPEG"),
-                        tf.where(tf.equal(n_target, 1), size_problem,
-                                 _count_problem(tf, key, n_target, "value")))
+                        tf.where(~is_jpeg, format_problem,
+                                 tf.where(tf.equal(n_target, 1), size_problem,
+                                          _count_problem(tf, key, n_target, "value"))))
 
     problem = tf.cond(fits, lambda: tf.constant(""), describe)
     return image, target, problem
@@ -391,8 +408,9 @@ class RecordProblem:
 class _ProblemLog:
     """Collects bad records (called from tf.data threads) and the first error to re-raise.
 
-    ``skip=False``: the first bad record raises :class:`DataError`; the iterator re-raises
-    that exception (TF would otherwise wrap it in an anonymous op error).
+    ``skip=False``: the first bad record becomes a :class:`DataError` that the iterator raises
+    (:meth:`HostDataset.__iter__`). It is not raised inside the ``tf.py_function``: TF would
+    wrap it in an anonymous op error and log the whole Python traceback first.
     ``skip=True``: bad records are counted, the first few kept, a warning is issued once.
     """
 
@@ -409,14 +427,14 @@ class _ProblemLog:
                 self.first_error = error
 
     def report(self, filename, index, problem) -> bool:
-        """tf.py_function hook: ``False`` (drop the record) if skipping, else raise :class:`DataError`."""
+        """tf.py_function hook: ``False`` (drop the record); see :meth:`add`."""
         return self.add(RecordProblem(filename.numpy().decode(), int(index.numpy()), problem.numpy().decode()))
 
     def add(self, item: RecordProblem) -> bool:
+        """Counts ``item`` (skipping) or keeps it as the error to raise; ``False``: leave the record out."""
         if not self.skip:
-            error = DataError(f"{item} (pass skip_errors=True to skip bad records)")
-            self.record_error(error)
-            raise error
+            self.record_error(DataError(f"{item} (pass skip_errors=True to skip bad records)"))
+            return False
         with self._lock:
             self.num_skipped += 1
             if len(self.skipped) < _MAX_SKIPPED_KEPT:
@@ -441,16 +459,17 @@ def check_tfrecords(filenames: Sequence[str], *, labeled: bool, image_size: int,
     tf = tensorflow_on_host()
     problems: list[RecordProblem] = []
     for filename in filenames:
-        index = 0
+        index = 0  # of the record being read: the reader fails on the first one it cannot read
         try:
-            for index, serialized in enumerate(tf.data.TFRecordDataset(filename)):
+            for serialized in tf.data.TFRecordDataset(filename):
                 problem = _check_record(serialized, labeled=labeled, image_size=image_size)
                 if problem:
                     problems.append(RecordProblem(filename, index, problem))
                 if max_problems is not None and len(problems) >= max_problems:
                     return problems
+                index += 1
         except tf.errors.OpError as err:  # raised by the reader: the file itself is damaged
-            problems.append(RecordProblem(filename, index, f"not a readable TFRecord file ({err.message.strip()})"))
+            problems.append(RecordProblem(filename, index, f"not a readable TFRecord file ({_op_message(err)})"))
             if max_problems is not None and len(problems) >= max_problems:
                 return problems
     return problems
@@ -461,8 +480,8 @@ def _check_record(serialized, *, labeled: bool, image_size: int) -> str:
     try:
         _parse_features(serialized, labeled)
     except tf.errors.OpError as err:
-        return f"{_malformed(labeled)} ({err.message.strip()})"
+        return f"{_malformed(labeled)} ({_op_message(err)})"
     try:
         return decode_example(serialized, labeled=labeled, image_size=image_size)[2].numpy().decode()
     except tf.errors.OpError as err:
-        return f"{UNDECODABLE} ({err.message.strip()})"
+        return f"{UNDECODABLE} ({_op_message(err)})"
