@@ -81,6 +81,7 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
         config, plan = run.resolve(given, data)
         if jax.process_index() == 0:
             outdir.prepare(out, config, resume=args.resume, overwrite=args.overwrite)
+            checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
         if config.data.deterministic:
             _deterministic_input()
         model = run.build_model(config)
