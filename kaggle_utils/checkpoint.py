@@ -33,6 +33,7 @@ __all__ = [
     "CheckpointError",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_format",
     "check_tree",
     "load",
     "manifest_path",
@@ -146,10 +147,7 @@ def save(path: str | os.PathLike, tree: Any, *, manifest: dict | None = None) ->
     return digest
 
 
-def _read_state_dict(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    data = path.read_bytes()
+def _check_head(path: Path, data: bytes) -> None:
     if not data:
         raise CheckpointError(f"checkpoint {path} is empty")
     foreign = _torch_format(data)
@@ -157,6 +155,28 @@ def _read_state_dict(path: Path) -> dict:
         raise CheckpointError(
             f"checkpoint {path} is a PyTorch {foreign}, not a Flax msgpack checkpoint: convert it with "
             f"`python -m weights_port MODEL --checkpoint {path} --out {path.stem}.msgpack`")
+
+
+def check_format(path: str | os.PathLike) -> None:
+    """Raises :class:`CheckpointError` for a missing, empty or PyTorch file, reading only its first bytes.
+
+    For checks before any work: loading the file itself may come minutes later.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else 0
+        head += f.read(min(size, 1 << 20) + 1 if head[:1] != b"\x80" else 8)
+    _check_head(path, head)
+
+
+def _read_state_dict(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    data = path.read_bytes()
+    _check_head(path, data)
     try:
         state = serialization.msgpack_restore(data)
     except Exception as e:  # msgpack raises several unrelated types for damaged input

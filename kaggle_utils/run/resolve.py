@@ -93,8 +93,13 @@ def _check_values(config: TrainConfig) -> None:
         raise ConfigError(f"--val-fraction {config.data.val_fraction}: must be in (0, 1)")
     if config.model.freeze and not config.model.weights:
         raise ConfigError("--freeze needs --weights (freezing a randomly initialised network is a mistake)")
-    if config.model.weights and not Path(config.model.weights).is_file():
-        raise ConfigError(f"--weights {config.model.weights} does not exist")
+    if config.model.weights:
+        from .. import checkpoint
+
+        try:
+            checkpoint.check_format(config.model.weights)
+        except checkpoint.CheckpointError as err:
+            raise ConfigError(f"--weights: {err}") from None
     from .efficientnet import resolve_name
 
     try:
