@@ -14,9 +14,9 @@ from .resolve import DTYPES, Plan, make_task, run_manifest
 
 def build_model(config: TrainConfig):
     """The module a run trains: the variant with a classifier of ``head_width`` outputs."""
-    from .efficientnet import create_model
-    from .surgery import padded_width
-    from .train import AXIS
+    from ..efficientnet import create_model
+    from ..surgery import padded_width
+    from ..train import AXIS
 
     model = config.model
     return create_model(model.name, num_classes=padded_width(model.num_classes, model.head_multiple or 1),
@@ -31,13 +31,13 @@ def initial_variables(config: TrainConfig, model) -> dict:
     the head only: timm's U(±1/sqrt(fan_out)) init, sized for 1000 outputs, gives a few
     classes large random logits that the pretrained features then spend steps unlearning.
     """
-    from .train import init_variables
+    from ..train import init_variables
 
     variables = init_variables(model, config.model.image_size, seed=config.seed)
     if config.model.weights is None:
         return variables
-    from . import surgery
-    from .efficientnet import efficientnet_v2_pretrained
+    from .. import surgery
+    from ..efficientnet import efficientnet_v2_pretrained
 
     _, ported = efficientnet_v2_pretrained(config.model.name, config.model.weights,
                                            input_size=config.model.image_size)
@@ -51,7 +51,7 @@ def initial_variables(config: TrainConfig, model) -> dict:
 
 def device_augmentation(config: TrainConfig) -> dict:
     """The train step's ``augment`` (device RandAugment) and ``mix`` (Mixup / CutMix) of a config."""
-    from .device_augment import MixConfig, make_device_augment, mix
+    from ..device_augment import MixConfig, make_device_augment, mix
 
     data = config.data
     out = {}
@@ -75,8 +75,8 @@ class Training(NamedTuple):
 
 def build_training(config: TrainConfig, plan: Plan, model, variables, *, mesh=None) -> Training:
     """Task, optimizer (frozen parts), compiled steps and the initial state of a resolved config."""
-    from . import surgery
-    from .train import StepConfig, create_train_state, make_optimizer, make_steps, warmup_cosine
+    from .. import surgery
+    from ..train import StepConfig, create_train_state, make_optimizer, make_steps, warmup_cosine
 
     schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
     frozen = None
@@ -103,7 +103,7 @@ def host_augment(config: TrainConfig) -> str | None:
 
 def train_transform(config: TrainConfig, stored_size: int):
     """The training crop of images stored at ``stored_size`` (None: as stored)."""
-    from .data import RandomResizedCrop, Resize
+    from ..data import RandomResizedCrop, Resize
 
     size = config.model.image_size
     if config.data.train_crop == "random-resized":
@@ -113,7 +113,7 @@ def train_transform(config: TrainConfig, stored_size: int):
 
 def eval_transform(config: TrainConfig, stored_size: int):
     """Evaluation and prediction: a center crop by ``crop_pct``, a resize to the eval size, or as stored."""
-    from .data import CenterCrop, Resize
+    from ..data import CenterCrop, Resize
 
     size = config.data.eval_image_size or config.model.image_size
     if config.data.crop_pct is not None:
@@ -124,8 +124,8 @@ def eval_transform(config: TrainConfig, stored_size: int):
 def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
             resume: bool = False, progress: bool = True, hooks=(), writers=()):
     """The loop over ``data`` with the config's intervals, monitor and writers (TensorBoard in ``out_dir``)."""
-    from .data import load_dataset
-    from .train import TensorBoardWriter, fit
+    from ..data import load_dataset
+    from ..train import TensorBoardWriter, fit
 
     per_process = plan.global_batch // jax.process_count()
 

@@ -37,8 +37,8 @@ SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as con
 
 def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
     """``--source`` written once as competition-layout TFRecords into ``OUT/data`` (reused on resume)."""
-    from .data import DataError
-    from .data.convert import convert_source, read_conversion_info, source_from_spec
+    from ..data import DataError
+    from ..data.convert import convert_source, read_conversion_info, source_from_spec
 
     data = config.data
     if data.data_dir is not None:
@@ -85,7 +85,7 @@ def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
     if config.data.data_dir not in (None, SAMPLE):
         yield Path(config.data.data_dir)
         return
-    from .data import make_sample_dataset
+    from ..data import make_sample_dataset
 
     size = config.model.image_size or SAMPLE_IMAGE_SIZE
     with tempfile.TemporaryDirectory(prefix="kaggle_utils_sample_") as tmp:
@@ -97,7 +97,7 @@ def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
 
 def find_splits(data_dir: str | Path, *, need_labels: bool = True) -> dict[str, list[str]]:
     """``{split: files}`` of ``data_dir``; train/val required for training, test for predicting."""
-    from .data import list_tfrecords
+    from ..data import list_tfrecords
 
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -127,7 +127,7 @@ def infer_image_size(files: list[str]) -> int | None:
 
 def scan_labels(files: list[str], image_size: int, *, skip_errors: bool = False) -> np.ndarray:
     """Every label of ``files`` (reads the split once; also proves the records decode at this size)."""
-    from .data import load_dataset
+    from ..data import load_dataset
 
     labels = [b["label"][b["mask"]] for b in load_dataset(files, labeled=True, image_size=image_size,
                                                              batch_size=256, ordered=True, process_index=0,
@@ -137,7 +137,7 @@ def scan_labels(files: list[str], image_size: int, *, skip_errors: bool = False)
 
 def scan_test_ids(files: list[str]) -> list[str]:
     """The test split's ids in order, parsed without decoding images; checked as a submission needs them."""
-    from .data import count_data_items, tensorflow_on_host
+    from ..data import count_data_items, tensorflow_on_host
 
     tf = tensorflow_on_host()
     feature = {"id": tf.io.FixedLenFeature([], tf.string, default_value="\x00missing")}
@@ -163,7 +163,7 @@ def scan_test_ids(files: list[str]) -> list[str]:
 
 def open_data(config: TrainConfig, root: str | Path) -> RunData:
     """The run's data in ``root``, checked: splits, stored size, labels in range, test ids usable."""
-    from .data import count_data_items
+    from ..data import count_data_items
 
     root = Path(root)
     splits = find_splits(root)
@@ -193,6 +193,6 @@ def _class_names(config: TrainConfig, root: Path) -> tuple[str, ...]:
     """The submission's label names: given, or those a conversion of ``--source`` recorded."""
     if config.data.class_names or config.data.source is None:
         return tuple(config.data.class_names)
-    from .data.convert import read_conversion_info
+    from ..data.convert import read_conversion_info
 
     return tuple(read_conversion_info(root)["class_names"])

@@ -100,7 +100,7 @@ def _check_values(config: TrainConfig) -> None:
             checkpoint.check_format(config.model.weights)
         except checkpoint.CheckpointError as err:
             raise ConfigError(f"--weights: {err}") from None
-    from .efficientnet import resolve_name
+    from ..efficientnet import resolve_name
 
     try:
         resolve_name(config.model.name)
@@ -110,7 +110,7 @@ def _check_values(config: TrainConfig) -> None:
 
 def check_config(config: TrainConfig) -> None:
     """Every check that needs no data: values, model name, monitor against the task's metrics."""
-    from .train import history_columns
+    from ..train import history_columns
 
     _check_values(config)
     columns = history_columns(make_task(config))
@@ -121,8 +121,8 @@ def check_config(config: TrainConfig) -> None:
 
 def resolve(config: TrainConfig, data: RunData) -> tuple[TrainConfig, Plan]:
     """``config`` with nothing left open for this machine and data, and the numbers it implies."""
-    from .efficientnet import pretrained_cfg
-    from .surgery import padded_width
+    from ..efficientnet import pretrained_cfg
+    from ..surgery import padded_width
 
     check_config(config)
     image_size = config.model.image_size or data.stored_size
@@ -145,7 +145,7 @@ def resolve(config: TrainConfig, data: RunData) -> tuple[TrainConfig, Plan]:
     total = config.loop.steps or config.loop.epochs * steps_per_epoch
     warmup = min(round(config.optim.warmup_epochs * steps_per_epoch), int(config.optim.warmup_max_fraction * total))
     cfg = pretrained_cfg(config.model.name)
-    from .train import scaled_lr
+    from ..train import scaled_lr
 
     plan = Plan(device_count=jax.device_count(), global_batch=batch, per_device_batch=batch // jax.device_count(),
                 steps_per_epoch=steps_per_epoch, total_steps=total, warmup_steps=warmup,
@@ -156,7 +156,7 @@ def resolve(config: TrainConfig, data: RunData) -> tuple[TrainConfig, Plan]:
 
 
 def make_task(config: TrainConfig):
-    from .train import make_task as make
+    from ..train import make_task as make
 
     return make(config.task.task, label_smoothing=config.task.label_smoothing, focal_gamma=config.task.focal_gamma)
 

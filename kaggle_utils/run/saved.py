@@ -15,7 +15,7 @@ from .resolve import Plan
 
 def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None) -> Path:
     """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan."""
-    from .config import overrides
+    from ..config import overrides
 
     path = Path(out_dir) / "config.json"
     record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan)}
