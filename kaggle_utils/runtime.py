@@ -248,7 +248,9 @@ def find_competition_data(image_size: int, root: str | os.PathLike | None = None
 
 def _ported_model(msgpack: Path) -> str | None:
     """The model a weights file holds, from the manifest weights_port writes beside it, else None."""
-    manifest = msgpack.with_suffix(".json")
+    from .checkpoint import manifest_path  # jax and flax: imported only when weights are looked for
+
+    manifest = manifest_path(msgpack)
     try:
         model = json.loads(manifest.read_text()).get("model")
     except (OSError, ValueError, AttributeError):

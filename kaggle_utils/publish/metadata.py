@@ -133,6 +133,8 @@ def dataset_metadata_for_weights(manifests: dict[str, dict], user: str = DEFAULT
     The license is the weights' own (timm records it) when all files agree on one Kaggle knows;
     otherwise ``other`` and the description lists each file's license.
     """
+    from ..checkpoint import manifest_path
+
     licenses = {str(m.get("pretrained_cfg", {}).get("license") or "unknown").lower() for m in manifests.values()}
     known = {_KAGGLE_LICENSES.get(lic) for lic in licenses}
     license_name = known.pop() if len(known) == 1 and None not in known else "other"
@@ -146,7 +148,7 @@ def dataset_metadata_for_weights(manifests: dict[str, dict], user: str = DEFAULT
     resources = []
     for name, m in sorted(manifests.items()):
         resources.append({"path": name, "description": f"{m.get('model')} variables (flax msgpack)"})
-        resources.append({"path": Path(name).with_suffix(".json").name, "description": f"manifest of {name}"})
+        resources.append({"path": manifest_path(name).name, "description": f"manifest of {name}"})
     return {
         "title": WEIGHTS_TITLE,
         "subtitle": "timm EfficientNet(V2) weights ported to Flax msgpack, verified",

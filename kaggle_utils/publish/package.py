@@ -32,10 +32,12 @@ def _sha256(path: Path) -> str:
 
 def _check_weights(files: Sequence[str | Path]) -> dict[Path, dict]:
     """Each weights file with its manifest, checked before anything is written."""
+    from ..checkpoint import manifest_path
+
     checked: dict[Path, dict] = {}
     names: dict[str, Path] = {}
     for f in map(Path, files):
-        manifest_file = f.with_suffix(".json")
+        manifest_file = manifest_path(f)
         if f.suffix != ".msgpack" or not f.is_file():
             raise PackagingError(f"--weights {f}: not an existing .msgpack file")
         if not manifest_file.is_file():
@@ -94,9 +96,11 @@ def _build_kit(dest: Path, user: str, repo: Path) -> None:
 
 
 def _build_weights(dest: Path, weights: dict[Path, dict], user: str) -> None:
+    from ..checkpoint import manifest_path
+
     for f in weights:
         shutil.copy2(f, dest / f.name)
-        shutil.copy2(f.with_suffix(".json"), dest / f.with_suffix(".json").name)
+        shutil.copy2(manifest_path(f), dest / manifest_path(f).name)
     write_json(dest / DATASET_METADATA, dataset_metadata_for_weights({f.name: m for f, m in weights.items()}, user))
 
 
