@@ -1,4 +1,5 @@
-"""Release tooling, not needed at run time (nothing in the kit imports it): upload-ready folders for the notebooks, the kit and the weights, and a lint.
+"""Release tooling, not needed at run time (nothing in the kit imports it): upload-ready folders for
+the notebooks, the kit and the weights, and a lint.
 
 ::
 
@@ -18,21 +19,24 @@
 * ``efficientnetv2-jax/``: the ``--weights`` files with their manifests and metadata.
 
 It then lints what it wrote. ``lint`` checks ``kernel-metadata.json`` / ``dataset-metadata.json``
-files and notebooks (default: the top-level ``kernel-metadata.json`` and ``notebooks/*.ipynb``)
-for the traps that make a push "succeed" and then do something else: a title whose slug is
-not the id's (the kernel is created at the title's slug), a pinned ``docker_image`` with
-``enable_tpu`` (runs on the CPU image), ``enable_internet`` left out (the CLI turns it on),
-internet on in a competition notebook (Kaggle refuses its submission),
-``c/`` / ``d/`` / URL source prefixes, a missing ``code_file``, an unknown (misspelt) key.
-``--fix`` strips the pinned-image keys from notebooks; everything else is left to a person.
+files, notebooks and Markdown files (default: the top-level ``kernel-metadata.json``,
+``notebooks/*.ipynb`` and the README) for the traps that make a push "succeed" and then do
+something else: a title whose slug is not the id's (the kernel is created at the title's slug),
+a pinned ``docker_image`` with ``enable_tpu`` (runs on the CPU image), ``enable_internet`` left
+out (the CLI turns it on), internet on in a competition notebook (Kaggle refuses its
+submission), ``c/`` / ``d/`` / URL source prefixes, a missing ``code_file``, an unknown
+(misspelt) key, a bootstrap cell that is not ``runtime.BOOTSTRAP`` verbatim (:mod:`.bootstrap`).
+``--fix`` strips the pinned-image keys from notebooks and rewrites stale bootstrap cells;
+everything else is left to a person.
 Owners default to the placeholder ``kaggle-utils``; ``--user`` sets your Kaggle name.
 
 Modules: :mod:`.metadata` (slugs, titles, the metadata ``package`` writes), :mod:`.lint` (the
-checks), :mod:`.package` (the upload folders), :mod:`.cli` (the command line).
+checks), :mod:`.bootstrap` (the first cell's copies), :mod:`.package` (the upload folders),
+:mod:`.cli` (the command line).
 """
 from .cli import build_parser, main
 from .lint import (Problem, default_lint_paths, lint, lint_dataset_metadata, lint_kernel_metadata,
-                   lint_notebook)
+                   lint_markdown, lint_notebook)
 # constants the tests and notebooks read
 from .metadata import (COMPETITION, DATASET_METADATA, DEFAULT_USER, FLOWER_NOTEBOOK, KERNEL_METADATA, KIT_SLUG,
                        NOTEBOOK_TITLES, ONLINE_NOTEBOOKS, WEIGHTS_SLUG, dataset_metadata_for_kit,
@@ -52,6 +56,7 @@ __all__ = [
     "lint",
     "lint_dataset_metadata",
     "lint_kernel_metadata",
+    "lint_markdown",
     "lint_notebook",
     "main",
     "notebook_title",

@@ -20,10 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     pkg.add_argument("--weights", nargs="+", default=[], metavar="FILE.msgpack",
                      help="ported weights, each with its JSON manifest beside it")
     pkg.add_argument("--overwrite", action="store_true", help="replace folders already in OUT")
-    chk = commands.add_parser("lint", help="check kernel-/dataset-metadata.json files and notebooks")
-    chk.add_argument("paths", nargs="*", help="files or folders (default: the top-level kernel-metadata.json "
-                                              "and notebooks/*.ipynb)")
-    chk.add_argument("--fix", action="store_true", help="strip Kaggle's pinned-image keys from notebooks in place")
+    chk = commands.add_parser("lint", help="check kernel-/dataset-metadata.json files, notebooks and the README")
+    chk.add_argument("paths", nargs="*", help="files or folders (default: the top-level kernel-metadata.json, "
+                                              "notebooks/*.ipynb and README.md)")
+    chk.add_argument("--fix", action="store_true", help="strip Kaggle's pinned-image keys from notebooks and "
+                                                        "rewrite stale bootstrap cells, in place")
     return parser
 
 

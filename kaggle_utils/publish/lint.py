@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from . import bootstrap
 from .metadata import (CODE_SUFFIXES, COMPETITION, DATASET_KEYS, DATASET_METADATA, KERNEL_BOOLEANS, KERNEL_KEYS,
                        KERNEL_METADATA, LANGUAGES, OWNER_PATTERN, REPO, SLUG_PATTERN, TPU_SHAPE, fold_ascii,
                        slugify, strip_pinned_image, write_json)
@@ -219,7 +220,8 @@ def lint_dataset_metadata(path: str | Path) -> list[Problem]:
 
 
 def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
-    """A notebook must be readable and free of pinned-image keys; ``fix`` strips them (atomic rewrite)."""
+    """A notebook must be readable, free of pinned-image keys and, when it uses the kit, start with the
+    bootstrap cell verbatim; ``fix`` strips the keys and rewrites a stale bootstrap (atomic rewrite)."""
     path = Path(path)
     problems: list[Problem] = []
     notebook = _read_json(path, problems)
@@ -228,11 +230,26 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
     if not isinstance(notebook.get("cells"), list):
         return [Problem(str(path), "cells", "missing: not a Jupyter notebook")]
     removed = strip_pinned_image(notebook)
-    if removed and fix:
+    stale = bootstrap.notebook_issue(notebook, fix=fix)
+    fixed_stale = fix and stale is not None and bootstrap.notebook_issue(notebook) is None
+    if fix and (removed or fixed_stale):
         write_json(path, notebook, indent=1)
-    return [Problem(str(path), key, "Kaggle's pinned image: with it the kernel keeps that image (the CPU one, even "
-                                    "with enable_tpu); remove it (lint --fix, or package strips copies)", fixed=fix)
-            for key in removed]
+    problems = [Problem(str(path), key, "Kaggle's pinned image: with it the kernel keeps that image (the CPU one, "
+                                        "even with enable_tpu); remove it (lint --fix, or package strips copies)",
+                        fixed=fix) for key in removed]
+    if stale is not None:
+        problems.append(Problem(str(path), "cells[bootstrap]", stale, fixed=fixed_stale))
+    return problems
+
+
+def lint_markdown(path: str | Path) -> list[Problem]:
+    """A Markdown file (the README) that shows the bootstrap cell must show it verbatim."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as e:
+        return [Problem(str(path), "(file)", f"not readable: {e}")]
+    return [Problem(str(path), f"line {line}", why) for line, why in bootstrap.markdown_issues(text)]
 
 
 def _lint_targets(paths: Iterable[str | Path]) -> list[tuple[str, Path]]:
@@ -248,18 +265,22 @@ def _lint_targets(paths: Iterable[str | Path]) -> list[tuple[str, Path]]:
                     targets.append(("dataset", found))
                 elif found.suffix == ".ipynb":
                     targets.append(("notebook", found))
+                elif found.suffix == ".md":
+                    targets.append(("markdown", found))
         elif p.name == DATASET_METADATA:
             targets.append(("dataset", p))
         elif p.suffix == ".ipynb":
             targets.append(("notebook", p))
+        elif p.suffix == ".md":
+            targets.append(("markdown", p))
         else:  # kernel-metadata.json, or any other name: linted as kernel metadata (it is the strict one)
             targets.append(("kernel", p))
     return targets
 
 
 def default_lint_paths(repo: Path = REPO) -> list[Path]:
-    """The committed metadata: the top-level kernel-metadata.json and the notebooks."""
-    return [repo / KERNEL_METADATA, *sorted((repo / "notebooks").glob("*.ipynb"))]
+    """The committed metadata: the top-level kernel-metadata.json, the notebooks and the README."""
+    return [repo / KERNEL_METADATA, *sorted((repo / "notebooks").glob("*.ipynb")), repo / "README.md"]
 
 
 def lint(paths: Sequence[str | Path] | None = None, *, fix: bool = False) -> list[Problem]:
@@ -273,6 +294,8 @@ def lint(paths: Sequence[str | Path] | None = None, *, fix: bool = False) -> lis
             problems += lint_kernel_metadata(p, fix=fix)
         elif kind == "dataset":
             problems += lint_dataset_metadata(p)
+        elif kind == "markdown":
+            problems += lint_markdown(p)
         else:
             problems += lint_notebook(p, fix=fix)
     seen, unique = set(), []
