@@ -53,7 +53,9 @@ def test_a_users_own_setting_wins():
 
 
 def test_added_after_existing_flags_and_only_once(monkeypatch):
+    """The flag logic, on any installed jaxlib: the release check is patched to a measured one."""
     monkeypatch.setattr(xla_cpu, "_backends_started", lambda: False)
+    monkeypatch.setattr(xla_cpu, "_jaxlib_release", lambda: xla_cpu.MEASURED_JAXLIB[0])
     environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     assert xla_cpu.apply(environ) and not xla_cpu.apply(environ)
     assert environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {xla_cpu.FLAG}={xla_cpu.VALUE}"
