@@ -29,6 +29,8 @@ import jax
 import numpy as np
 from flax import serialization
 
+from .variable_trees import flatten
+
 __all__ = [
     "CheckpointError",
     "atomic_write_bytes",
@@ -201,16 +203,9 @@ def _torch_format(data: bytes) -> str | None:
     return None
 
 
-def _flat(tree: Any) -> dict[str, Any]:
-    flat = {}
-    for keypath, leaf in jax.tree.flatten_with_path(tree)[0]:
-        flat["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keypath)] = leaf
-    return flat
-
-
 def check_tree(actual: Any, expected: Any, *, what: str = "tree") -> None:
     """Raises CheckpointError naming every missing, unexpected or mis-shaped leaf."""
-    got, want = _flat(actual), _flat(expected)
+    got, want = flatten(actual), flatten(expected)
     missing = sorted(set(want) - set(got))
     unexpected = sorted(set(got) - set(want))
     misshaped = [

@@ -3,21 +3,10 @@
 The same notebook runs unchanged on a Kaggle TPU VM, a Kaggle GPU, a Kaggle CPU session and a
 CPU in CI. Its first cell puts the kit on ``sys.path`` and calls :func:`setup`, which looks at
 the machine and the mounted inputs and returns a :class:`Runtime` (frozen) with everything the
-rest of the notebook needs to choose::
-
-    # kaggle_utils bootstrap: put the kit on sys.path (this repository, or a Kaggle dataset / utility script)
-    import glob, os, sys
-    _root = os.environ.get("KAGGLE_UTILS_ROOT", "/kaggle")
-    _dirs = ["kaggle_utils", "../kaggle_utils"] + [f"{_root}/{d}/kaggle_utils" for d in (
-        "usr/lib/*", "usr/lib/*/*/*", "input/*", "input/*/*", "input/*/*/*")]
-    _kits = [os.path.abspath(f"{f}/../..") for d in _dirs for f in sorted(glob.glob(f"{d}/runtime.py"))]
-    if _kits and _kits[0] not in sys.path:
-        sys.path.insert(0, _kits[0])
-    from kaggle_utils import runtime  # ModuleNotFoundError: attach the kit dataset (kaggle-utils) to the notebook
-    RT = runtime.setup()
-
-(the same text is :data:`BOOTSTRAP`; ``python -m kaggle_utils.runtime --bootstrap`` prints it).
-It cannot be a function of the kit, since it runs before the kit is importable. Then::
+rest of the notebook needs to choose. That cell cannot be a function of the kit, since it runs
+before the kit is importable: it is the text :data:`BOOTSTRAP`, its one source
+(``python -m kaggle_utils.runtime --bootstrap`` prints it; ``python -m kaggle_utils.publish lint``
+checks that the README and every notebook hold it verbatim). Then::
 
     RT.platform          "tpu" | "gpu" | "cpu"
     RT.smoke             True: tiny model, small images, few steps (CI / nbmake)
@@ -248,7 +237,9 @@ def find_competition_data(image_size: int, root: str | os.PathLike | None = None
 
 def _ported_model(msgpack: Path) -> str | None:
     """The model a weights file holds, from the manifest weights_port writes beside it, else None."""
-    manifest = msgpack.with_suffix(".json")
+    from .checkpoint import manifest_path  # jax and flax: imported only when weights are looked for
+
+    manifest = manifest_path(msgpack)
     try:
         model = json.loads(manifest.read_text()).get("model")
     except (OSError, ValueError, AttributeError):

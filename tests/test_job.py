@@ -296,10 +296,11 @@ def test_a_live_run_owns_its_folder_and_a_dead_ones_lock_is_stale(tmp_path):
 
 def _fake_run_checkpoint(path, config):
     """A checkpoint of the network ``config`` builds (zeros are enough), with a run manifest."""
-    from kaggle_utils.efficientnet.model import _abstract_variables
+    from kaggle_utils.variable_trees import abstract_variables
 
     model = run.build_model(config)
-    shapes = _abstract_variables(model, config.model.image_size)
+    size = config.model.image_size
+    shapes = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), np.float32))
     plan = run.Plan(1, 64, 64, 1, 1, 0, 1e-3, 10, (0.5,) * 3, (0.5,) * 3)
     checkpoint.save(path, jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes),
                     manifest=run.run_manifest(config, plan))

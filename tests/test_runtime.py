@@ -9,7 +9,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from kaggle_utils import job, runtime
+from kaggle_utils import run, runtime
+from kaggle_utils.config import TrainConfig
 
 ENV = (runtime.ROOT_ENV, runtime.SMOKE_ENV, runtime.DATA_ENV, runtime.WEIGHTS_ENV, "KAGGLE_KERNEL_RUN_TYPE")
 REPO = Path(__file__).resolve().parents[1]
@@ -89,8 +90,7 @@ def test_kit_search_order_and_absence(tmp_path):
     assert runtime.find_kit(root, work) == work
 
 
-def test_docstring_shows_the_bootstrap_verbatim():
-    assert textwrap.indent(runtime.BOOTSTRAP, "    ") in runtime.__doc__
+def test_bootstrap_probes_what_find_kit_probes():
     for pattern in runtime.KAGGLE_KIT_DIRS:  # the snippet probes what find_kit probes
         assert f'"{pattern}"' in runtime.BOOTSTRAP
 
@@ -225,8 +225,8 @@ def test_batch_and_dtype_rules_are_shared_with_the_job():
     assert runtime.default_dtype("tpu") == "bfloat16"
     assert {p: runtime.defaults(p).dtype for p in ("tpu", "gpu", "cpu")} == {
         p: runtime.default_dtype(p) for p in ("tpu", "gpu", "cpu")}
-    assert job._global_batch(None) == runtime.global_batch(jax.device_count())
-    assert job._default_dtype() == "float32"  # this CPU
+    assert run.global_batch(TrainConfig()) == runtime.global_batch(jax.device_count())
+    assert run.global_batch(TrainConfig().replace(batch_per_device=2)) == 2 * jax.device_count()
     with pytest.raises(ValueError, match="unknown platform"):
         runtime.defaults("npu")
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from kaggle_utils.checkpoint import CheckpointError, check_tree
 from kaggle_utils.efficientnet import create_model, resolve_name
+from kaggle_utils.variable_trees import abstract_variables
 
 __all__ = ["ConversionError", "convert_state_dict", "convert_timm", "flax_name"]
 
@@ -95,7 +96,7 @@ def convert_timm(model_or_state_dict, name: str, *, num_classes: int | None = No
     if num_classes is None:
         num_classes = int(head.shape[0]) if head is not None else 0
     model = create_model(name, num_classes=num_classes)
-    expected = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 64, 64, 3)))
+    expected = abstract_variables(model, jax.ShapeDtypeStruct((1, 64, 64, 3), jnp.float32))
     try:
         check_tree(variables, expected, what=f"timm checkpoint converted for {name} (num_classes={num_classes})")
     except CheckpointError as e:

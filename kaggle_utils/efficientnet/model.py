@@ -17,6 +17,7 @@ import numpy as np
 from flax import linen as nn
 
 from .. import checkpoint
+from ..variable_trees import abstract_variables
 from .arch import ModelSpec, build_blocks, feature_stages, get_spec, resolve_name
 from .blocks import BLOCKS
 from .layers import BatchNorm, Conv2d, LayerCfg
@@ -139,11 +140,6 @@ def create_model(
                         out_indices=tuple(out_indices), global_pool=global_pool, **module_kw)
 
 
-def _abstract_variables(model: nn.Module, input_size: int) -> dict:
-    x = jax.ShapeDtypeStruct((1, input_size, input_size, 3), jnp.float32)
-    return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(x.shape, x.dtype)))
-
-
 def _read_manifest(path: Path) -> dict | None:
     m = checkpoint.manifest_path(path)
     return json.loads(m.read_text()) if m.is_file() else None
@@ -163,7 +159,7 @@ def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64)
             f"{path} holds weights of {manifest['model']!r} (per {checkpoint.manifest_path(path).name}), "
             f"but the model is {model.spec.name!r}")
     raw = checkpoint.load(path)
-    expected = _abstract_variables(model, input_size)
+    expected = abstract_variables(model, jax.ShapeDtypeStruct((1, input_size, input_size, 3), jnp.float32))
     expected = {k: v for k, v in expected.items() if k in ("params", "batch_stats")}
     if "classifier" not in expected.get("params", {}):
         raw = {**raw, "params": {k: v for k, v in raw.get("params", {}).items() if k != "classifier"}}

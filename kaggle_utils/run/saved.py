@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint
@@ -40,7 +41,7 @@ def load_run(path: str | Path) -> tuple[object, dict, TrainConfig]:
     ``variables`` are the evaluation variables (the EMA weights when the run kept them), checked
     leaf by leaf against the model the config builds.
     """
-    from ..efficientnet.model import _abstract_variables as abstract_variables  # TODO base module
+    from ..variable_trees import abstract_variables
 
     file = _checkpoint_file(Path(path))
     manifest_file = checkpoint.manifest_path(file)
@@ -62,7 +63,8 @@ def load_run(path: str | Path) -> tuple[object, dict, TrainConfig]:
         params = state.get("ema_params") or state["params"]
         raw = {"params": params, "batch_stats": state.get("batch_stats", {})}
     variables = {k: raw[k] for k in ("params", "batch_stats") if k in raw}
-    template = abstract_variables(model, config.model.image_size)
+    size = config.model.image_size
+    template = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
     checkpoint.check_tree(variables, template, what=f"checkpoint {file} for {config.model.name} with "
                                                    f"{config.model.num_classes} classes")
     return model, jax.tree.map(lambda v, t: np.asarray(v, t.dtype), variables, template), config

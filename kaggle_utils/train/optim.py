@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax
 import optax
 
-from ..surgery import freeze_optimizer
+from ..variable_trees import freeze_optimizer
 
 __all__ = ["make_optimizer", "scaled_lr", "warmup_cosine"]
 
@@ -48,7 +48,7 @@ def make_optimizer(schedule: optax.Schedule | float, *, weight_decay: float = 0.
     """Clip -> AdamW(schedule) with weight decay on matrices/kernels only.
 
     ``frozen``: path patterns, a pytree of bools over the params (True = frozen), or a
-    function of the params returning one (see :func:`kaggle_utils.surgery.freeze_optimizer`).
+    function of the params returning one (see :func:`kaggle_utils.variable_trees.freeze_optimizer`).
     """
     parts = []
     if clip_norm is not None:

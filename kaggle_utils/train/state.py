@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from .. import surgery
+from .. import variable_trees
 
 __all__ = ["TrainState", "create_train_state", "inference_state", "init_variables"]
 
@@ -71,8 +71,8 @@ def inference_state(variables: dict) -> TrainState:
 def init_variables(model, image_size: int, *, seed: int = 0, channels: int = 3) -> dict:
     """Randomly initialised ``params`` / ``batch_stats`` of an image model for square inputs.
 
-    The job's shorthand for :func:`kaggle_utils.surgery.init_variables` (jitted init with an
+    The job's shorthand for :func:`kaggle_utils.variable_trees.init_variables` (jitted init with an
     ``rbg`` key, which compiles an EfficientNet's few hundred initialisers ~40% faster on CPU).
     """
-    variables = surgery.init_variables(model, jax.ShapeDtypeStruct((1, image_size, image_size, channels), jnp.float32), seed=seed)
+    variables = variable_trees.init_variables(model, jax.ShapeDtypeStruct((1, image_size, image_size, channels), jnp.float32), seed=seed)
     return {k: v for k, v in variables.items() if k in ("params", "batch_stats")}

@@ -1,0 +1,4 @@
+"""``python -m kaggle_utils.publish package|lint``."""
+from .cli import main
+
+raise SystemExit(main())

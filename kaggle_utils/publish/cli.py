@@ -1,0 +1,70 @@
+"""The command line: ``python -m kaggle_utils.publish package|lint``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .lint import Problem, lint
+from .metadata import DEFAULT_USER, KIT_SLUG, WEIGHTS_SLUG
+from .package import PackagingError, package
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kaggle_utils.publish",
+                                     description="Build upload-ready Kaggle folders, or lint Kaggle metadata.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    pkg = commands.add_parser("package", help="one folder per notebook, one for the kit, one for the weights")
+    pkg.add_argument("out", help="output folder")
+    pkg.add_argument("--user", default=DEFAULT_USER, help=f"Kaggle owner in every id (default {DEFAULT_USER})")
+    pkg.add_argument("--notebooks", help="folder of .ipynb files (default: the repository's notebooks/)")
+    pkg.add_argument("--weights", nargs="+", default=[], metavar="FILE.msgpack",
+                     help="ported weights, each with its JSON manifest beside it")
+    pkg.add_argument("--overwrite", action="store_true", help="replace folders already in OUT")
+    chk = commands.add_parser("lint", help="check kernel-/dataset-metadata.json files, notebooks and the README")
+    chk.add_argument("paths", nargs="*", help="files or folders (default: the top-level kernel-metadata.json, "
+                                              "notebooks/*.ipynb and README.md)")
+    chk.add_argument("--fix", action="store_true", help="strip Kaggle's pinned-image keys from notebooks and "
+                                                        "rewrite stale bootstrap cells, in place")
+    return parser
+
+
+def _report(problems: list[Problem]) -> int:
+    for p in problems:
+        print(p, file=sys.stderr if not p.fixed else sys.stdout)
+    remaining = [p for p in problems if not p.fixed]
+    if remaining:
+        print(f"{len(remaining)} problem(s)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "lint":
+        try:
+            problems = lint(args.paths or None, fix=args.fix)
+        except PackagingError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        status = _report(problems)
+        if status == 0:
+            print("lint: ok")
+        return status
+    try:
+        result = package(args.out, user=args.user, notebooks_dir=args.notebooks, weights=args.weights,
+                         overwrite=args.overwrite)
+    except PackagingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in result.notes:
+        print(f"note: {note}")
+    for name, keys in result.stripped.items():
+        print(f"stripped from the copy of {name}: {', '.join(keys)}")
+    for name, folder in result.folders.items():
+        if name == KIT_SLUG:
+            print(f"kaggle datasets create -p {folder} --dir-mode zip")
+        elif name == WEIGHTS_SLUG:
+            print(f"kaggle datasets create -p {folder}")
+        else:
+            print(f"kaggle kernels push -p {folder}")
+    return _report(result.problems)

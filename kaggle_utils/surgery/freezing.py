@@ -1,0 +1,154 @@
+"""Freezing a part of a model: no update, no optimizer state, and BatchNorm in inference mode.
+
+The parameter mask and the optimizer wrapper are the training engine's too, so they live in
+:mod:`kaggle_utils.variable_trees`; this module adds what only a user's model needs: BatchNorm
+layers of the frozen part kept in inference mode, :func:`freeze` (all of it with a report), and
+:func:`carry_optimizer_state` for unfreezing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, NamedTuple
+
+import optax
+from flax import linen as nn
+
+from ..efficientnet.layers import BatchNorm as KitBatchNorm
+from ..variable_trees import Patterns, as_patterns, flatten, freeze_mask, freeze_optimizer, leaf_size, select_paths
+from .inheritance import InheritReport, inherit
+
+
+def carry_optimizer_state(opt_state: Any, tx: optax.GradientTransformation, params: Any
+                          ) -> tuple[Any, InheritReport]:
+    """The state of ``tx`` (e.g. with fewer leaves frozen) taking over all that fits from ``opt_state``.
+
+    Optimizer state is per leaf (Adam's moments are trees like the params), so moving leaves from
+    frozen to training only initialises *their* state: the moments of the parts already training
+    and shared scalars (the step count) carry over. The report's ``new`` lists the fresh leaves.
+    """
+    return inherit(opt_state, tx.init(params))
+
+
+def _module_paths(flat_params: dict) -> dict[str, list[str]]:
+    modules: dict[str, list[str]] = {}
+    for path in flat_params:
+        modules.setdefault(path.rpartition("/")[0], []).append(path)
+    return modules
+
+
+def _frozen_modules(params: Any, patterns: Patterns) -> frozenset[str]:
+    """Modules (paths) all of whose own parameters are frozen."""
+    flat = flatten(params)
+    frozen = select_paths(flat, patterns, "freeze")
+    return frozenset(m for m, leaves in _module_paths(flat).items() if all(p in frozen for p in leaves))
+
+
+def _flax_batchnorm_inference(module, next_fun, arguments):
+    """Calls a copy of Flax's BatchNorm with ``use_running_average=True``, bound to the same variables.
+
+    The flag may be fixed in the constructor, and passing it again at call time is an error.
+    """
+    if module.use_running_average is True:  # already in inference mode (the copy, too)
+        return next_fun(**arguments)
+    arguments.pop("use_running_average", None)
+    return module.clone(parent=module.scope, use_running_average=True)(**arguments)
+
+
+def _kit_batchnorm_inference(module, next_fun, arguments):
+    return next_fun(**{**arguments, "train": False})
+
+
+# BatchNorm layers and how to call each in inference mode (running statistics, no update).
+BATCHNORM_INFERENCE: dict[type, Callable] = {
+    nn.BatchNorm: _flax_batchnorm_inference,
+    KitBatchNorm: _kit_batchnorm_inference,
+}
+
+
+def _batchnorm_interceptor(frozen_modules: frozenset[str]):
+    def interceptor(next_fun, args, kwargs, context):
+        module = context.module
+        rule = BATCHNORM_INFERENCE.get(type(module))
+        if rule is None or context.method_name != "__call__" or "/".join(module.path) not in frozen_modules:
+            return next_fun(*args, **kwargs)
+        bound = inspect.signature(context.orig_method).bind(*args, **kwargs)
+        return rule(module, next_fun, dict(bound.arguments))
+
+    return interceptor
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenBatchNorm:
+    """``model`` whose BatchNorm layers with frozen parameters always run in inference mode.
+
+    In a training forward those layers normalise with their running statistics and do not
+    update them, as ``module.eval()`` on a frozen part does in PyTorch: a frozen backbone's
+    ``batch_stats`` stay bit-identical. Same ``init`` / ``apply`` as ``model`` (what the training
+    steps call); other attributes are ``model``'s. Implemented with ``nn.intercept_methods`` on
+    the BatchNorm types in ``BATCHNORM_INFERENCE``, so no model code changes.
+    """
+
+    model: Any
+    patterns: tuple[str, ...]
+
+    def init(self, *args, **kwargs):
+        return self.model.init(*args, **kwargs)
+
+    def apply(self, variables, *args, **kwargs):
+        frozen = _frozen_modules(variables.get("params", {}), self.patterns)
+        with nn.intercept_methods(_batchnorm_interceptor(frozen)):
+            return self.model.apply(variables, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "model":  # not yet set (copy / unpickling): avoid recursing
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+
+def freeze_batchnorm(model, patterns: Patterns) -> FrozenBatchNorm:
+    """``model`` with the BatchNorm layers whose parameters ``patterns`` freeze kept in inference mode."""
+    return FrozenBatchNorm(model, as_patterns(patterns))
+
+
+@dataclasses.dataclass(frozen=True)
+class FreezeReport:
+    """What :func:`freeze` froze: parameter leaves and values, and the BatchNorm layers in inference mode."""
+
+    frozen_leaves: int
+    frozen_values: int
+    trainable_leaves: int
+    trainable_values: int
+    inference_batchnorms: tuple[str, ...]  # module paths of BatchNorm layers kept in inference mode
+
+    def __str__(self) -> str:
+        return (f"frozen {self.frozen_leaves} leaves ({self.frozen_values:,} values); training "
+                f"{self.trainable_leaves} leaves ({self.trainable_values:,} values); "
+                f"{len(self.inference_batchnorms)} BatchNorm layers kept in inference mode")
+
+
+class FrozenModelAndOptimizer(NamedTuple):
+    """The model and optimizer that :func:`freeze` returns, and its report."""
+
+    model: FrozenBatchNorm
+    tx: optax.GradientTransformation
+    report: FreezeReport
+
+
+def freeze(model, tx: optax.GradientTransformation, variables: dict, patterns: Patterns) -> FrozenModelAndOptimizer:
+    """Freezes the parameters ``patterns`` match: the model (BatchNorm) and the optimizer, with a report.
+
+    Unfreeze later by calling it again with fewer patterns and moving the optimizer state over
+    with :func:`carry_optimizer_state`.
+    """
+    params = variables["params"]
+    mask = flatten(freeze_mask(params, patterns))
+    flat = flatten(params)
+    frozen_modules = _frozen_modules(params, patterns)
+    stats_modules = sorted(_module_paths(flatten(variables.get("batch_stats", {}))))
+    report = FreezeReport(
+        frozen_leaves=sum(mask.values()), frozen_values=sum(leaf_size(flat[p]) for p, f in mask.items() if f),
+        trainable_leaves=sum(not f for f in mask.values()),
+        trainable_values=sum(leaf_size(flat[p]) for p, f in mask.items() if not f),
+        inference_batchnorms=tuple(m for m in stats_modules if m in frozen_modules))
+    return FrozenModelAndOptimizer(freeze_batchnorm(model, patterns), freeze_optimizer(tx, patterns), report)

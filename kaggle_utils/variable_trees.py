@@ -1,0 +1,210 @@
+"""Variable trees: what the training engine and model surgery both need, and nothing of either.
+
+A Flax model's variables are nested dicts of arrays. The engine (:mod:`kaggle_utils.train`) and
+the user tools (:mod:`kaggle_utils.surgery`) both initialise them, trace their shapes, name
+their leaves by path and freeze some of them; those pieces live here so that the engine does
+not import the user tools and both name a leaf, or match a pattern, the same way.
+
+* Paths: :func:`flatten` / :func:`unflatten` / :func:`shapes` with ``/``-joined paths
+  (``params/blocks_0_0/conv/kernel``); patterns are regular expressions searched in them
+  (:func:`select_paths`: a pattern that matches nothing is an error, since a typo would
+  otherwise select nothing and nobody would notice).
+* Initialisation: :func:`init_variables` (jitted, with an ``rbg`` key: each initialiser lowers
+  to one random-bits op, which compiles much faster on CPU) and :func:`abstract_variables`
+  (the same shapes and dtypes, traced without compiling anything).
+* Freezing: :func:`freeze_mask` and :func:`freeze_optimizer` (frozen leaves get a zero update
+  and no optimizer state).
+
+Imports only jax and numpy (optax when :func:`freeze_optimizer` is called), so that the model
+code, which needs :func:`abstract_variables`, imports no optimizer library.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+if TYPE_CHECKING:
+    import optax
+
+__all__ = [
+    "Patterns",
+    "VariableTreeError",
+    "abstract_variables",
+    "as_patterns",
+    "flatten",
+    "freeze_mask",
+    "freeze_optimizer",
+    "init_variables",
+    "leaf_size",
+    "listing",
+    "path_name",
+    "resolve_mask",
+    "select_paths",
+    "shapes",
+    "unflatten",
+]
+
+Patterns = str | Sequence[str]
+
+
+class VariableTreeError(ValueError):
+    """A request on a variable tree that cannot be carried out as asked; the message says what and where.
+
+    :mod:`kaggle_utils.surgery` raises it too, under the name ``SurgeryError``.
+    """
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _key_name(key) -> str:
+    for attr in ("key", "name", "idx"):  # DictKey / GetAttrKey / SequenceKey (and FlattenedIndexKey)
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def path_name(keypath) -> str:
+    """The ``/``-joined name of a jax key path (``params/conv/kernel``), as :func:`flatten` names leaves."""
+    return "/".join(_key_name(k) for k in keypath)
+
+
+def flatten(tree: Any) -> dict[str, Any]:
+    """``{"params/conv/kernel": leaf, ...}`` for any pytree (dicts, optax states, lists)."""
+    return {path_name(kp): leaf for kp, leaf in jax.tree.flatten_with_path(tree)[0]}
+
+
+def unflatten(flat: dict[str, Any]) -> dict:
+    """The nested dicts of a ``flatten``-ed variable tree (dict trees only)."""
+    tree: dict = {}
+    for path, leaf in flat.items():
+        *parents, name = path.split("/")
+        node = tree
+        for i, part in enumerate(parents):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise VariableTreeError(
+                    f"unflatten: {'/'.join(parents[:i + 1])!r} is both a leaf and a prefix of {path!r}")
+        if name in node:
+            raise VariableTreeError(f"unflatten: {path!r} is both a leaf and a prefix of other paths")
+        node[name] = leaf
+    return tree
+
+
+def shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """The flat ``path -> shape`` view of a tree: what a model holds, at a glance."""
+    return {path: tuple(np.shape(leaf)) for path, leaf in flatten(tree).items()}
+
+
+def leaf_size(leaf) -> int:
+    """The number of values in a leaf (an array or a ``ShapeDtypeStruct``)."""
+    return int(np.prod(np.shape(leaf), dtype=np.int64))
+
+
+def listing(items: Sequence[str], limit: int = 8) -> str:
+    """The first ``limit`` items, comma-separated, and how many there are in all when some are left out."""
+    return ", ".join(items[:limit]) + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+# --------------------------------------------------------------------------- patterns
+
+
+def as_patterns(patterns: Patterns) -> tuple[str, ...]:
+    return (patterns,) if isinstance(patterns, str) else tuple(patterns)
+
+
+def _nearby(paths: Sequence[str], pattern: str, n: int = 6) -> str:
+    """A few paths to show beside a pattern that matched nothing: the closest, then the first."""
+    shown = difflib.get_close_matches(pattern, paths, n=n // 2, cutoff=0.0)
+    shown += [p for p in paths if p not in shown][:n - len(shown)]
+    return ", ".join(shown) + (f", ... ({len(paths)} in all)" if len(paths) > len(shown) else "")
+
+
+def select_paths(paths: Iterable[str], patterns: Patterns, what: str) -> set[str]:
+    """The paths that any pattern matches (``re.search``); a pattern matching none is an error naming ``what``."""
+    paths = list(paths)
+    selected: set[str] = set()
+    for pattern in as_patterns(patterns):
+        try:
+            regex = re.compile(pattern)
+        except re.error as err:
+            raise VariableTreeError(f"{what}: {pattern!r} is not a regular expression ({err})") from None
+        hits = {p for p in paths if regex.search(p)}
+        if not hits:
+            raise VariableTreeError(f"{what}: pattern {pattern!r} matches no path; "
+                                    f"paths look like: {_nearby(paths, pattern)}")
+        selected |= hits
+    return selected
+
+
+# --------------------------------------------------------------------------- initialisation
+
+
+def _init_rngs(seed: int) -> dict:
+    params_key, dropout_key = jax.random.split(jax.random.key(seed, impl="rbg"))
+    return {"params": params_key, "dropout": dropout_key}
+
+
+def _without_sown(variables: dict) -> dict:
+    return {k: v for k, v in variables.items() if k != "intermediates"}
+
+
+def init_variables(model, sample_input, *, seed: int = 0, method: Callable | None = None) -> dict:
+    """Fresh variables of ``model`` for an input shaped like ``sample_input`` (sown values dropped).
+
+    ``sample_input``: an array or a ``jax.ShapeDtypeStruct``; only its shape and dtype matter.
+    """
+    x = jnp.zeros(np.shape(sample_input), sample_input.dtype)
+    return _without_sown(jax.jit(functools.partial(model.init, method=method))(_init_rngs(seed), x))
+
+
+def abstract_variables(model, sample_input) -> dict:
+    """The shapes and dtypes (``ShapeDtypeStruct`` leaves) :func:`init_variables` would give, traced
+    without compiling anything: a large model costs no init."""
+    x = jax.ShapeDtypeStruct(np.shape(sample_input), sample_input.dtype)
+    return _without_sown(jax.eval_shape(model.init, _init_rngs(0), x))
+
+
+# --------------------------------------------------------------------------- freezing
+
+
+def freeze_mask(params: Any, patterns: Patterns) -> Any:
+    """A tree of bools like ``params``: True where a pattern matches the leaf's path (frozen).
+
+    Paths are relative to ``params`` (``backbone/blocks_0_0/conv/kernel``); a pattern that
+    matches nothing is an error that lists paths, since a typo would otherwise freeze nothing.
+    """
+    if not as_patterns(patterns):
+        raise VariableTreeError("freeze: no patterns given")
+    frozen = select_paths(flatten(params), patterns, "freeze")
+    return jax.tree.map_with_path(lambda kp, _: path_name(kp) in frozen, params)
+
+
+def resolve_mask(params: Any, frozen: Patterns | Any | Callable) -> Any:
+    """The bool mask ``frozen`` stands for: patterns (:func:`freeze_mask`), a function of the params, or a mask."""
+    if isinstance(frozen, str) or (isinstance(frozen, Sequence) and all(isinstance(p, str) for p in frozen)):
+        return freeze_mask(params, frozen)
+    return frozen(params) if callable(frozen) else frozen
+
+
+def freeze_optimizer(tx: optax.GradientTransformation, frozen: Patterns | Any | Callable
+                     ) -> optax.GradientTransformation:
+    """``tx`` for the trainable leaves; frozen leaves get a zero update and no optimizer state.
+
+    ``frozen``: patterns, a bool mask like the params, or a function of the params returning one.
+    One ``multi_transform({"train", "frozen"})`` layout for ``train.make_optimizer(frozen=)`` and
+    ``surgery.freeze``, so states of either fit ``surgery.carry_optimizer_state``.
+    """
+
+    import optax
+
+    def labels(params):
+        return jax.tree.map(lambda f: "frozen" if f else "train", resolve_mask(params, frozen))
+
+    return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
