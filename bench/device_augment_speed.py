@@ -38,7 +38,7 @@ def make_train_step(model_name: str, size: int, num_classes: int):
     """``(state, train(state, device_batch) -> (state, metrics), put_batch)``: the one coupling to the train API."""
     import jax
 
-    from kaggle_utils.data.feed import make_mesh
+    from kaggle_utils.parallel import make_mesh
     from kaggle_utils.efficientnet import create_model
     from kaggle_utils.train import StepConfig, create_train_state, init_variables, make_optimizer, make_steps
 

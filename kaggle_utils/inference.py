@@ -1,7 +1,7 @@
 """Predict an unlabeled split in file order and write ``submission.csv`` (``id,label``).
 
 Every process reads the whole split in order and keeps its own rows of each global batch
-(:func:`~kaggle_utils.data.feed.local_rows`); the predict step gathers the probabilities of
+(:func:`~kaggle_utils.parallel.local_rows`); the predict step gathers the probabilities of
 the whole global batch back onto every device. So the ids of a batch (known to every process)
 line up with its predictions, and process 0 can write the file alone.
 """
@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from . import checkpoint
-from .data.feed import local_rows
+from .parallel import local_rows
 from .train.state import TrainState, inference_state
 from .train.steps import Steps
 

@@ -6,7 +6,7 @@ two-process run and the one-process run see the same global batch at every step.
 """
 import jax
 
-from kaggle_utils.data.feed import local_rows, make_mesh
+from kaggle_utils.parallel import local_rows, make_mesh
 from kaggle_utils.train import StepConfig, create_train_state, fit, init_variables, make_optimizer, make_steps
 from kaggle_utils.train import SoftmaxClassification, warmup_cosine
 from train_helpers import TinyCNN, batches, digits

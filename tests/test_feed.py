@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from kaggle_utils.data import feed
+from kaggle_utils import parallel as feed
 
 
 def host_batch(n=16):

@@ -344,7 +344,7 @@ def test_predict_needs_the_manifest_and_a_test_split(sample, tmp_path, capsys):
 def test_a_fine_tune_starts_from_a_zero_head_at_loss_ln_c(sample, tmp_path):
     """Ported weights + a new head: the head starts at zero, so the first loss is ln(classes)."""
     from kaggle_utils.data import load_dataset
-    from kaggle_utils.data.feed import make_mesh
+    from kaggle_utils.parallel import make_mesh
     from kaggle_utils.efficientnet import create_model
     from kaggle_utils.train import init_variables
 

@@ -11,7 +11,7 @@ import pytest
 from flax import linen as nn
 
 from kaggle_utils import checkpoint, surgery
-from kaggle_utils.data.feed import make_mesh
+from kaggle_utils.parallel import make_mesh
 from kaggle_utils.efficientnet import create_model
 from kaggle_utils.efficientnet.layers import BatchNorm as KitBatchNorm, LayerCfg
 from kaggle_utils.train import SoftmaxClassification, StepConfig, create_train_state, make_optimizer, make_steps

@@ -6,7 +6,7 @@ import optax
 import pytest
 from sklearn.metrics import confusion_matrix as sk_confusion
 
-from kaggle_utils.data.feed import make_mesh
+from kaggle_utils.parallel import make_mesh
 from kaggle_utils.train import SoftmaxClassification, StepConfig, create_train_state, init_variables, make_optimizer, make_steps
 from train_helpers import TinyCNN, batches, digits
 

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from tqdm.auto import tqdm
 
-from ..data.feed import local_rows
+from ..parallel import local_rows
 from . import run_dir
 from .steps import Steps
 from .tasks import SoftmaxClassification, Task

@@ -35,7 +35,7 @@ import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ..data.feed import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
+from ..parallel import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
 from .state import TrainState
 from .tasks import SoftmaxClassification, Task
 

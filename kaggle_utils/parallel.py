@@ -1,4 +1,7 @@
-"""Host batches -> device arrays, a couple of batches ahead of the step that needs them.
+"""What the steps and the input feed share: the mesh, its axis name, and host batches -> device arrays.
+
+The train/eval/predict steps reduce over the axis ``"data"`` of the mesh made here, and batches
+are placed on the same mesh, a couple of batches ahead of the step that needs them.
 
 A host batch is a dict of numpy arrays (``image`` uint8, ``label``, ``mask``, and ``id`` bytes
 for unlabeled data). Two layouts, one per way of running the step functions:
