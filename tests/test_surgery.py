@@ -219,7 +219,7 @@ def test_replace_classifier_of_a_padded_head_reinitialises_it():
 def test_attach_head_keeps_the_backbone_and_checks_the_fit():
     backbone = PlainNet(num_classes=0)
     bb_vars = random_stats(surgery.init_variables(backbone, X8, seed=7))
-    head, variables, report = surgery.attach_head(backbone, bb_vars, 10, X8, drop_rate=0.3)
+    head, variables, report = surgery.attach_head(backbone, bb_vars, 10, X8, drop_rate=0.3, head_init="random")
     assert report.new == ("params/classifier/bias", "params/classifier/kernel")
     assert trees_equal({k: v["backbone"] for k, v in variables.items()}, bb_vars)
     x = jax.random.uniform(jax.random.key(1), (3, 8, 8, 3))
@@ -238,6 +238,23 @@ def test_attach_head_keeps_the_backbone_and_checks_the_fit():
         surgery.attach_head(backbone, bb_vars, 10, X8, num_features=12)
     with pytest.raises(surgery.SurgeryError, match="must be >= 1"):
         surgery.attach_head(backbone, bb_vars, 10, X8, pad_to=0)
+
+
+def test_new_heads_start_at_zero_so_a_fine_tune_starts_at_loss_ln_c():
+    backbone = PlainNet(num_classes=0)
+    bb_vars = random_stats(surgery.init_variables(backbone, X8, seed=7))
+    head, variables, _ = surgery.attach_head(backbone, bb_vars, 10, X8, pad_to=128)
+    assert not any(np.any(leaf) for leaf in jax.tree.leaves(variables["params"]["classifier"]))
+    x = jax.random.uniform(jax.random.key(1), (3, 8, 8, 3))
+    logits = forward(head, variables, x)[:, :10]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.array([0, 3, 9])).mean()
+    np.testing.assert_allclose(loss, np.log(10), rtol=1e-6)
+    _, replaced, _ = surgery.replace_classifier(head, variables, 7, X8)
+    assert not any(np.any(leaf) for leaf in jax.tree.leaves(replaced["params"]["classifier"]))
+    _, random_head, _ = surgery.replace_classifier(head, variables, 7, X8, head_init="random")
+    assert np.any(random_head["params"]["classifier"]["kernel"])
+    with pytest.raises(surgery.SurgeryError, match="head_init must be one of"):
+        surgery.attach_head(backbone, bb_vars, 10, X8, head_init="ones")
 
 
 def test_padded_head_trains_exactly_like_the_unpadded_one():

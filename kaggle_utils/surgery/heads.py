@@ -9,7 +9,7 @@ from flax import linen as nn
 
 from ..variable_trees import VariableTreeError, abstract_variables, init_variables
 from .inheritance import inherit
-from .variants import ModelAndVariables
+from .variants import ModelAndVariables, initial_head
 
 
 def padded_width(num_classes: int, multiple: int = 1) -> int:
@@ -77,13 +77,16 @@ class ClassifierHead(nn.Module):
 
 def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int, sample_input, *,
                 drop_rate: float = 0.0, pad_to: int = 1, num_features: int | None = None,
-                dtype: Any = jnp.float32, seed: int = 0) -> ModelAndVariables:
+                dtype: Any = jnp.float32, seed: int = 0, head_init: str = "zeros") -> ModelAndVariables:
     """A :class:`ClassifierHead` on ``backbone``: a fresh head, the backbone's variables unchanged.
 
     ``backbone`` is e.g. the module of ``efficientnet_v2_pretrained`` (its ``num_features`` is
     checked against what it outputs); ``backbone_variables`` must fit it exactly -- any leaf of
     the backbone left at its random init would be a silent accident. Only the classifier is
     initialised (the backbone's shapes are traced), so a large backbone costs no init.
+    ``head_init``: ``"zeros"`` (fine-tuning: every class starts with the same logit, the first
+    loss is ln C and the pretrained features are not pushed around by random logits) or
+    ``"random"`` (the Dense's own initialiser).
     """
     num_features = num_features or getattr(backbone, "num_features", None)
     head = ClassifierHead(backbone, num_classes, drop_rate=drop_rate, pad_to=pad_to, num_features=num_features,
@@ -92,6 +95,7 @@ def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int,
     width = fresh["params"]["classifier"]["kernel"].shape[0]
     classifier = init_variables(head, jax.ShapeDtypeStruct((1, width), jnp.float32), seed=seed,
                                 method=ClassifierHead.classify)["params"]["classifier"]
+    classifier = initial_head(classifier, head_init)
     fresh = {**fresh, "params": {**fresh["params"], "classifier": classifier}}
     nested = {col: {"backbone": tree} for col, tree in backbone_variables.items() if col != "intermediates"}
     variables, report = inherit(nested, fresh)

@@ -4,9 +4,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
+
 from flax import linen as nn
 
-from ..variable_trees import Patterns, VariableTreeError, abstract_variables, init_variables
+from ..variable_trees import Patterns, VariableTreeError, abstract_variables, flatten, init_variables, unflatten
 from .inheritance import inherit
 
 
@@ -63,15 +66,32 @@ def rewire(model: nn.Module, variables: dict, sample_input, *, child: nn.Module 
 
 
 def replace_classifier(model: nn.Module, variables: dict, num_classes: int, sample_input, *,
-                       classifier: Patterns = r"(^|/)classifier/", seed: int = 0) -> ModelAndVariables:
+                       classifier: Patterns = r"(^|/)classifier/", seed: int = 0,
+                       head_init: str = "zeros") -> ModelAndVariables:
     """``model`` for ``num_classes`` classes: a fresh classifier, everything else kept.
 
     ``model`` needs a ``num_classes`` field; ``classifier`` are the patterns of the classifier's
     leaves (the kit's models and :class:`ClassifierHead` name it ``classifier``; pass e.g.
     ``"Dense_1"`` for others). They are re-initialised even when the shape stays the same (a
-    padded head of 104 or 100 classes is 128 wide either way).
+    padded head of 104 or 100 classes is 128 wide either way): to zeros by default, so a
+    fine-tune starts at loss ln C (see :func:`~kaggle_utils.surgery.heads.attach_head`), or with
+    the model's own initialiser (``head_init="random"``).
     """
     if "num_classes" not in {f.name for f in dataclasses.fields(model)}:
         raise VariableTreeError(f"replace_classifier: {type(model).__name__} has no num_classes field; "
                            "build the new model yourself and use rewire(..., child=new_model)")
-    return rewire(model, variables, sample_input, reinit=classifier, seed=seed, num_classes=num_classes)
+    new_model, tree, report = rewire(model, variables, sample_input, reinit=classifier, seed=seed,
+                                     num_classes=num_classes)
+    fresh = set(report.reinitialised) | set(report.new) | {p for p, _, _ in report.mismatched}
+    flat = {path: (initial_head(leaf, head_init) if path in fresh else leaf) for path, leaf in flatten(tree).items()}
+    return ModelAndVariables(new_model, unflatten(flat), report)
+
+
+HEAD_INITS = ("zeros", "random")
+
+
+def initial_head(classifier: Any, head_init: str) -> Any:
+    """A new classifier's leaves as ``head_init`` wants them: zeros, or as initialised (``"random"``)."""
+    if head_init not in HEAD_INITS:
+        raise VariableTreeError(f"head_init must be one of {HEAD_INITS}, got {head_init!r}")
+    return jax.tree.map(jnp.zeros_like, classifier) if head_init == "zeros" else classifier
