@@ -131,16 +131,23 @@ def _check_machine(path: Path, meta: dict, problems: list[Problem]) -> None:
         problems.append(Problem(str(path), "machine_shape", f"{shape!r} without {needs}: true"))
 
 
+def _read_metadata(path: Path, known: frozenset) -> tuple[list[Problem], dict | None]:
+    """The problems found so far and the parsed JSON (None when it does not parse), unknown keys checked."""
+    problems: list[Problem] = []
+    meta = _read_json(path, problems)
+    if meta is not None:
+        _check_unknown(path, meta, known, problems)
+    return problems, meta
+
+
 def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem]:
     """Problems of one ``kernel-metadata.json`` (and of the notebook its ``code_file`` names;
     ``fix`` strips that notebook's pinned-image keys)."""
     path = Path(path)
-    problems: list[Problem] = []
-    meta = _read_json(path, problems)
+    problems, meta = _read_metadata(path, KERNEL_KEYS)
     if meta is None:
         return problems
     f = str(path)
-    _check_unknown(path, meta, KERNEL_KEYS, problems)
     for key in ("id", "title", "code_file", "language", "kernel_type"):
         if key not in meta:
             problems.append(Problem(f, key, "missing"))
@@ -182,12 +189,10 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
 def lint_dataset_metadata(path: str | Path) -> list[Problem]:
     """Problems of one ``dataset-metadata.json`` (lengths, id, exactly one license, resources present)."""
     path = Path(path)
-    problems: list[Problem] = []
-    meta = _read_json(path, problems)
+    problems, meta = _read_metadata(path, DATASET_KEYS)
     if meta is None:
         return problems
     f = str(path)
-    _check_unknown(path, meta, DATASET_KEYS, problems)
     for key, (low, high), required in (("title", (6, 50), True), ("subtitle", (20, 80), False)):
         value = meta.get(key)
         if value is None:
