@@ -25,7 +25,7 @@ def job_process(args, out, cwd):
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
-    return make_sample_dataset(tmp_path_factory.mktemp("sample"), image_size=16)
+    return make_sample_dataset(tmp_path_factory.mktemp("sample"))
 
 
 def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(sample, tmp_path):
@@ -66,7 +66,7 @@ def _with_bad_test_split(sample, tmp_path, ids):
         for f in Path(sample.split_dirs[split]).iterdir():
             (data / split / f.name).symlink_to(f)
     images = np.zeros((len(ids), 16, 16, 3), np.uint8)
-    write_split(data / "test", images, ids=ids, image_size=16)
+    write_split(data / "test", images, ids=ids)
     return data
 
 
@@ -90,8 +90,8 @@ def test_test_split_problems_stop_the_job_before_the_first_step(sample, tmp_path
 def test_a_negative_label_is_named_before_training(tmp_path, capsys, monkeypatch):
     data = tmp_path / "data"
     images = np.zeros((8, 16, 16, 3), np.uint8)
-    write_split(data / "train", images, labels=[0, 1, 2, -1, 0, 1, 2, 0], image_size=16)
-    write_split(data / "val", images, labels=[0, 1, 2, 0, 0, 1, 2, 0], image_size=16)
+    write_split(data / "train", images, labels=[0, 1, 2, -1, 0, 1, 2, 0])
+    write_split(data / "val", images, labels=[0, 1, 2, 0, 0, 1, 2, 0])
     monkeypatch.setattr(run, "build_training", lambda *a, **k: pytest.fail("the job reached training"))
     with pytest.raises(SystemExit) as exit_info:
         job.main(["train", "--data-dir", str(data), "--out", str(tmp_path / "out")])
