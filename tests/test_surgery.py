@@ -260,8 +260,8 @@ def test_new_heads_start_at_zero_so_a_fine_tune_starts_at_loss_ln_c():
 def test_padded_head_trains_exactly_like_the_unpadded_one():
     backbone = PlainNet(num_classes=0)
     bb_vars = surgery.init_variables(backbone, X8, seed=2)
-    plain, plain_vars, _ = surgery.attach_head(backbone, bb_vars, 10, X8)
-    padded, padded_vars, _ = surgery.attach_head(backbone, bb_vars, 10, X8, pad_to=128)
+    plain, plain_vars, _ = surgery.attach_head(backbone, bb_vars, 10, X8, head_init="random")
+    padded, padded_vars, _ = surgery.attach_head(backbone, bb_vars, 10, X8, pad_to=128, head_init="random")
     assert padded.num_outputs == 128
     # the padded head's real columns start equal to the unpadded head's; the padding is zero
     dense = plain_vars["params"]["classifier"]

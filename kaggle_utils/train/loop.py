@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tqdm.auto import tqdm
 
 from ..parallel import local_rows
@@ -91,7 +92,6 @@ def _as_hooks(hooks: Sequence) -> list[Hook]:
 
 
 _add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
-_all_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
 
 
 def _task_sums(train_sums: dict) -> dict:
@@ -371,10 +371,12 @@ class _Loop:
             self.stop_reason = self.watch.early_stop(self.history, self.best) or self.stop_reason
 
     def _host_state(self, dev_state, step: int):
-        if not bool(self.steps.get(_all_finite(dev_state.params))):
+        """The state pulled to the host, refused if any parameter is NaN or infinite (it would be saved)."""
+        host_state = self.steps.get(dev_state)
+        if not all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(host_state.params)):
             raise TrainingDiverged(f"a parameter became NaN or infinite by step {step}; stopped before writing "
                                    "anything, so the checkpoints hold the last good state")
-        return self.steps.get(dev_state)
+        return host_state
 
     def _checkpoint(self, host_state, epoch: int, *, fresh_row: bool) -> None:
         if self.write:
