@@ -287,6 +287,3 @@ def _from_dict(cls, data: dict, where: str):
         values[field.name] = value
     return cls(**values)
 
-
-def read_config(path: str | Path, cls: type = None) -> TrainConfig:
-    return (cls or TrainConfig).from_dict(json.loads(Path(path).read_text())["config"], where=str(path))

@@ -8,17 +8,19 @@
 ``writers``: where logged scalars go (TensorBoard, or any object with ``write(step, scalars)``).
 ``run_dir``: the files of a run folder (last K + best checkpoints, history).
 """
-from .loop import HISTORY_COLUMNS, TIMING_COLUMNS, FitResult, Hook, TrainingDiverged, evaluate, fit, history_columns, load_last
+from .loop import (HISTORY_COLUMNS, TIMING_COLUMNS, FitResult, Hook, TrainingDiverged, evaluate, fit, history_columns,
+                   load_last)
 from .optim import make_optimizer, scaled_lr, warmup_cosine
 from .state import TrainState, create_train_state, inference_state, init_variables
+from .steps import AXIS, StepConfig, Steps, eval_step, make_steps, normalize, predict_step, replica_key, train_step
 from .tasks import FocalClassification, MetricError, MultiLabelClassification, SoftmaxClassification, Task, make_task
 from .writers import MetricWriter, TensorBoardWriter, WriterError
-from .steps import AXIS, StepConfig, Steps, eval_step, make_steps, normalize, predict_step, replica_key, train_step
 
 __all__ = [
     "AXIS", "FitResult", "FocalClassification", "HISTORY_COLUMNS", "Hook", "MetricError", "MetricWriter",
     "MultiLabelClassification", "SoftmaxClassification", "StepConfig", "Steps", "TIMING_COLUMNS", "Task",
-    "TensorBoardWriter", "TrainState", "TrainingDiverged", "WriterError", "history_columns", "make_task", "create_train_state", "eval_step", "evaluate", "fit", "inference_state", "init_variables",
-    "load_last", "make_optimizer", "make_steps", "normalize", "predict_step", "replica_key", "scaled_lr",
-    "train_step", "warmup_cosine",
+    "TensorBoardWriter", "TrainState", "TrainingDiverged", "WriterError", "create_train_state", "eval_step",
+    "evaluate", "fit", "history_columns", "inference_state", "init_variables", "load_last", "make_optimizer",
+    "make_steps", "make_task", "normalize", "predict_step", "replica_key", "scaled_lr", "train_step",
+    "warmup_cosine",
 ]
