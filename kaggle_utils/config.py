@@ -18,7 +18,6 @@ import dataclasses
 import json
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 __all__ = ["ConfigError", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
