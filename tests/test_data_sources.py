@@ -366,3 +366,22 @@ def test_stratified_split_partitions_each_class_and_keeps_one_in_train():
     assert np.bincount(labels[train], minlength=3).tolist() == [4, 2, 1]
     again, _ = convert.stratified_split(labels, 0.6, seed=3)
     np.testing.assert_array_equal(again, train)
+
+
+def test_unseeded_reads_work_once_tensorflow_op_determinism_is_on(folders, tmp_path):
+    """The job turns op determinism on (exact resume); unseeded loaders in that process must still run."""
+    script = f"""
+import kaggle_utils.data as kd
+kd.tensorflow_on_host().config.experimental.enable_op_determinism()
+source = kd.class_folders({folders[0] + "/train"!r})
+batches = list(kd.load_source(source, batch_size=4, crop=kd.CenterCrop(16, crop_pct=0.875), ordered=True))
+assert sum(int(b["mask"].sum()) for b in batches) == source.num_examples
+sample = kd.make_sample_dataset({str(tmp_path / "sample")!r}, image_size=16)
+train = iter(kd.load_dataset(sample.split_dirs["train"], labeled=True, image_size=16, batch_size=8,
+                             crop=kd.RandomResizedCrop(12), augment="randaugment", repeat=True))
+assert next(train)["image"].shape == (8, 12, 12, 3)
+print("ok")
+"""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]

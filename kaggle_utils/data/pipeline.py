@@ -205,6 +205,7 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     process_index, process_count = _process_defaults(process_index, process_count)
     files = shard_files(list_tfrecords(filenames), process_index, process_count)
     problems = _ProblemLog(skip=skip_errors)
+    seed = concrete_seed(seed)
     plan = augment_lib.resolve_augment(augment, workers=augment_workers, seed=seed)
     decode_in_workers = plan.decode_in_workers and crop is None
     per_image = _per_image_ops(plan.per_image, crop)
@@ -266,6 +267,13 @@ def _keep_or_report(problems: _ProblemLog, name, index, problem):
     tf = tensorflow_on_host()
     return tf.cond(tf.equal(problem, ""), lambda: tf.constant(True),
                    lambda: tf.reshape(tf.py_function(problems.report, [name, index, problem], tf.bool), []))
+
+
+def concrete_seed(seed: int | None) -> int:
+    """``seed``, or a fresh random one: TF's random ops refuse ``seed=None`` once op determinism is on
+    (the job turns it on for exact resume), and a drawn seed keeps "no seed" meaning "different each time".
+    """
+    return int(np.random.SeedSequence().generate_state(1)[0]) if seed is None else seed
 
 
 def _map_examples(records, to_example, *, seeded: bool, seed: int | None, ordered: bool):
@@ -354,6 +362,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     process_index, process_count = _process_defaults(process_index, process_count)
     indices = source.indices(process_index, process_count) if indices is None else np.asarray(indices, np.int64)
     problems = _ProblemLog(skip=skip_errors)
+    seed = concrete_seed(seed)
     plan = augment_lib.resolve_augment(augment, workers=augment_workers, seed=seed)
     per_image = _per_image_ops(plan.per_image, crop)
 
