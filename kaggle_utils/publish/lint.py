@@ -257,33 +257,28 @@ def lint_markdown(path: str | Path) -> list[Problem]:
     return [Problem(str(path), f"line {line}", why) for line, why in bootstrap.markdown_issues(text)]
 
 
+def _lint_kind(path: Path) -> str | None:
+    """What ``path`` is linted as, by its name; None for files lint does not check."""
+    if path.name == KERNEL_METADATA:
+        return "kernel"
+    if path.name == DATASET_METADATA:
+        return "dataset"
+    return {".ipynb": "notebook", ".md": "markdown"}.get(path.suffix)
+
+
 def _lint_targets(paths: Iterable[str | Path]) -> list[tuple[str, Path]]:
     targets = []
     for p in map(Path, paths):
         if p.is_dir():
-            before = len(targets)
-            for found in sorted(p.rglob("*")):
-                if ".ipynb_checkpoints" in found.parts or not found.is_file():
-                    continue
-                if found.name == KERNEL_METADATA:
-                    targets.append(("kernel", found))
-                elif found.name == DATASET_METADATA:
-                    targets.append(("dataset", found))
-                elif found.suffix == ".ipynb":
-                    targets.append(("notebook", found))
-                elif found.suffix == ".md":
-                    targets.append(("markdown", found))
-            if len(targets) == before:
+            found = [(_lint_kind(f), f) for f in sorted(p.rglob("*"))
+                     if ".ipynb_checkpoints" not in f.parts and f.is_file()]
+            found = [(kind, f) for kind, f in found if kind is not None]
+            if not found:
                 raise PackagingError(f"{p}: nothing to check (no {KERNEL_METADATA}, {DATASET_METADATA} or .ipynb "
                                      "in it): give the folder or files to lint")
-        elif p.name == DATASET_METADATA:
-            targets.append(("dataset", p))
-        elif p.suffix == ".ipynb":
-            targets.append(("notebook", p))
-        elif p.suffix == ".md":
-            targets.append(("markdown", p))
-        else:  # kernel-metadata.json, or any other name: linted as kernel metadata (it is the strict one)
-            targets.append(("kernel", p))
+            targets += found
+        else:  # a file given by name; any other name is linted as kernel metadata (it is the strict one)
+            targets.append((_lint_kind(p) or "kernel", p))
     return targets
 
 
