@@ -1,6 +1,6 @@
 """JPEG decoding without TensorFlow, pixel-identical to the pipeline's ``tf.io.decode_jpeg``.
 
-The augmentation worker processes (:mod:`kaggle_utils.data.augment`) decode the JPEGs of
+The augmentation worker processes (:mod:`kaggle_utils.data.augment_workers`) decode the JPEGs of
 their own batches, so that all per-image work scales with the number of workers instead of
 leaving the decode (about a fifth of the per-image cost of imgaug's RandAugment at 512x512)
 on the process that runs tf.data. Their pixels must be the ones every other route sees, so
