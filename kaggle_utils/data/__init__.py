@@ -13,6 +13,7 @@ from .pipeline import HostDataset, SourceDataset, load_dataset, load_source
 from .randaugment_tf import RANDAUGMENT_OPS, RandAugment
 from .sample import SampleDataset, make_sample_dataset
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
+from .tfrecord_writer import encode_jpeg, serialize_example, shard_name, write_split, write_tfrecord
 from .tfrecords import (
     DataError,
     NoTFRecordsError,
@@ -22,15 +23,10 @@ from .tfrecords import (
     count_from_name,
     count_records,
     decode_example,
-    encode_jpeg,
     list_tfrecords,
     locate_competition_data,
-    serialize_example,
     shard_files,
-    shard_name,
     tensorflow_on_host,
-    write_split,
-    write_tfrecord,
 )
 from .transforms import CenterCrop, RandomResizedCrop, Resize
 
