@@ -1,13 +1,12 @@
 """Worker processes that run a numpy batch augmentation outside the training process.
 
 Python under ``tf.py_function`` holds the GIL, so parallel map calls alone do not scale
-(measured: 0.97x from one to two calls). :class:`ProcessPoolAugmenter` therefore runs the
-callable in worker processes (spawned, never forked from a process that has TensorFlow's
-threads running) and passes batches through ``multiprocessing.shared_memory``: by default
-the JPEG bytes, which the worker decodes (:mod:`kaggle_utils.data.jpeg`) before it
-augments, and the uint8 result back. The tf.data thread only copies bytes in and out and
-waits, without the GIL, while a worker computes. The tf.data side of the route is in
-:mod:`kaggle_utils.data.numpy_augment`.
+(bench/README.md). :class:`ProcessPoolAugmenter` therefore runs the callable in worker
+processes (spawned, never forked from a process that has TensorFlow's threads running) and
+passes batches through ``multiprocessing.shared_memory``: by default the JPEG bytes, which
+the worker decodes (:mod:`kaggle_utils.data.jpeg`) before it augments, and the uint8 result
+back. The tf.data thread only copies bytes in and out and waits, without the GIL, while a
+worker computes. The tf.data side of the route is in :mod:`kaggle_utils.data.numpy_augment`.
 """
 from __future__ import annotations
 
@@ -41,8 +40,8 @@ def default_worker_count() -> int:
     """One worker per CPU core, up to 16.
 
     The workers decode as well as augment, so the tf.data process needs little CPU of its
-    own (~0.7 core-ms per 512x512 image against ~9 in an imgaug RandAugment worker): no core
-    is held back for it. Workers only run while the prefetch buffer has room, so they yield to the training
+    own (a small fraction of a worker's per image: bench/README.md): no core is held back for
+    it. Workers only run while the prefetch buffer has room, so they yield to the training
     step once the input is ahead.
     """
     return max(1, min(16, os.cpu_count() or 1))
@@ -290,10 +289,10 @@ class ProcessPoolAugmenter:
 
     ``decode_jpegs`` says where ``load_dataset`` decodes for this pool. True (default): in
     the workers, so all per-image work scales with them and the training process only
-    reads records; this is what a host with few cores per worker wants (2 cores, 512x512:
-    with tf.data decoding, the main process took ~25% of the per-image CPU and 2 workers
-    reached ~1.4x one, against ~1.7x). False: TensorFlow decodes in its own thread pool and
-    the workers only run ``fn``, which can be faster where cores outnumber the workers.
+    reads records; this is what a host with few cores per worker wants (with tf.data
+    decoding, the main process's share of the per-image CPU caps how far the workers scale:
+    bench/README.md, "Why the workers decode"). False: TensorFlow decodes in its own thread
+    pool and the workers only run ``fn``, which can be faster where cores outnumber the workers.
 
     ``fn`` is pickled to the workers: by reference when it lives in an importable module,
     by value (cloudpickle) when it comes from a notebook cell or the main script. Workers

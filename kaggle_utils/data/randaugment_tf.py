@@ -28,9 +28,9 @@ EQUALIZE_FULL_HISTOGRAM_PIXELS = 384 * 384
 #
 # Written for XLA (RandAugment compiles the whole per-image function with jit_compile):
 # elementwise float maths that XLA fuses into one pass, and geometric ops as a nearest-
-# neighbour gather (TF's ImageProjectiveTransform kernel costs ~15 ms per 512x512 image and
-# cannot be compiled). Nearest neighbour is also what PIL, and so the RandAugment paper and
-# imgaug's pillike ops, use.
+# neighbour gather (TF's ImageProjectiveTransform kernel cannot be compiled, and is slow on
+# its own: bench/README.md). Nearest neighbour is also what PIL, and so the RandAugment paper
+# and imgaug's pillike ops, use.
 # --------------------------------------------------------------------------------------
 def _float(image):
     return tensorflow_on_host().cast(image, "float32")
@@ -108,8 +108,8 @@ def equalize(image, level):
     lut = tf.clip_by_value(tf.concat([tf.zeros([3, 1], tf.int32), lut[:, :-1]], axis=1), 0, 255)
     lut = tf.where(step[:, tf.newaxis] > 0, lut, tf.range(256)[tf.newaxis])  # a flat channel stays as it is
     # XLA fuses the table's computation (reductions over the histogram) into the gather below and
-    # redoes it for every pixel: 5.9 ms per 512x512 image. A dot is not fused into its consumers,
-    # so a product with the identity (exact: integers below 2^24) makes it build the table once: 2.0 ms.
+    # redoes it for every pixel. A dot is not fused into its consumers, so a product with the
+    # identity (exact: integers below 2^24) makes it build the table once (timings: bench/README.md).
     lut = tf.cast(tf.matmul(tf.cast(lut, tf.float32), tf.eye(256)), tf.int32)
     return tf.reshape(tf.cast(tf.gather(tf.reshape(lut, [-1]), values), tf.uint8), tf.shape(image))
 
@@ -161,7 +161,7 @@ def sharpness(image, level):
 
     blend = x + (1 - factor) * (smooth - x), and smooth - x = (sum of the 8 neighbours - 8x) / 13.
     Rows are flattened to [H, 3W] so that neighbours are plain offsets of 3 along one axis, and
-    the sums are integers (XLA vectorises these, not the float version: 3 ms against 10).
+    the sums are integers (XLA vectorises these, not the float version; bench/README.md).
     """
     tf = tensorflow_on_host()
     height, width = image.shape[0], image.shape[1]
@@ -213,7 +213,7 @@ class RandAugment:
     from ``seed``, so a seeded pipeline augments reproducibly. The image needs a static shape.
 
     ``jit_compile=True`` compiles the whole per-image function with XLA (once per image size),
-    which fuses the elementwise chains: about 3x faster than TF's op-by-op kernels on CPU.
+    which fuses the elementwise chains: faster than TF's op-by-op kernels on CPU (bench/README.md).
     """
 
     def __init__(self, num_ops: int = 2, magnitude: float | tuple[float, float] = 15, *,

@@ -272,7 +272,7 @@ def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decod
     """:func:`decode_example` that also turns undecodable JPEGs / unparsable records into a problem.
 
     Each record goes through :func:`~kaggle_utils.data.transforms.first_success` (a try/except
-    for tf.data); it costs a few tens of microseconds per record, so it is used only with
+    for tf.data); it adds a cost to every record (bench/README.md), so it is used only with
     ``skip_errors=True``.
     """
     tf = tensorflow_on_host()
