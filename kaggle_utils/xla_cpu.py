@@ -1,14 +1,12 @@
 """The XLA:CPU compiler option under which the kit's EfficientNet is fast on CPU.
 
 Why this exists: jaxlib 0.10's XLA:CPU hands dots, convolutions, elementwise fusions and
-reductions to YNNPACK by default. Measured on a 2-core x86 machine
-(``bench/model_speed.py``, tf_efficientnetv2_s 224, batch 8, fp32), its convolutions and
-elementwise kernels often run on one core (a 1x1 conv of 8x56x56x192 -> 48: 12.1 ms on one
-core, 4.0 ms on two with XLA's own Eigen kernel), while its reductions are faster than
-XLA's loops (the depthwise kernel gradients and BatchNorm statistics of the training step).
-Keeping YNNPACK for reductions only took eval from ~15 to ~18-20 img/s and the training
-step from ~3.4 to ~4.1-4.4 img/s (``efficientnet.layers.conv2d``'s CPU path); handing it
-nothing at all made the training step ~2.2-2.5x slower.
+reductions to YNNPACK by default. On a 2-core x86 machine (``bench/model_speed.py``), its
+convolutions and elementwise kernels often run on one core where XLA's own Eigen kernel
+uses both, while its reductions are faster than XLA's loops (the depthwise kernel gradients
+and BatchNorm statistics of the training step). So YNNPACK keeps the reductions only: eval
+and the training step (``efficientnet.layers.conv2d``'s CPU path) are faster that way than with
+YNNPACK's default, and much faster than with YNNPACK off; figures in bench/README.md.
 
 XLA reads ``XLA_FLAGS`` once, when JAX starts its CPU backend, so :func:`apply` runs when
 the ``kaggle_utils`` package is first imported, which is before any computation in the kit's
@@ -61,7 +59,7 @@ def apply(environ=os.environ) -> bool:
         if jax.default_backend() == "cpu":
             warnings.warn(
                 f"JAX started its CPU backend before kaggle_utils was imported, so XLA runs without "
-                f"{FLAG}={VALUE} and EfficientNet on CPU is ~1.3x slower. Import kaggle_utils before the "
+                f"{FLAG}={VALUE} and EfficientNet on CPU runs slower. Import kaggle_utils before the "
                 f"first JAX computation, or set XLA_FLAGS={FLAG}={VALUE} yourself.", stacklevel=3)
         return False
     environ["XLA_FLAGS"] = f"{flags} {FLAG}={VALUE}".strip()

@@ -9,7 +9,7 @@ import pytest
 from skimage import data
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import augment as tf_augment
+from kaggle_utils.data import randaugment_tf as tf_augment
 from kaggle_utils.device_augment import RandAugmentConfig, make_device_augment, ops, rand_augment_batch
 
 tf = kd.tensorflow_on_host()

@@ -4,23 +4,16 @@ Nothing here imports TensorFlow at import time: it is loaded on first use, with 
 TPUs hidden from it (:func:`tensorflow_on_host`), so JAX keeps the accelerator and the
 augmentation worker processes, which import this package, stay light.
 """
-from .augment import (
-    AugmentWorkerError,
-    ImgaugRandAugment,
-    ProcessPoolAugmenter,
-    RANDAUGMENT_OPS,
-    RandAugment,
-    apply_batch_augment,
-    augment_images,
-    default_worker_count,
-    resolve_augment,
-    show_augmented,
-)
+from .augment import augment_images, resolve_augment, show_augmented
+from .augment_workers import AugmentWorkerError, ProcessPoolAugmenter, default_worker_count
 from .flowers import FLOWER_NUM_CLASSES, flower_class_names
 from .imgaug_compat import import_imgaug_augmenters
+from .numpy_augment import ImgaugRandAugment, apply_batch_augment
 from .pipeline import HostDataset, SourceDataset, load_dataset, load_source
+from .randaugment_tf import RANDAUGMENT_OPS, RandAugment
 from .sample import SampleDataset, make_sample_dataset
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
+from .tfrecord_writer import encode_jpeg, serialize_example, shard_name, write_split, write_tfrecord
 from .tfrecords import (
     DataError,
     NoTFRecordsError,
@@ -30,15 +23,10 @@ from .tfrecords import (
     count_from_name,
     count_records,
     decode_example,
-    encode_jpeg,
     list_tfrecords,
     locate_competition_data,
-    serialize_example,
     shard_files,
-    shard_name,
     tensorflow_on_host,
-    write_split,
-    write_tfrecord,
 )
 from .transforms import CenterCrop, RandomResizedCrop, Resize
 

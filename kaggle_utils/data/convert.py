@@ -32,8 +32,8 @@ import numpy as np
 
 from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
-from .tfrecords import (DataError, atomic_output_path, count_from_name, encode_jpeg, serialize_example, shard_name,
-                        write_tfrecord)
+from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, shard_name, write_tfrecord
+from .tfrecords import DataError, count_from_name
 
 __all__ = ["INFO_FILE", "SPLITS", "convert_source", "read_conversion_info", "source_from_spec", "stratified_split"]
 

@@ -1,19 +1,18 @@
 """JPEG decoding without TensorFlow, pixel-identical to the pipeline's ``tf.io.decode_jpeg``.
 
-The augmentation worker processes (:mod:`kaggle_utils.data.augment`) decode the JPEGs of
+The augmentation worker processes (:mod:`kaggle_utils.data.augment_workers`) decode the JPEGs of
 their own batches, so that all per-image work scales with the number of workers instead of
-leaving the decode (about a fifth of the per-image cost of imgaug's RandAugment at 512x512)
-on the process that runs tf.data. Their pixels must be the ones every other route sees, so
+leaving the decode (a sizeable part of the per-image cost: bench/README.md) on the process
+that runs tf.data. Their pixels must be the ones every other route sees, so
 the pipeline decodes with libjpeg's accurate integer DCT (``INTEGER_ACCURATE``, libjpeg's
 ``JDCT_ISLOW``): the method PIL and OpenCV use. TensorFlow's default (``INTEGER_FAST``)
-differs from it by up to 5 levels per pixel and is no faster here (both ~1.9 ms per
-512x512 image).
+differs from it by up to 5 levels per pixel and is no faster (bench/README.md).
 
-Workers decode with OpenCV (~1.35 ms per 512x512 image) when it is installed and the JPEG
-is RGB or greyscale, else with PIL (~2.0 ms); both give exactly TensorFlow's pixels, which
+Workers decode with OpenCV, the faster, when it is installed and the JPEG is RGB or
+greyscale, else with PIL; both give exactly TensorFlow's pixels, which
 ``tests/test_data_jpeg.py`` checks for 4:2:0, 4:4:4, 4:2:2, progressive, greyscale and CMYK
-JPEGs. Both are imported on first use: only the worker processes decode, and OpenCV alone
-would add ~0.1 s to every import of :mod:`kaggle_utils.data`.
+JPEGs. Both are imported on first use: only the worker processes decode, and importing
+OpenCV alone would lengthen every import of :mod:`kaggle_utils.data` noticeably.
 """
 from __future__ import annotations
 

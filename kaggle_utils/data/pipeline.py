@@ -16,7 +16,8 @@ from typing import Iterator
 
 import numpy as np
 
-from . import augment as augment_lib
+from .augment import resolve_augment
+from .numpy_augment import apply_batch_augment, decode_and_augment_batches
 from .tfhost import tensorflow_on_host
 from .sources import Source
 from .tfrecords import (
@@ -180,10 +181,10 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
       ordered: file order (sorted names) and record order kept, deterministic, no shuffling:
         for evaluation and prediction, so ids line up with predictions.
       augment: None; ``"randaugment"`` (TF-native, per image, fast); ``"imgaug"`` (imgaug's
-        RandAugment(2, 15) in worker processes); a :class:`~kaggle_utils.data.augment.RandAugment`;
+        RandAugment(2, 15) in worker processes); a :class:`~kaggle_utils.data.randaugment_tf.RandAugment`;
         any numpy callable ``uint8 [B,H,W,3] -> uint8 [B,H,W,3]`` (run per batch in
         ``augment_workers`` processes; 0 runs it in the tf.data thread); or a
-        :class:`~kaggle_utils.data.augment.ProcessPoolAugmenter` you manage yourself.
+        :class:`~kaggle_utils.data.augment_workers.ProcessPoolAugmenter` you manage yourself.
       shuffle_buffer_size: records in the shuffle buffer (unordered mode only).
       drop_remainder: drop the final partial batch instead of padding and masking it.
       repeat: repeat forever (training); batches then span epochs.
@@ -206,7 +207,7 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     files = shard_files(list_tfrecords(filenames), process_index, process_count)
     problems = _ProblemLog(skip=skip_errors)
     seed = concrete_seed(seed)
-    plan = augment_lib.resolve_augment(augment, workers=augment_workers, seed=seed)
+    plan = resolve_augment(augment, workers=augment_workers, seed=seed)
     decode_in_workers = plan.decode_in_workers and crop is None
     per_image = _per_image_ops(plan.per_image, crop)
 
@@ -294,12 +295,12 @@ def _batch_examples(examples, *, batch_size, drop_remainder, ordered, plan, prob
     examples = examples.map(lambda ex: {k: v for k, v in ex.items() if k != "keep"})
     batches = examples.batch(batch_size, drop_remainder=drop_remainder)
     if decode_in_workers:
-        batches = augment_lib.decode_and_augment_batches(
+        batches = decode_and_augment_batches(
             batches, plan.per_batch, image_size=image_size, report=problems.add, num_parallel_calls=plan.parallel_calls,
             deterministic=ordered, on_error=problems.record_error)
     elif plan.per_batch is not None:
-        batches = augment_lib.apply_batch_augment(batches, plan.per_batch, num_parallel_calls=plan.parallel_calls,
-                                                  deterministic=ordered, on_error=problems.record_error)
+        batches = apply_batch_augment(batches, plan.per_batch, num_parallel_calls=plan.parallel_calls,
+                                      deterministic=ordered, on_error=problems.record_error)
     batches = batches.prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = ordered
@@ -363,7 +364,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     indices = source.indices(process_index, process_count) if indices is None else np.asarray(indices, np.int64)
     problems = _ProblemLog(skip=skip_errors)
     seed = concrete_seed(seed)
-    plan = augment_lib.resolve_augment(augment, workers=augment_workers, seed=seed)
+    plan = resolve_augment(augment, workers=augment_workers, seed=seed)
     per_image = _per_image_ops(plan.per_image, crop)
 
     records = source.records(indices, ordered=ordered, seed=seed, shuffle_buffer_size=shuffle_buffer_size)

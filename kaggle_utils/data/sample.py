@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .tfrecords import atomic_output_path, list_tfrecords, tensorflow_on_host, write_split
+from .tfrecord_writer import atomic_output_path, write_split
+from .tfrecords import list_tfrecords, tensorflow_on_host
 
 __all__ = ["SampleDataset", "make_sample_dataset", "SPLITS"]
 

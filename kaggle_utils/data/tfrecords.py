@@ -2,11 +2,12 @@
 
 The competition ships ``{train,val,test}/NN-SxS-COUNT.tfrec`` files: ``image`` (JPEG bytes)
 with ``class`` (int64) for train/val, ``image`` with ``id`` (bytes) for test. This module
-finds those files, counts them, writes them (for the sample data, the tests and the converter),
-and parses them for :func:`kaggle_utils.data.pipeline.load_dataset`, which turns them into an
-iterable of host batches::
+finds those files, counts them, and parses them for :func:`kaggle_utils.data.pipeline.load_dataset`,
+which turns them into an iterable of host batches::
 
     {"image": uint8 [B, H, W, 3], "label": int32 [B] | "id": object (bytes) [B], "mask": bool [B]}
+
+Writing files in that layout is :mod:`kaggle_utils.data.tfrecord_writer`'s part.
 
 Design choices, and why:
 
@@ -14,7 +15,7 @@ Design choices, and why:
   step, so the host sends a quarter of the bytes float32 would need.
 * TensorFlow is imported lazily, only here, and told to see no GPU/TPU: tf.data runs on the
   host CPUs and JAX owns the accelerator (see :func:`tensorflow_on_host`). Worker processes
-  of :mod:`kaggle_utils.data.augment` import this package without loading TensorFlow.
+  of :mod:`kaggle_utils.data.augment_workers` import this package without loading TensorFlow.
 * Every record travels with its file name and index through the pipeline, so a bad record
   is reported as ``<file>, record <i>: <what is wrong>`` instead of TensorFlow's anonymous
   op error, and ``skip_errors=True`` can drop it and count it.
@@ -24,16 +25,13 @@ Design choices, and why:
 """
 from __future__ import annotations
 
-import contextlib
 import glob as _glob
-import math
 import os
 import re
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -45,21 +43,15 @@ __all__ = [
     "DataError",
     "NoTFRecordsError",
     "RecordProblem",
-    "atomic_output_path",
     "check_tfrecords",
     "count_data_items",
     "count_from_name",
     "count_records",
     "decode_example",
-    "encode_jpeg",
     "list_tfrecords",
     "locate_competition_data",
-    "serialize_example",
     "shard_files",
-    "shard_name",
     "tensorflow_on_host",
-    "write_split",
-    "write_tfrecord",
 ]
 
 TFRECORD_SUFFIXES = (".tfrec", ".tfrecord", ".tfrecords")
@@ -191,96 +183,6 @@ def locate_competition_data(image_size: int, roots: Sequence[str] = KAGGLE_INPUT
 
 
 # --------------------------------------------------------------------------------------
-# Writing
-# --------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def atomic_output_path(path: str | os.PathLike) -> Iterator[str]:
-    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``.
-
-    The temporary name starts with a dot and ends in ``.partial``, so a crash never leaves a
-    half-written file that a ``*.tfrec`` glob (or a reader) would take for a real shard.
-    """
-    path = os.fspath(path)
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder)
-    os.close(fd)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
-    """uint8 [H, W, 3] -> JPEG bytes (TensorFlow's libjpeg, as the competition files)."""
-    image = np.asarray(image)
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
-        raise ValueError(f"encode_jpeg needs a uint8 [H, W, 3] image, got {image.dtype} {image.shape}")
-    return tensorflow_on_host().io.encode_jpeg(image, quality=quality).numpy()
-
-
-def serialize_example(image_jpeg: bytes, *, label: int | None = None, id: bytes | str | None = None) -> bytes:
-    """One ``tf.train.Example`` in the competition's format: image + class, or image + id."""
-    if (label is None) == (id is None):
-        raise ValueError("give exactly one of label= (train/val records) or id= (test records)")
-    tf = tensorflow_on_host()
-    feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_jpeg]))}
-    if label is not None:
-        feature["class"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))
-    else:
-        id_bytes = id.encode("utf-8") if isinstance(id, str) else bytes(id)
-        feature["id"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[id_bytes]))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
-    """Write serialized records with ``tf.io.TFRecordWriter``, atomically; returns the count."""
-    tf = tensorflow_on_host()
-    count = 0
-    with atomic_output_path(path) as tmp:
-        with tf.io.TFRecordWriter(tmp) as writer:
-            for record in records:
-                writer.write(record)
-                count += 1
-    return count
-
-
-def shard_name(index: int, image_size: int, count: int) -> str:
-    """Kaggle's file name: ``NN-SxS-COUNT.tfrec`` (the count lets readers skip counting)."""
-    return f"{index:02d}-{image_size}x{image_size}-{count}.tfrec"
-
-
-def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Sequence[int] | None = None,
-                ids: Sequence[bytes | str] | None = None, num_files: int = 1, quality: int = 95) -> list[str]:
-    """Write square uint8 images [N, S, S, 3] as ``num_files`` Kaggle-layout shards.
-
-    Like the competition, all files but the last hold ``ceil(N / num_files)`` records.
-    """
-    images = np.asarray(images)
-    if images.ndim != 4 or images.shape[1] != images.shape[2] or images.shape[3] != 3:
-        raise ValueError(f"write_split needs square uint8 images [N, S, S, 3], got {images.shape}")
-    targets = labels if labels is not None else ids
-    if (labels is None) == (ids is None) or len(targets) != len(images):
-        raise ValueError("give labels= or ids= (one of them), one per image")
-    if not 1 <= num_files <= max(1, len(images)):
-        raise ValueError(f"num_files={num_files} must be between 1 and the number of images ({len(images)})")
-    per_file = math.ceil(len(images) / num_files)
-    paths = []
-    for index, start in enumerate(range(0, len(images), per_file)):
-        stop = min(start + per_file, len(images))
-        key = "label" if labels is not None else "id"
-        records = (serialize_example(encode_jpeg(images[i], quality), **{key: targets[i]}) for i in range(start, stop))
-        path = os.path.join(os.fspath(split_dir), shard_name(index, images.shape[1], stop - start))
-        write_tfrecord(path, records)
-        paths.append(path)
-    return paths
-
-
-# --------------------------------------------------------------------------------------
 # Parsing one record, with every problem described rather than raised
 # --------------------------------------------------------------------------------------
 def _target_feature(labeled: bool):
@@ -370,7 +272,7 @@ def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decod
     """:func:`decode_example` that also turns undecodable JPEGs / unparsable records into a problem.
 
     Each record goes through :func:`~kaggle_utils.data.transforms.first_success` (a try/except
-    for tf.data); it costs a few tens of microseconds per record, so it is used only with
+    for tf.data); it adds a cost to every record (bench/README.md), so it is used only with
     ``skip_errors=True``.
     """
     tf = tensorflow_on_host()

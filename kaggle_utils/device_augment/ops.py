@@ -1,7 +1,7 @@
 """RandAugment's operations in JAX: ``uint8 [H, W, 3] image, level -> uint8 [H, W, 3]``.
 
 The same operations, level scale and arithmetic as the TF-native ones in
-:mod:`kaggle_utils.data.augment` (``level`` in [-1, 1], the sign a direction for the ops that
+:mod:`kaggle_utils.data.randaugment_tf` (``level`` in [-1, 1], the sign a direction for the ops that
 have one), written step for step in the same order so that the integer ops and the float
 blends round identically, and the geometric ops pick the same nearest-neighbour pixels.
 Every op is jittable with a traced ``level``; image shapes are static.

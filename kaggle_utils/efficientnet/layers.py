@@ -114,7 +114,7 @@ def _sum_over_batch_chunks(fn, xp: jax.Array, g: jax.Array) -> jax.Array:
 
     Kernel gradients are sums over the batch. Computed on the whole batch at once, their
     operands (the k*k shifted windows and the output gradient, several MB each) leave the
-    cache and XLA's CPU kernels run 2-4x slower; a ``lax.scan`` over batch chunks of about
+    cache and XLA's CPU kernels run several times slower; a ``lax.scan`` over batch chunks of about
     ``_CHUNK_ELEMENTS`` input + output elements keeps each step's operands in cache.
     """
     n = xp.shape[0]
@@ -131,7 +131,7 @@ def _sum_over_batch_chunks(fn, xp: jax.Array, g: jax.Array) -> jax.Array:
 class _Depthwise:
     """A depthwise convolution written for XLA's CPU backend.
 
-    XLA's CPU grouped convolution runs on about one core and is ~35x slower than a sum of
+    XLA's CPU grouped convolution runs on about one core and is far slower than a sum of
     k*k shifted multiply-adds on the same shapes, and its kernel gradient is slow too. Here
     the forward is that sum of shifted products, the input gradient is the forward's own
     linear transpose (what autodiff would give), and the kernel gradient is, per tap,
@@ -193,15 +193,15 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1,
     XLA's convolution everywhere (right on TPU/GPU); ``"cpu"`` writes 1x1 convs as a 2-D
     ``dot`` and depthwise convs as :class:`_Depthwise`, and leaves the other (dense k x k)
     convs to XLA; ``"auto"`` is ``"cpu"`` on the CPU backend. All paths agree to float
-    rounding. The CPU figures behind these choices assume the compiler options of
-    :mod:`kaggle_utils.xla_cpu`.
+    rounding. The CPU figures behind these choices (bench/README.md) assume the compiler
+    options of :mod:`kaggle_utils.xla_cpu`.
     """
     kh, kw, _, _ = kernel.shape
     pads = (pad_amounts(x.shape[1], kh, stride, padding), pad_amounts(x.shape[2], kw, stride, padding))
     cpu = _use_cpu_kernels(impl) and kh == kw
     if cpu and kh == 1 and stride == 1 and groups == 1:
         # 2-D operands: the weight gradient is then one [N*H*W, Cin]^T @ [N*H*W, Cout] matmul,
-        # ~1.5x faster on CPU than the 4-D contraction autodiff gives for jnp.dot(x, w).
+        # faster on CPU than the 4-D contraction autodiff gives for jnp.dot(x, w) (bench/README.md).
         return jnp.dot(x.reshape(-1, x.shape[-1]), kernel[0, 0]).reshape(*x.shape[:-1], kernel.shape[-1])
     if cpu and groups > 1 and groups == x.shape[-1] == kernel.shape[-1]:
         return _depthwise_conv(x, kernel, _Depthwise(kh, stride, pads))

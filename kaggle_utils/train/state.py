@@ -72,7 +72,7 @@ def init_variables(model, image_size: int, *, seed: int = 0, channels: int = 3) 
     """Randomly initialised ``params`` / ``batch_stats`` of an image model for square inputs.
 
     The job's shorthand for :func:`kaggle_utils.variable_trees.init_variables` (jitted init with an
-    ``rbg`` key, which compiles an EfficientNet's few hundred initialisers ~40% faster on CPU).
+    ``rbg`` key, which compiles an EfficientNet's few hundred initialisers faster on CPU: bench/README.md).
     """
     variables = variable_trees.init_variables(model, jax.ShapeDtypeStruct((1, image_size, image_size, channels), jnp.float32), seed=seed)
     return {k: v for k, v in variables.items() if k in ("params", "batch_stats")}

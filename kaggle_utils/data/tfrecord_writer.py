@@ -1,0 +1,109 @@
+"""Writing TFRecords in the competition's layout: ``NN-SxS-COUNT.tfrec`` shards of JPEG records.
+
+For the sample data (:mod:`kaggle_utils.data.sample`), the converter
+(:mod:`kaggle_utils.data.convert`) and the tests. Records are what
+:mod:`kaggle_utils.data.tfrecords` reads: ``image`` (JPEG bytes from TensorFlow's libjpeg, as
+the competition's) with ``class`` (int64) or ``id`` (bytes). Every file is written beside its
+final name and renamed into place (:func:`atomic_output_path`), so a crash never leaves a
+half-written shard that a reader or a ``*.tfrec`` glob would take for a real one.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .tfhost import tensorflow_on_host
+
+__all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name", "write_split", "write_tfrecord"]
+
+
+@contextlib.contextmanager
+def atomic_output_path(path: str | os.PathLike) -> Iterator[str]:
+    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``.
+
+    The temporary name starts with a dot and ends in ``.partial``, so a crash never leaves a
+    half-written file that a ``*.tfrec`` glob (or a reader) would take for a real shard.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
+    """uint8 [H, W, 3] -> JPEG bytes (TensorFlow's libjpeg, as the competition files)."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
+        raise ValueError(f"encode_jpeg needs a uint8 [H, W, 3] image, got {image.dtype} {image.shape}")
+    return tensorflow_on_host().io.encode_jpeg(image, quality=quality).numpy()
+
+
+def serialize_example(image_jpeg: bytes, *, label: int | None = None, id: bytes | str | None = None) -> bytes:
+    """One ``tf.train.Example`` in the competition's format: image + class, or image + id."""
+    if (label is None) == (id is None):
+        raise ValueError("give exactly one of label= (train/val records) or id= (test records)")
+    tf = tensorflow_on_host()
+    feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_jpeg]))}
+    if label is not None:
+        feature["class"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))
+    else:
+        id_bytes = id.encode("utf-8") if isinstance(id, str) else bytes(id)
+        feature["id"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[id_bytes]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
+    """Write serialized records with ``tf.io.TFRecordWriter``, atomically; returns the count."""
+    tf = tensorflow_on_host()
+    count = 0
+    with atomic_output_path(path) as tmp:
+        with tf.io.TFRecordWriter(tmp) as writer:
+            for record in records:
+                writer.write(record)
+                count += 1
+    return count
+
+
+def shard_name(index: int, image_size: int, count: int) -> str:
+    """Kaggle's file name: ``NN-SxS-COUNT.tfrec`` (the count lets readers skip counting)."""
+    return f"{index:02d}-{image_size}x{image_size}-{count}.tfrec"
+
+
+def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Sequence[int] | None = None,
+                ids: Sequence[bytes | str] | None = None, num_files: int = 1, quality: int = 95) -> list[str]:
+    """Write square uint8 images [N, S, S, 3] as ``num_files`` Kaggle-layout shards.
+
+    Like the competition, all files but the last hold ``ceil(N / num_files)`` records.
+    """
+    images = np.asarray(images)
+    if images.ndim != 4 or images.shape[1] != images.shape[2] or images.shape[3] != 3:
+        raise ValueError(f"write_split needs square uint8 images [N, S, S, 3], got {images.shape}")
+    targets = labels if labels is not None else ids
+    if (labels is None) == (ids is None) or len(targets) != len(images):
+        raise ValueError("give labels= or ids= (one of them), one per image")
+    if not 1 <= num_files <= max(1, len(images)):
+        raise ValueError(f"num_files={num_files} must be between 1 and the number of images ({len(images)})")
+    per_file = math.ceil(len(images) / num_files)
+    paths = []
+    for index, start in enumerate(range(0, len(images), per_file)):
+        stop = min(start + per_file, len(images))
+        key = "label" if labels is not None else "id"
+        records = (serialize_example(encode_jpeg(images[i], quality), **{key: targets[i]}) for i in range(start, stop))
+        path = os.path.join(os.fspath(split_dir), shard_name(index, images.shape[1], stop - start))
+        write_tfrecord(path, records)
+        paths.append(path)
+    return paths
