@@ -42,6 +42,7 @@ import numpy as np
 
 from .imgaug_compat import import_imgaug_augmenters
 from .jpeg import decode_jpeg_into
+from .jpeg_check import CorruptJpegError
 from .tfhost import tensorflow_on_host
 from .tfrecords import UNDECODABLE, RecordProblem
 
@@ -422,8 +423,9 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 def _decode_jpegs(buffer, images: np.ndarray, jpeg_ends: list[int]) -> list[tuple[int, str]]:
     """Decode the JPEGs stored after the image area of ``buffer`` into ``images``; list the failures.
 
-    A JPEG that cannot be decoded leaves a black image in its place and ``(index, why)`` in
-    the list, for the parent to name by file and record (and to raise, or mask and count).
+    A JPEG that cannot be decoded, or whose data are corrupt, leaves a black image in its place
+    and ``(index, problem)`` in the list, for the parent to name by file and record (and to
+    raise, or mask and count).
     """
     failures = []
     start = images.nbytes
@@ -432,7 +434,7 @@ def _decode_jpegs(buffer, images: np.ndarray, jpeg_ends: list[int]) -> list[tupl
             decode_jpeg_into(bytes(buffer[start:images.nbytes + end]), images[i])
         except ValueError as err:
             images[i] = 0
-            failures.append((i, str(err)))
+            failures.append((i, str(err) if isinstance(err, CorruptJpegError) else f"{UNDECODABLE} ({err})"))
         start = images.nbytes + end
     return failures
 
@@ -736,7 +738,7 @@ def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_siz
 
     ``batches`` carry ``jpeg`` (header already checked), ``filename`` and ``index`` per
     record, which come out as ``image`` and ``mask``. A JPEG that a worker cannot decode
-    (a header that parses over a broken body) goes to ``report`` with its file and record,
+    (a header that parses over a broken body, or corrupt data) goes to ``report`` with its file and record,
     which keeps it as the error to raise or counts it; the record's ``mask`` is False, so
     nothing is lost silently and the batch keeps its static shape.
     """
@@ -748,7 +750,7 @@ def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_siz
         images, failures = pool.decode_and_run(list(jpegs.numpy()), image_shape, _tensor_copy)
         mask = np.ones(len(jpegs), bool)
         for i, why in failures:
-            report(RecordProblem(filenames[i].numpy().decode(), int(indices[i]), f"{UNDECODABLE} ({why})"))
+            report(RecordProblem(filenames[i].numpy().decode(), int(indices[i]), why))
             mask[i] = False
         return images, mask
 

@@ -17,6 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from . import augment as augment_lib
+from . import jpeg_check
 from .tfhost import tensorflow_on_host
 from .sources import Source
 from .tfrecords import (
@@ -217,10 +218,12 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
         records = records.repeat()
     decode = _decode_without_raising if skip_errors else decode_example
     target_key = "label" if labeled else "id"
+    check = _jpeg_check_in_tf(files, decode_in_workers)
 
     def to_example(filename, index, serialized, image_seed=None):
         image, target, problem = decode(serialized, labeled=labeled, image_size=image_size,
-                                        decode_image=not decode_in_workers)
+                                        decode_image=not decode_in_workers,
+                                        check_jpeg=check and (lambda jpeg: check(filename, index, jpeg)))
         keep = _keep_or_report(problems, filename, index, problem)
         if per_image is not None:
             image = per_image(image, image_seed)
@@ -236,6 +239,15 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     return HostDataset(batches, filenames=files, num_examples=count_data_items(files), batch_size=batch_size,
                        labeled=labeled, repeat=repeat, drop_remainder=drop_remainder, problems=problems,
                        image_size=image_size, closers=plan.closers)
+
+
+def _jpeg_check_in_tf(files, decode_in_workers: bool):
+    """The corrupt-JPEG check for tf.data's decodes (None: workers decode, strictly, or no simplejpeg)."""
+    if decode_in_workers:
+        jpeg_check.check_available()  # the workers' decode is the check; say so once if there is none
+        return None
+    jpeg_check.TFRECORD_CHECKS.refresh(files)
+    return jpeg_check.tf_check(jpeg_check.TFRECORD_CHECKS)
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -352,7 +364,8 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     :mod:`~kaggle_utils.data.transforms`), then ``crop`` (default ``Resize(image_size)``:
     the whole image squashed to a square) and ``augment``. Process ``k`` of ``n`` reads
     every n-th example; ``indices`` (example numbers) replaces that choice, read in that order in
-    ordered mode (files; a tfds split is read in its own order). A file that does not decode raises :class:`DataError` naming it, or
+    ordered mode (files; a tfds split is read in its own order). A file that does not decode, or a
+    JPEG with corrupt data (:mod:`~kaggle_utils.data.jpeg_check`), raises :class:`DataError` naming it, or
     with ``skip_errors`` is left out and counted. The other arguments are
     :func:`load_dataset`'s.
     """
@@ -371,11 +384,16 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
         records = records.repeat()
     ids = tf.constant(source.ids)
     labels = None if source.labels is None else tf.constant(source.labels)
-    read = (lambda path: decode_image(tf.io.read_file(path))) if source.paths is not None else decode_image
+    check = jpeg_check.tf_check()
+
+    def read(payload):  # -> (image, its encoded bytes)
+        encoded = tf.io.read_file(payload) if source.paths is not None else payload
+        return decode_image(encoded), encoded
 
     def to_example(name, index, payload, image_seed):
-        image, ok = first_success(read, payload, tf.zeros([1, 1, 3], tf.uint8))
-        keep = _keep_or_report(problems, name, index, tf.where(ok, "", NOT_AN_IMAGE))
+        (image, encoded), ok = first_success(read, payload, (tf.zeros([1, 1, 3], tf.uint8), tf.constant(b"")))
+        checked = (lambda: check(name, index, encoded)) if check is not None else (lambda: tf.constant(""))
+        keep = _keep_or_report(problems, name, index, tf.cond(ok, checked, lambda: tf.constant(NOT_AN_IMAGE)))
         example = {"image": per_image(image, image_seed), "keep": keep}
         if labels is not None:
             example["label"] = tf.gather(labels, index)

@@ -1,0 +1,176 @@
+"""Corrupt JPEG data that every decoder passes in silence: found, and named by file and record.
+
+A JPEG whose header is intact but whose entropy-coded data are garbled (a bad disk block, a
+spliced or half-rewritten file) decodes without an error: libjpeg recovers, reports a *warning*
+("Corrupt JPEG data: 114 extraneous bytes before marker 0xd9", "bad Huffman code", "premature
+end of data segment") and returns an image that is partly grey or smeared. TensorFlow's
+``decode_jpeg`` and OpenCV let libjpeg print that warning, with no file name, to stderr (or not
+at all); Pillow discards it. None of them tells the caller, so the garbage would be trained on.
+
+``simplejpeg`` (MIT; its wheels bundle libjpeg-turbo) turns those warnings into a ``ValueError``
+with ``strict=True``. It flags exactly the files on which libjpeg warns (measured on random
+garbles, zeroed runs and bit flips of real photos: the same files, one for one) and never a clean
+file (every scikit-image picture encoded by PIL, TensorFlow, OpenCV and libjpeg-turbo, baseline
+and progressive, 4:4:4 to 4:1:1, greyscale, CMYK, with restart markers); the figures are in
+``bench/README.md``. Nothing on Kaggle's images reports the warnings (TF, OpenCV and Pillow are
+what they have), and ``simplejpeg`` is not installed there, so the check is optional: without it
+:func:`check_available` says once that corrupt JPEGs go undetected and how to turn the check on
+(``pip install simplejpeg``), and everything else works as before.
+
+What no decoder can find: a change that leaves a valid entropy stream (most single bit flips,
+which only alter a coefficient) decodes without a warning; only a checksum of the file would
+show it.
+
+Where the check runs:
+
+* Augmentation workers decode with ``simplejpeg`` itself (:mod:`kaggle_utils.data.jpeg`), strict,
+  so there the check costs nothing: the decode is the check.
+* In tf.data, ``tf.io.decode_jpeg`` decodes and :func:`tf_check` runs beside it, a
+  ``tf.numpy_function`` that decodes the entropy data again at 1/8 scale (libjpeg-turbo still
+  Huffman-decodes every coefficient, which is where the warnings arise, but skips most of the
+  inverse DCT and all colour work; the same files are flagged as at full scale). That would cost
+  about a decode's worth of CPU on every read, so a :class:`CheckedRecords` remembers which
+  records passed, per file (invalidated when the file's size or modification time changes),
+  for the life of the process: a record is checked once. The job reads every train and val
+  record before training (its label scan), so a corrupt image stops it, or is counted, before the
+  first step, and training's epochs only look the records up.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+__all__ = ["CheckedRecords", "CorruptJpegError", "NOT_CHECKED_NOTICE", "check_available", "corrupt_problem", "jpeg_problem",
+           "strict_decoder", "tf_check"]
+
+NOT_CHECKED_NOTICE = (
+    "kaggle_utils.data: simplejpeg is not installed, so JPEGs with corrupt data (which libjpeg only warns "
+    "about, and which decode to garbage) are NOT detected and would be trained on; `pip install simplejpeg` "
+    "turns the check on")
+_CMYK = ("CMYK", "YCCK")
+_NOT_LOADED = object()
+_decoder = _NOT_LOADED  # the simplejpeg module, or None where it is not installed
+_notice_given = False
+_notice_lock = threading.Lock()
+
+
+class CorruptJpegError(ValueError):
+    """A JPEG whose header reads but whose data are corrupt; the message is the whole problem."""
+
+
+def strict_decoder():
+    """The ``simplejpeg`` module, or None where it is not installed (says nothing: see :func:`check_available`)."""
+    global _decoder
+    if _decoder is _NOT_LOADED:
+        try:
+            import simplejpeg as module
+        except ImportError:
+            module = None
+        _decoder = module
+    return _decoder
+
+
+def check_available() -> bool:
+    """Whether corrupt JPEG data can be detected here; if not, says so once per process (a RuntimeWarning)."""
+    global _notice_given
+    if strict_decoder() is not None:
+        return True
+    with _notice_lock:
+        first, _notice_given = not _notice_given, True
+    if first:
+        warnings.warn(NOT_CHECKED_NOTICE, RuntimeWarning, stacklevel=3)
+    return False
+
+
+def corrupt_problem(libjpeg_message: str) -> str:
+    """The problem a corrupt JPEG is reported with (after ``<file>, record <i>: ``)."""
+    return f"corrupt JPEG data, which would decode to garbage (libjpeg: {libjpeg_message})"
+
+
+def jpeg_problem(data: bytes) -> str:
+    """``""`` for a JPEG whose data decode cleanly (or bytes that are no JPEG at all); else what is wrong.
+
+    Bytes whose header does not parse are left to the decoders, which already fail on them
+    with their own words. Needs :func:`strict_decoder`.
+    """
+    decoder = strict_decoder()
+    try:
+        colorspace = decoder.decode_jpeg_header(data)[2]
+    except ValueError:
+        return ""
+    try:  # min_height/min_width 1: decoded at 1/8 scale, with every coefficient still read
+        decoder.decode_jpeg(data, colorspace="CMYK" if colorspace in _CMYK else "RGB", strict=True,
+                            min_height=1, min_width=1)
+    except ValueError as err:
+        return corrupt_problem(str(err))
+    return ""
+
+
+class CheckedRecords:
+    """Which records of which files passed :func:`jpeg_problem`, so that each is checked once.
+
+    A byte per record and file (0: not yet checked, 1: passed). Only passes are kept: a bad
+    record is checked again whenever it is read, so it is reported (or counted) every epoch,
+    as other bad records are. :meth:`refresh` forgets the files that changed on disk.
+    """
+
+    def __init__(self):
+        self._passed: dict[bytes, bytearray] = {}
+        self._stamps: dict[bytes, tuple] = {}
+        self._lock = threading.Lock()
+
+    def refresh(self, filenames) -> None:
+        for name in filenames:
+            key = os.fsencode(name)
+            try:
+                info = os.stat(name)
+                stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
+            except OSError:
+                stamp = None
+            with self._lock:
+                if self._stamps.get(key) != stamp:
+                    self._stamps[key] = stamp
+                    self._passed.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._passed.clear()
+            self._stamps.clear()
+
+    def problem(self, filename: bytes, index, data: bytes) -> bytes:
+        """:func:`jpeg_problem` of record ``index`` of ``filename`` (as bytes, for ``tf.numpy_function``)."""
+        index = int(index)
+        passed = self._passed.get(filename)
+        if passed is not None and index < len(passed) and passed[index]:
+            return b""
+        problem = jpeg_problem(data)
+        if not problem:
+            with self._lock:
+                passed = self._passed.setdefault(filename, bytearray())
+                if index >= len(passed):
+                    passed.extend(bytes(max(index + 1, 2 * len(passed)) - len(passed)))
+                passed[index] = 1
+        return problem.encode()
+
+
+TFRECORD_CHECKS = CheckedRecords()  # shared by every TFRecord pipeline of the process
+
+
+def tf_check(checked: CheckedRecords | None = None):
+    """``(filename, index, jpeg) -> problem`` (string tensors; ``""``: fine) for tf.data, or None without simplejpeg.
+
+    ``checked`` remembers the records that passed (default: a new one, for this pipeline).
+    """
+    if not check_available():
+        return None
+    from .tfhost import tensorflow_on_host
+
+    tf = tensorflow_on_host()
+    checked = CheckedRecords() if checked is None else checked
+
+    def check(filename, index, jpeg):
+        problem = tf.numpy_function(checked.problem, [filename, index, jpeg], tf.string, stateful=False)
+        return tf.ensure_shape(problem, [])
+
+    return check
