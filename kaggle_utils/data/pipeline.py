@@ -170,7 +170,7 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
                  augment=None, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER, drop_remainder: bool = False,
                  repeat: bool = False, skip_errors: bool = False, process_index: int | None = None,
                  process_count: int | None = None, seed: int | None = None,
-                 augment_workers: int | None = None, crop=None) -> HostDataset:
+                 augment_workers: int | None = None, crop=None, keep_corrupt_jpegs: bool = False) -> HostDataset:
     """TFRecords -> :class:`HostDataset` of host batches (dicts of numpy arrays).
 
     Args:
@@ -200,6 +200,10 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
         ``RandomResizedCrop(size)`` for training, ``CenterCrop(size, crop_pct)`` for evaluation
         and prediction, ``Resize(size)``; batches are then ``size`` x ``size``. Worker
         augmentation then gets decoded, cropped images (the workers do not decode).
+      keep_corrupt_jpegs: a JPEG whose data are corrupt (:mod:`~kaggle_utils.data.jpeg_check`)
+        is a bad record, unless this is True: then it is kept as libjpeg recovers it and named
+        in a RuntimeWarning, for prediction, where every test image needs its row. Not with
+        worker decoding, whose decode is strict.
     """
     tf = tensorflow_on_host()
     _check_batch_size(batch_size)
@@ -218,7 +222,9 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
         records = records.repeat()
     decode = _decode_without_raising if skip_errors else decode_example
     target_key = "label" if labeled else "id"
-    check = _jpeg_check_in_tf(files, decode_in_workers)
+    if keep_corrupt_jpegs and decode_in_workers:
+        raise ValueError("keep_corrupt_jpegs=True needs TensorFlow to decode (give crop=, or augment in TF)")
+    check = _jpeg_check_in_tf(files, decode_in_workers, warn_only=keep_corrupt_jpegs)
 
     def to_example(filename, index, serialized, image_seed=None):
         image, target, problem = decode(serialized, labeled=labeled, image_size=image_size,
@@ -241,13 +247,31 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
                        image_size=image_size, closers=plan.closers)
 
 
-def _jpeg_check_in_tf(files, decode_in_workers: bool):
-    """The corrupt-JPEG check for tf.data's decodes (None: workers decode, strictly, or no simplejpeg)."""
+def _jpeg_check_in_tf(files, decode_in_workers: bool, *, warn_only: bool):
+    """The corrupt-JPEG check for tf.data's decodes (None: workers decode, strictly, or no simplejpeg).
+
+    ``warn_only``: a corrupt JPEG is named in a warning and passes as good.
+    """
     if decode_in_workers:
         jpeg_check.check_available()  # the workers' decode is the check; say so once if there is none
         return None
     jpeg_check.TFRECORD_CHECKS.refresh(files)
-    return jpeg_check.tf_check(jpeg_check.TFRECORD_CHECKS)
+    check = jpeg_check.tf_check(jpeg_check.TFRECORD_CHECKS)
+    if check is None or not warn_only:
+        return check
+    tf = tensorflow_on_host()
+
+    def warn_and_pass(filename, index, problem):
+        warnings.warn(f"{RecordProblem(filename.numpy().decode(), int(index.numpy()), problem.numpy().decode())}; "
+                      "kept as decoded (keep_corrupt_jpegs=True)", RuntimeWarning, stacklevel=1)
+        return ""
+
+    def check_warning(filename, index, jpeg):
+        problem = check(filename, index, jpeg)
+        return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
+            tf.py_function(warn_and_pass, [filename, index, problem], tf.string), []))
+
+    return check_warning
 
 
 def _check_batch_size(batch_size: int) -> None:
