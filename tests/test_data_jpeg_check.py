@@ -121,7 +121,7 @@ def test_without_simplejpeg_one_notice_and_decoding_works(split_with_a_garbled_r
         _, first = collect(load(folder, ordered=True))
         _, again = collect(load(folder, ordered=True))
     notices = [w for w in caught if "simplejpeg is not installed" in str(w.message)]
-    assert len(notices) == 1 and "pip install simplejpeg" in str(notices[0].message)
+    assert len(notices) == 1 and "pip install -U simplejpeg" in str(notices[0].message)
     assert first["label"][first["mask"]].tolist() == [0, 1, 2, 3, 4, 5]  # the garbled one is not detected
     assert np.array_equal(first["image"][0], tf.io.decode_jpeg(grey_jpeg(level_of(0)), channels=3).numpy())
     assert np.array_equal(first["image"], again["image"])

@@ -41,13 +41,15 @@ import os
 import threading
 import warnings
 
-__all__ = ["CheckedRecords", "CorruptJpegError", "NOT_CHECKED_NOTICE", "check_available", "corrupt_problem", "jpeg_problem",
-           "strict_decoder", "tf_check"]
+import numpy as np
+
+__all__ = ["CheckedRecords", "CorruptJpegError", "NOT_CHECKED_NOTICE", "TFRECORD_CHECKS", "check_available",
+           "corrupt_problem", "jpeg_problem", "strict_decoder", "tf_check"]
 
 NOT_CHECKED_NOTICE = (
-    "kaggle_utils.data: simplejpeg is not installed, so JPEGs with corrupt data (which libjpeg only warns "
-    "about, and which decode to garbage) are NOT detected and would be trained on; `pip install simplejpeg` "
-    "turns the check on")
+    "kaggle_utils.data: simplejpeg is not installed (or too old for strict=), so JPEGs with corrupt data "
+    "(which libjpeg only warns about, and which decode to garbage) are NOT detected and would be trained on; "
+    "`pip install -U simplejpeg` turns the check on")
 _CMYK = ("CMYK", "YCCK")
 _NOT_LOADED = object()
 _decoder = _NOT_LOADED  # the simplejpeg module, or None where it is not installed
@@ -65,7 +67,10 @@ def strict_decoder():
     if _decoder is _NOT_LOADED:
         try:
             import simplejpeg as module
-        except ImportError:
+
+            probe = module.encode_jpeg(np.zeros((8, 8, 3), np.uint8))
+            module.decode_jpeg(probe, strict=True)
+        except (ImportError, TypeError):  # TypeError: a release without strict= (1.9.0 is tested)
             module = None
         _decoder = module
     return _decoder
@@ -157,20 +162,36 @@ class CheckedRecords:
 TFRECORD_CHECKS = CheckedRecords()  # shared by every TFRecord pipeline of the process
 
 
-def tf_check(checked: CheckedRecords | None = None):
-    """``(filename, index, jpeg) -> problem`` (string tensors; ``""``: fine) for tf.data, or None without simplejpeg.
+def tf_check(tfrecord_files=None, *, warn_only: bool = False):
+    """``(filename, index, jpeg) -> problem`` (string tensors; ``""``: fine) for tf.data; None without simplejpeg.
 
-    ``checked`` remembers the records that passed (default: a new one, for this pipeline).
+    ``tfrecord_files``: the records checked are remembered in :data:`TFRECORD_CHECKS`, for
+    every pipeline over these files (else for this pipeline only). ``warn_only``: a corrupt
+    JPEG is named in a RuntimeWarning and passes as fine.
     """
     if not check_available():
         return None
     from .tfhost import tensorflow_on_host
 
     tf = tensorflow_on_host()
-    checked = CheckedRecords() if checked is None else checked
+    if tfrecord_files is None:
+        checked = CheckedRecords()
+    else:
+        checked = TFRECORD_CHECKS
+        checked.refresh(tfrecord_files)
 
     def check(filename, index, jpeg):
-        problem = tf.numpy_function(checked.problem, [filename, index, jpeg], tf.string, stateful=False)
-        return tf.ensure_shape(problem, [])
+        problem = tf.ensure_shape(tf.numpy_function(checked.problem, [filename, index, jpeg], tf.string,
+                                                    stateful=False), [])
+        if not warn_only:
+            return problem
+        return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
+            tf.numpy_function(_warn_and_pass, [filename, index, problem], tf.string), []))
 
     return check
+
+
+def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:
+    warnings.warn(f"{filename.decode()}, record {int(index)}: {problem.decode()}; kept as decoded "
+                  "(keep_corrupt_jpegs=True)", RuntimeWarning, stacklevel=1)
+    return b""

@@ -189,9 +189,10 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
       drop_remainder: drop the final partial batch instead of padding and masking it.
       repeat: repeat forever (training); batches then span epochs.
       skip_errors: skip bad records (counted in ``.num_skipped``, with a warning) instead of
-        raising :class:`DataError`. A skipped record is left out of its batch, except one
-        whose JPEG header reads but whose body an augmentation worker cannot decode: by then
-        the batch is formed, so it keeps its slot with ``mask`` 0.
+        raising :class:`DataError`; a JPEG with corrupt data is one (:mod:`~kaggle_utils.data.jpeg_check`).
+        A skipped record is left out of its batch, except one whose JPEG header reads but whose
+        body an augmentation worker cannot decode (or finds corrupt): by then the batch is
+        formed, so it keeps its slot with ``mask`` 0.
       process_index, process_count: this process's shard of the files; default from JAX.
       seed: seeds shuffling and TF-native augmentation (and the augmentation workers).
       augment_workers: worker processes for numpy callables (default: one per CPU core, up to 16).
@@ -224,7 +225,9 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     target_key = "label" if labeled else "id"
     if keep_corrupt_jpegs and decode_in_workers:
         raise ValueError("keep_corrupt_jpegs=True needs TensorFlow to decode (give crop=, or augment in TF)")
-    check = _jpeg_check_in_tf(files, decode_in_workers, warn_only=keep_corrupt_jpegs)
+    if decode_in_workers:  # their decode is the check
+        jpeg_check.check_available()
+    check = None if decode_in_workers else jpeg_check.tf_check(files, warn_only=keep_corrupt_jpegs)
 
     def to_example(filename, index, serialized, image_seed=None):
         image, target, problem = decode(serialized, labeled=labeled, image_size=image_size,
@@ -245,33 +248,6 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     return HostDataset(batches, filenames=files, num_examples=count_data_items(files), batch_size=batch_size,
                        labeled=labeled, repeat=repeat, drop_remainder=drop_remainder, problems=problems,
                        image_size=image_size, closers=plan.closers)
-
-
-def _jpeg_check_in_tf(files, decode_in_workers: bool, *, warn_only: bool):
-    """The corrupt-JPEG check for tf.data's decodes (None: workers decode, strictly, or no simplejpeg).
-
-    ``warn_only``: a corrupt JPEG is named in a warning and passes as good.
-    """
-    if decode_in_workers:
-        jpeg_check.check_available()  # the workers' decode is the check; say so once if there is none
-        return None
-    jpeg_check.TFRECORD_CHECKS.refresh(files)
-    check = jpeg_check.tf_check(jpeg_check.TFRECORD_CHECKS)
-    if check is None or not warn_only:
-        return check
-    tf = tensorflow_on_host()
-
-    def warn_and_pass(filename, index, problem):
-        warnings.warn(f"{RecordProblem(filename.numpy().decode(), int(index.numpy()), problem.numpy().decode())}; "
-                      "kept as decoded (keep_corrupt_jpegs=True)", RuntimeWarning, stacklevel=1)
-        return ""
-
-    def check_warning(filename, index, jpeg):
-        problem = check(filename, index, jpeg)
-        return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
-            tf.py_function(warn_and_pass, [filename, index, problem], tf.string), []))
-
-    return check_warning
 
 
 def _check_batch_size(batch_size: int) -> None:
