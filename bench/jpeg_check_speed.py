@@ -14,7 +14,8 @@ Three parts, all on scikit-image's photos resized to 512x512 (``--size``):
 * speed: ``load_dataset`` decode-only (no augmentation, batch 32, repeated, shuffled) over TFRecords of
   distinct photos, interleaved round by round, median images/s: the check off (no simplejpeg), the check
   on every read (no memory of checked records: the first epoch), and the check on with the records
-  already checked (every later epoch, and training after the job's label scan). Also one image's decode
+  already checked (every later epoch, and training after the job's label scan; the warm-up of the
+  first round reads them all once). Also one image's decode
   in an augmentation worker, with simplejpeg and with OpenCV.
 """
 from __future__ import annotations
@@ -167,27 +168,18 @@ def clean(args) -> None:
           f"worker decode != tf.io.decode_jpeg: {differ}")
 
 
-def measure(dataset, seconds: float, warmup_seconds: float) -> float:
-    iterator = iter(dataset)
-    start = time.perf_counter()
-    while time.perf_counter() - start < warmup_seconds:
-        next(iterator)
-    images, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        images += len(next(iterator)["image"])
-    return images / (time.perf_counter() - start)
-
-
-class _Forgetful:
+def _forgetful():
     """A CheckedRecords that remembers nothing: every read is checked (a first epoch, for ever)."""
+    from kaggle_utils.data import jpeg_check, tensorflow_on_host
 
-    def refresh(self, filenames) -> None:
-        pass
+    tf = tensorflow_on_host()
 
-    def problem(self, filename, index, data) -> bytes:
-        from kaggle_utils.data import jpeg_check
+    class Forgetful(jpeg_check.CheckedRecords):
+        def tf_check(self, files=None):
+            return lambda filename, index, jpeg: tf.ensure_shape(
+                tf.numpy_function(jpeg_check._problem_bytes, [jpeg], tf.string, stateful=False), [])
 
-        return jpeg_check.jpeg_problem(data).encode()
+    return Forgetful()
 
 
 def speed(args) -> None:
@@ -195,6 +187,7 @@ def speed(args) -> None:
 
     import kaggle_utils.data as kd
     from kaggle_utils.data import jpeg, jpeg_check
+    from pipeline_speed import measure  # this folder's: steady-state images/s of a fresh pipeline
 
     images = [np.roll(photo(name, args.size), 37 * k, axis=1) for k in range(args.images // len(PHOTOS))
               for name in PHOTOS]
@@ -206,13 +199,13 @@ def speed(args) -> None:
         kd.write_tfrecord(path, [kd.serialize_example(data, label=0) for data in encoded])
         load = dict(labeled=True, image_size=args.size, batch_size=32, repeat=True, seed=0, shuffle_buffer_size=64,
                     process_index=0, process_count=1)
-        saved = jpeg_check._decoder, jpeg_check._notice_given, jpeg_check.TFRECORD_CHECKS
+        saved = jpeg_check._decoder, jpeg_check._notice_given, jpeg_check._tfrecord_checks
         jpeg_check._decoder, jpeg_check._notice_given = None, True
         datasets = {"check off (no simplejpeg)": kd.load_dataset(path, **load)}
         jpeg_check._decoder, jpeg_check._notice_given = saved[:2]
-        jpeg_check.TFRECORD_CHECKS = _Forgetful()
+        jpeg_check._tfrecord_checks = _forgetful()
         datasets["check on, every read (first epoch)"] = kd.load_dataset(path, **load)
-        jpeg_check.TFRECORD_CHECKS = saved[2]
+        jpeg_check._tfrecord_checks = saved[2]
         datasets["check on, records checked before"] = kd.load_dataset(path, **load)
         runs = {name: [] for name in datasets}
         for _ in range(args.rounds):

@@ -78,18 +78,18 @@ def test_a_record_is_checked_once_until_its_file_changes(tmp_path, monkeypatch):
     path = tmp_path / "f.tfrec"
     path.write_bytes(b"one")
     checked = jpeg_check.CheckedRecords()
-    checked.refresh([str(path)])
-    name = os.fsencode(path)
-    assert [checked.problem(name, 5, b"ok") for _ in range(3)] == [b""] * 3
-    assert [checked.problem(name, 6, b"x") for _ in range(2)] == [b"bad"] * 2  # a bad one: reported each time
+
+    def problems(index, data, times):
+        check = checked.tf_check([str(path)])  # as a new pipeline over the file makes it
+        return [check(tf.constant(str(path)), tf.constant(index, tf.int64), tf.constant(data)).numpy()
+                for _ in range(times)]
+
+    assert problems(5, b"ok", 3) == [b""] * 3
+    assert problems(6, b"x", 2) == [b"bad"] * 2  # a bad one: checked, and reported, each time
     assert len(calls) == 3
-    checked.refresh([str(path)])
-    checked.problem(name, 5, b"ok")
-    assert len(calls) == 3
+    assert problems(5, b"ok", 1) == [b""] and len(calls) == 3
     path.write_bytes(b"rewritten")
-    checked.refresh([str(path)])
-    checked.problem(name, 5, b"ok")
-    assert len(calls) == 4
+    assert problems(5, b"ok", 1) == [b""] and len(calls) == 4
 
 
 @pytest.fixture

@@ -28,10 +28,11 @@ Where the check runs:
 * In tf.data, ``tf.io.decode_jpeg`` decodes and :func:`tf_check` runs beside it, a
   ``tf.numpy_function`` that decodes the entropy data again at 1/8 scale (libjpeg-turbo still
   Huffman-decodes every coefficient, which is where the warnings arise, but skips most of the
-  inverse DCT and all colour work; the same files are flagged as at full scale). That would cost
-  about a decode's worth of CPU on every read, so a :class:`CheckedRecords` remembers which
-  records passed, per file (invalidated when the file's size or modification time changes),
-  for the life of the process: a record is checked once. The job reads every train and val
+  inverse DCT and all colour work; the same files are flagged as at full scale). That costs a
+  good part of a decode on every read, and in tf.data even a Python call per record is felt, so
+  :class:`CheckedRecords` remembers which records passed in a TensorFlow hash table, looked up in
+  the graph, for the life of the process (a file rewritten in place is checked again): a record
+  is checked once. The job reads every train and val
   record before training (its label scan), so a corrupt image stops it, or is counted, before the
   first step, and training's epochs only look the records up.
 """
@@ -43,7 +44,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["CheckedRecords", "CorruptJpegError", "NOT_CHECKED_NOTICE", "TFRECORD_CHECKS", "check_available",
+__all__ = ["CheckedRecords", "CorruptJpegError", "NOT_CHECKED_NOTICE", "check_available",
            "corrupt_problem", "jpeg_problem", "strict_decoder", "tf_check"]
 
 NOT_CHECKED_NOTICE = (
@@ -113,82 +114,93 @@ def jpeg_problem(data: bytes) -> str:
 
 
 class CheckedRecords:
-    """Which records of which files passed :func:`jpeg_problem`, so that each is checked once.
+    """The records that passed :func:`jpeg_problem`, in a TensorFlow hash table: each is checked once.
 
-    A byte per record and file (0: not yet checked, 1: passed). Only passes are kept: a bad
-    record is checked again whenever it is read, so it is reported (or counted) every epoch,
-    as other bad records are. :meth:`refresh` forgets the files that changed on disk.
+    A look-up is a graph op (no Python, no GIL); only a record not seen before goes to the
+    check. Keys are ``<file>|<size, mtime, inode when the pipeline was made>|<index>``, so a
+    file rewritten in place is checked again. Only passes are kept: a bad record is checked
+    again whenever it is read, so it is reported (or counted) every epoch, as other bad records are.
     """
 
     def __init__(self):
-        self._passed: dict[bytes, bytearray] = {}
-        self._stamps: dict[bytes, tuple] = {}
-        self._lock = threading.Lock()
+        from .tfhost import tensorflow_on_host
 
-    def refresh(self, filenames) -> None:
-        for name in filenames:
-            key = os.fsencode(name)
-            try:
-                info = os.stat(name)
-                stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
-            except OSError:
-                stamp = None
-            with self._lock:
-                if self._stamps.get(key) != stamp:
-                    self._stamps[key] = stamp
-                    self._passed.pop(key, None)
+        tf = tensorflow_on_host()
+        self._passed = tf.lookup.experimental.MutableHashTable(tf.string, tf.bool, default_value=False)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._passed.clear()
-            self._stamps.clear()
+    def tf_check(self, files=None):
+        """``(filename, index, jpeg) -> problem`` for tf.data; ``files``: stamp these files' keys (see above)."""
+        from .tfhost import tensorflow_on_host
 
-    def problem(self, filename: bytes, index, data: bytes) -> bytes:
-        """:func:`jpeg_problem` of record ``index`` of ``filename`` (as bytes, for ``tf.numpy_function``)."""
-        index = int(index)
-        passed = self._passed.get(filename)
-        if passed is not None and index < len(passed) and passed[index]:
-            return b""
-        problem = jpeg_problem(data)
-        if not problem:
-            with self._lock:
-                passed = self._passed.setdefault(filename, bytearray())
-                if index >= len(passed):
-                    passed.extend(bytes(max(index + 1, 2 * len(passed)) - len(passed)))
-                passed[index] = 1
-        return problem.encode()
+        tf = tensorflow_on_host()
+        stamps = None
+        if files:
+            stamps = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+                tf.constant([os.fsencode(f) for f in files]), tf.constant([_stamp(f) for f in files])), "")
+
+        def check(filename, index, jpeg):
+            stamp = tf.constant("") if stamps is None else stamps.lookup(filename)
+            key = tf.strings.join([filename, stamp, tf.strings.as_string(index)], "|")[None]
+
+            def first_read():
+                problem = tf.ensure_shape(tf.numpy_function(_problem_bytes, [jpeg], tf.string, stateful=False), [])
+
+                def remember():
+                    with tf.control_dependencies([self._passed.insert(key, [True])]):
+                        return tf.identity(problem)
+
+                return tf.cond(tf.equal(problem, ""), remember, lambda: problem)
+
+            return tf.cond(self._passed.lookup(key)[0], lambda: tf.constant(""), first_read)
+
+        return check
 
 
-TFRECORD_CHECKS = CheckedRecords()  # shared by every TFRecord pipeline of the process
+def _stamp(filename: str) -> str:
+    try:
+        info = os.stat(filename)
+    except OSError:
+        return ""
+    return f"{info.st_size}:{info.st_mtime_ns}:{info.st_ino}"
+
+
+def _problem_bytes(data: bytes) -> bytes:
+    return jpeg_problem(data).encode()
+
+
+_tfrecord_checks: CheckedRecords | None = None  # shared by every TFRecord pipeline of the process
+_tfrecord_checks_lock = threading.Lock()
 
 
 def tf_check(tfrecord_files=None, *, warn_only: bool = False):
     """``(filename, index, jpeg) -> problem`` (string tensors; ``""``: fine) for tf.data; None without simplejpeg.
 
-    ``tfrecord_files``: the records checked are remembered in :data:`TFRECORD_CHECKS`, for
-    every pipeline over these files (else for this pipeline only). ``warn_only``: a corrupt
-    JPEG is named in a RuntimeWarning and passes as fine.
+    ``tfrecord_files``: the records that passed are remembered for every pipeline of the
+    process over these files (else for this pipeline only). ``warn_only``: a corrupt JPEG is
+    named in a RuntimeWarning and passes as fine.
     """
+    global _tfrecord_checks
     if not check_available():
         return None
     from .tfhost import tensorflow_on_host
 
     tf = tensorflow_on_host()
     if tfrecord_files is None:
-        checked = CheckedRecords()
+        check = CheckedRecords().tf_check()
     else:
-        checked = TFRECORD_CHECKS
-        checked.refresh(tfrecord_files)
+        with _tfrecord_checks_lock:
+            if _tfrecord_checks is None:
+                _tfrecord_checks = CheckedRecords()
+        check = _tfrecord_checks.tf_check(tfrecord_files)
+    if not warn_only:
+        return check
 
-    def check(filename, index, jpeg):
-        problem = tf.ensure_shape(tf.numpy_function(checked.problem, [filename, index, jpeg], tf.string,
-                                                    stateful=False), [])
-        if not warn_only:
-            return problem
+    def check_warning(filename, index, jpeg):
+        problem = check(filename, index, jpeg)
         return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
             tf.numpy_function(_warn_and_pass, [filename, index, problem], tf.string), []))
 
-    return check
+    return check_warning
 
 
 def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:
