@@ -4,18 +4,18 @@ A JPEG whose header is intact but whose entropy-coded data are garbled (a bad di
 spliced or half-rewritten file) decodes without an error: libjpeg recovers, reports a *warning*
 ("Corrupt JPEG data: 114 extraneous bytes before marker 0xd9", "bad Huffman code", "premature
 end of data segment") and returns an image that is partly grey or smeared. TensorFlow's
-``decode_jpeg`` and OpenCV let libjpeg print that warning, with no file name, to stderr (or not
-at all); Pillow discards it. None of them tells the caller, so the garbage would be trained on.
+``decode_jpeg``, OpenCV and torchvision let libjpeg print that warning, with no file name, to
+stderr; Pillow discards it. None of them tells the caller, so the garbage would be trained on.
 
 ``simplejpeg`` (MIT; its wheels bundle libjpeg-turbo) turns those warnings into a ``ValueError``
 with ``strict=True``. It flags exactly the files on which libjpeg warns (measured on random
 garbles, zeroed runs and bit flips of real photos: the same files, one for one) and never a clean
 file (every scikit-image picture encoded by PIL, TensorFlow, OpenCV and libjpeg-turbo, baseline
 and progressive, 4:4:4 to 4:1:1, greyscale, CMYK, with restart markers); the figures are in
-``bench/README.md``. Nothing on Kaggle's images reports the warnings (TF, OpenCV and Pillow are
-what they have), and ``simplejpeg`` is not installed there, so the check is optional: without it
+``bench/README.md``. None of the decoders on Kaggle's images reports the warnings, and
+``simplejpeg`` is not installed there, so the check is optional: without it
 :func:`check_available` says once that corrupt JPEGs go undetected and how to turn the check on
-(``pip install simplejpeg``), and everything else works as before.
+(``pip install -U simplejpeg``), and everything else works as before.
 
 What no decoder can find: a change that leaves a valid entropy stream (most single bit flips,
 which only alter a coefficient) decodes without a warning; only a checksum of the file would
@@ -32,9 +32,10 @@ Where the check runs:
   good part of a decode on every read, and in tf.data even a Python call per record is felt, so
   :class:`CheckedRecords` remembers which records passed in a TensorFlow hash table, looked up in
   the graph, for the life of the process (a file rewritten in place is checked again): a record
-  is checked once. The job reads every train and val
-  record before training (its label scan), so a corrupt image stops it, or is counted, before the
-  first step, and training's epochs only look the records up.
+  is checked once. The job reads every train and val record before training (its label scan),
+  so a corrupt image stops it, or is counted, before the first step, and training's epochs only
+  look the records up. Test images are not read before training; prediction keeps a corrupt one
+  (its row is needed) and names it in a warning.
 """
 from __future__ import annotations
 

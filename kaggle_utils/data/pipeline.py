@@ -230,9 +230,9 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     check = None if decode_in_workers else jpeg_check.tf_check(files, warn_only=keep_corrupt_jpegs)
 
     def to_example(filename, index, serialized, image_seed=None):
+        check_jpeg = None if check is None else (lambda jpeg: check(filename, index, jpeg))
         image, target, problem = decode(serialized, labeled=labeled, image_size=image_size,
-                                        decode_image=not decode_in_workers,
-                                        check_jpeg=check and (lambda jpeg: check(filename, index, jpeg)))
+                                        decode_image=not decode_in_workers, check_jpeg=check_jpeg)
         keep = _keep_or_report(problems, filename, index, problem)
         if per_image is not None:
             image = per_image(image, image_seed)
