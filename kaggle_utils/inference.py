@@ -72,14 +72,16 @@ def predict_split(steps: Steps, variables: dict | TrainState, filenames, *, imag
 
     ``batch_size`` is the global batch. The number of predicted rows is checked against
     ``count_data_items`` (the counts in the file names) and ids must be unique, so a
-    submission never silently misses or repeats an image.
+    submission never silently misses or repeats an image. A test JPEG whose data are corrupt is
+    predicted as libjpeg recovers it, with a warning naming its file and record: the submission
+    needs its row.
     """
     from .data import count_data_items, list_tfrecords, load_dataset  # TensorFlow lives there
 
     files = list_tfrecords(filenames)
     expected = count_data_items(files)
     dataset = load_dataset(files, labeled=False, image_size=image_size, batch_size=batch_size, ordered=True,
-                           process_index=0, process_count=1, crop=crop)
+                           process_index=0, process_count=1, crop=crop, keep_corrupt_jpegs=True)
     ids, probs = predict(steps, variables, dataset)
     if len(ids) != expected:
         raise ValueError(f"predicted {len(ids)} test images but the file names of {len(files)} file(s) "

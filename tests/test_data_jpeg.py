@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from kaggle_utils.data import jpeg
+from kaggle_utils.data import jpeg, jpeg_check
 
 
 def photo(height=96, width=64, seed=0) -> np.ndarray:
@@ -39,9 +39,14 @@ FLAVOURS = {
 }
 
 
-@pytest.fixture(params=["opencv", "opencv-bgr", "pil"])
+@pytest.fixture(params=["simplejpeg", "opencv", "opencv-bgr", "pil"])
 def decoder(request, monkeypatch):
-    """Every decoder: OpenCV (the fast one), OpenCV before 4.10 (BGR only), and PIL alone."""
+    """Every decoder: simplejpeg (strict), and without it OpenCV, OpenCV before 4.10 (BGR only), and PIL alone."""
+    if request.param == "simplejpeg":
+        if jpeg_check.strict_decoder() is None:
+            pytest.fail("simplejpeg (requirements.txt) is not installed")
+        return request.param
+    monkeypatch.setattr(jpeg_check, "_decoder", None)
     opencv = jpeg._opencv()
     if opencv is None:
         pytest.fail("OpenCV (a dependency of imgaug) is not installed")
@@ -68,11 +73,15 @@ def test_the_pipeline_dct_method_is_not_tensorflows_default():
     assert np.abs(default.astype(int) - tf_decode(data)).max() > 0
 
 
-def test_corrupt_entropy_data_decodes_as_tensorflow_decodes_it(decoder):
+def test_corrupt_entropy_data_is_an_error_with_simplejpeg_else_decodes_as_tensorflow_decodes_it(decoder):
     data = bytearray(encode(photo(), quality=90))
     middle = len(data) // 2
     data[middle:middle + 40] = bytes(40)
     out = np.zeros((96, 64, 3), np.uint8)
+    if decoder == "simplejpeg":
+        with pytest.raises(jpeg_check.CorruptJpegError, match=r"corrupt JPEG data.*libjpeg: Corrupt JPEG data"):
+            jpeg.decode_jpeg_into(bytes(data), out)
+        return
     jpeg.decode_jpeg_into(bytes(data), out)
     np.testing.assert_array_equal(out, tf_decode(bytes(data)))
 

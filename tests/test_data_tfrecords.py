@@ -211,6 +211,19 @@ def truncated_jpeg() -> bytes:
     return data[: len(data) - len(data) // 3]
 
 
+def garbled_jpeg() -> bytes:
+    """A JPEG whose header reads and whose scan lacks its last third, the end marker kept.
+
+    TensorFlow decodes it without an error (into partly grey garbage); libjpeg only warns
+    ("Corrupt JPEG data: premature end of data segment"), and the kit must report it.
+    """
+    noise = np.random.default_rng(1).integers(0, 256, (SIZE, SIZE, 3), np.uint8)
+    data = tf.io.encode_jpeg(noise, quality=100).numpy()
+    scan = data.index(b"\xff\xda")
+    start = scan + 2 + int.from_bytes(data[scan + 2:scan + 4], "big")
+    return data[:start + 2 * (len(data) - 2 - start) // 3] + data[-2:]
+
+
 BAD_RECORDS = {
     "missing class": (example({"image": grey_jpeg(50)}), True, "missing feature 'class'"),
     "missing image": (example({"class": 3}), True, "missing feature 'image'"),
@@ -220,6 +233,8 @@ BAD_RECORDS = {
     "wrong size": (example({"image": grey_jpeg(50, size=16), "class": 3}), True,
                    "image is 16x16 .*expected 32x32"),
     "truncated jpeg": (example({"image": truncated_jpeg(), "class": 3}), True, "not a decodable JPEG"),
+    "garbled jpeg": (example({"image": garbled_jpeg(), "class": 3}), True,
+                     r"corrupt JPEG data.*\(libjpeg: Corrupt JPEG data: premature end of data segment\)"),
 }
 
 
@@ -245,7 +260,7 @@ def test_bad_record_raises_an_error_naming_file_record_and_problem(tmp_path, cas
     assert f"{bad_file}, record 2" in str(info.value)
 
 
-@pytest.mark.parametrize("case", ["missing class", "undecodable jpeg", "wrong size", "truncated jpeg"])
+@pytest.mark.parametrize("case", ["missing class", "undecodable jpeg", "wrong size", "truncated jpeg", "garbled jpeg"])
 def test_skip_errors_skips_and_counts_bad_records(tmp_path, case, decode_route):
     record, labeled, problem = BAD_RECORDS[case]
     bad_file = write_with_one_bad_record(tmp_path / "split", record, labeled=labeled)

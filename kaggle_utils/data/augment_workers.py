@@ -28,6 +28,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .jpeg import decode_jpeg_into
+from .jpeg_check import CorruptJpegError
+from .tfrecords import UNDECODABLE
 
 __all__ = ["AugmentWorkerError", "ProcessPoolAugmenter", "check_augmented", "default_worker_count"]
 
@@ -119,8 +121,9 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 def _decode_jpegs(buffer, images: np.ndarray, jpeg_ends: list[int]) -> list[tuple[int, str]]:
     """Decode the JPEGs stored after the image area of ``buffer`` into ``images``; list the failures.
 
-    A JPEG that cannot be decoded leaves a black image in its place and ``(index, why)`` in
-    the list, for the parent to name by file and record (and to raise, or mask and count).
+    A JPEG that cannot be decoded, or whose data are corrupt, leaves a black image in its place
+    and ``(index, problem)`` in the list, for the parent to name by file and record (and to
+    raise, or mask and count).
     """
     failures = []
     start = images.nbytes
@@ -129,7 +132,7 @@ def _decode_jpegs(buffer, images: np.ndarray, jpeg_ends: list[int]) -> list[tupl
             decode_jpeg_into(bytes(buffer[start:images.nbytes + end]), images[i])
         except ValueError as err:
             images[i] = 0
-            failures.append((i, str(err)))
+            failures.append((i, str(err) if isinstance(err, CorruptJpegError) else f"{UNDECODABLE} ({err})"))
         start = images.nbytes + end
     return failures
 

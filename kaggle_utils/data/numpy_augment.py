@@ -16,7 +16,7 @@ import numpy as np
 from .augment_workers import ProcessPoolAugmenter, check_augmented
 from .imgaug_compat import import_imgaug_augmenters
 from .tfhost import tensorflow_on_host
-from .tfrecords import UNDECODABLE, RecordProblem
+from .tfrecords import RecordProblem
 
 __all__ = ["ImgaugRandAugment", "apply_batch_augment", "decode_and_augment_batches"]
 
@@ -83,7 +83,7 @@ def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_siz
 
     ``batches`` carry ``jpeg`` (header already checked), ``filename`` and ``index`` per
     record, which come out as ``image`` and ``mask``. A JPEG that a worker cannot decode
-    (a header that parses over a broken body) goes to ``report`` with its file and record,
+    (a header that parses over a broken body, or corrupt data) goes to ``report`` with its file and record,
     which keeps it as the error to raise or counts it; the record's ``mask`` is False, so
     nothing is lost silently and the batch keeps its static shape.
     """
@@ -95,7 +95,7 @@ def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_siz
         images, failures = pool.decode_and_run(list(jpegs.numpy()), image_shape, _tensor_copy)
         mask = np.ones(len(jpegs), bool)
         for i, why in failures:
-            report(RecordProblem(filenames[i].numpy().decode(), int(indices[i]), f"{UNDECODABLE} ({why})"))
+            report(RecordProblem(filenames[i].numpy().decode(), int(indices[i]), why))
             mask[i] = False
         return images, mask
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from .augment import resolve_augment
 from .numpy_augment import apply_batch_augment, decode_and_augment_batches
+from . import jpeg_check
 from .tfhost import tensorflow_on_host
 from .sources import Source
 from .tfrecords import (
@@ -170,7 +171,7 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
                  augment=None, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER, drop_remainder: bool = False,
                  repeat: bool = False, skip_errors: bool = False, process_index: int | None = None,
                  process_count: int | None = None, seed: int | None = None,
-                 augment_workers: int | None = None, crop=None) -> HostDataset:
+                 augment_workers: int | None = None, crop=None, keep_corrupt_jpegs: bool = False) -> HostDataset:
     """TFRecords -> :class:`HostDataset` of host batches (dicts of numpy arrays).
 
     Args:
@@ -189,9 +190,10 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
       drop_remainder: drop the final partial batch instead of padding and masking it.
       repeat: repeat forever (training); batches then span epochs.
       skip_errors: skip bad records (counted in ``.num_skipped``, with a warning) instead of
-        raising :class:`DataError`. A skipped record is left out of its batch, except one
-        whose JPEG header reads but whose body an augmentation worker cannot decode: by then
-        the batch is formed, so it keeps its slot with ``mask`` 0.
+        raising :class:`DataError`; a JPEG with corrupt data is one (:mod:`~kaggle_utils.data.jpeg_check`).
+        A skipped record is left out of its batch, except one whose JPEG header reads but whose
+        body an augmentation worker cannot decode (or finds corrupt): by then the batch is
+        formed, so it keeps its slot with ``mask`` 0.
       process_index, process_count: this process's shard of the files; default from JAX.
       seed: seeds shuffling and TF-native augmentation (and the augmentation workers).
       augment_workers: worker processes for numpy callables (default: one per CPU core, up to 16).
@@ -200,6 +202,10 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
         ``RandomResizedCrop(size)`` for training, ``CenterCrop(size, crop_pct)`` for evaluation
         and prediction, ``Resize(size)``; batches are then ``size`` x ``size``. Worker
         augmentation then gets decoded, cropped images (the workers do not decode).
+      keep_corrupt_jpegs: a JPEG whose data are corrupt (:mod:`~kaggle_utils.data.jpeg_check`)
+        is a bad record, unless this is True: then it is kept as libjpeg recovers it and named
+        in a RuntimeWarning, for prediction, where every test image needs its row. Not with
+        worker decoding, whose decode is strict.
     """
     tf = tensorflow_on_host()
     _check_batch_size(batch_size)
@@ -218,10 +224,16 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
         records = records.repeat()
     decode = _decode_without_raising if skip_errors else decode_example
     target_key = "label" if labeled else "id"
+    if keep_corrupt_jpegs and decode_in_workers:
+        raise ValueError("keep_corrupt_jpegs=True needs TensorFlow to decode (give crop=, or augment in TF)")
+    if decode_in_workers:  # their decode is the check
+        jpeg_check.check_available()
+    check = None if decode_in_workers else jpeg_check.tf_check(files, warn_only=keep_corrupt_jpegs)
 
     def to_example(filename, index, serialized, image_seed=None):
+        check_jpeg = None if check is None else (lambda jpeg: check(filename, index, jpeg))
         image, target, problem = decode(serialized, labeled=labeled, image_size=image_size,
-                                        decode_image=not decode_in_workers)
+                                        decode_image=not decode_in_workers, check_jpeg=check_jpeg)
         keep = _keep_or_report(problems, filename, index, problem)
         if per_image is not None:
             image = per_image(image, image_seed)
@@ -353,7 +365,8 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     :mod:`~kaggle_utils.data.transforms`), then ``crop`` (default ``Resize(image_size)``:
     the whole image squashed to a square) and ``augment``. Process ``k`` of ``n`` reads
     every n-th example; ``indices`` (example numbers) replaces that choice, read in that order in
-    ordered mode (files; a tfds split is read in its own order). A file that does not decode raises :class:`DataError` naming it, or
+    ordered mode (files; a tfds split is read in its own order). A file that does not decode, or a
+    JPEG with corrupt data (:mod:`~kaggle_utils.data.jpeg_check`), raises :class:`DataError` naming it, or
     with ``skip_errors`` is left out and counted. The other arguments are
     :func:`load_dataset`'s.
     """
@@ -372,11 +385,16 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
         records = records.repeat()
     ids = tf.constant(source.ids)
     labels = None if source.labels is None else tf.constant(source.labels)
-    read = (lambda path: decode_image(tf.io.read_file(path))) if source.paths is not None else decode_image
+    check = jpeg_check.tf_check()
+
+    def read(payload):  # -> (image, its encoded bytes)
+        encoded = tf.io.read_file(payload) if source.paths is not None else payload
+        return decode_image(encoded), encoded
 
     def to_example(name, index, payload, image_seed):
-        image, ok = first_success(read, payload, tf.zeros([1, 1, 3], tf.uint8))
-        keep = _keep_or_report(problems, name, index, tf.where(ok, "", NOT_AN_IMAGE))
+        (image, encoded), ok = first_success(read, payload, (tf.zeros([1, 1, 3], tf.uint8), tf.constant(b"")))
+        checked = (lambda: check(name, index, encoded)) if check is not None else (lambda: tf.constant(""))
+        keep = _keep_or_report(problems, name, index, tf.cond(ok, checked, lambda: tf.constant(NOT_AN_IMAGE)))
         example = {"image": per_image(image, image_seed), "keep": keep}
         if labels is not None:
             example["label"] = tf.gather(labels, index)

@@ -18,7 +18,8 @@ Design choices, and why:
   of :mod:`kaggle_utils.data.augment_workers` import this package without loading TensorFlow.
 * Every record travels with its file name and index through the pipeline, so a bad record
   is reported as ``<file>, record <i>: <what is wrong>`` instead of TensorFlow's anonymous
-  op error, and ``skip_errors=True`` can drop it and count it.
+  op error, and ``skip_errors=True`` can drop it and count it. That includes JPEGs whose data
+  are corrupt, which decoders turn into garbage without an error (:mod:`.jpeg_check`).
 * Evaluation sees every example exactly once: the final partial batch is padded to the full
   batch size (static shapes, no recompilation) and ``mask`` marks the padding.
 * Multi-host: each JAX process reads its own subset of the files (:func:`shard_files`).
@@ -36,6 +37,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .jpeg import DCT_METHOD
+from .jpeg_check import jpeg_problem, strict_decoder
 from .tfhost import tensorflow_on_host
 from .transforms import first_success
 
@@ -215,7 +217,7 @@ _WORKERS_DECODE_JPEG_ONLY = (
     "(augment='randaugment' or None, or ProcessPoolAugmenter(fn, decode_jpegs=False))")
 
 
-def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: bool = True):
+def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: bool = True, check_jpeg=None):
     """Parse + decode one serialized record inside a tf.data map.
 
     Returns ``(image uint8 [S, S, 3], target, problem)``: ``target`` is the int64 class or
@@ -227,6 +229,10 @@ def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: 
     ``decode_image=False`` returns the JPEG bytes (a scalar string) in place of the image,
     after checking its size from the header: for augmentation workers that decode
     themselves (:func:`kaggle_utils.data.jpeg.decode_jpeg_into`, the same pixels).
+
+    ``check_jpeg``: None, or ``jpeg -> problem`` (string tensors, ``""``: fine) run on the
+    bytes of a decoded image that fits, e.g. corrupt data that the decoder let through
+    (:mod:`~kaggle_utils.data.jpeg_check`).
     """
     tf = tensorflow_on_host()
     key, dtype = _target_feature(labeled)
@@ -264,11 +270,13 @@ def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: 
                                  tf.where(tf.equal(n_target, 1), size_problem,
                                           _count_problem(tf, key, n_target, "value"))))
 
-    problem = tf.cond(fits, lambda: tf.constant(""), describe)
+    checked = (lambda: check_jpeg(jpeg)) if check_jpeg is not None and decode_image else (lambda: tf.constant(""))
+    problem = tf.cond(fits, checked, describe)
     return image, target, problem
 
 
-def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decode_image: bool = True):
+def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decode_image: bool = True,
+                            check_jpeg=None):
     """:func:`decode_example` that also turns undecodable JPEGs / unparsable records into a problem.
 
     Each record goes through :func:`~kaggle_utils.data.transforms.first_success` (a try/except
@@ -284,7 +292,8 @@ def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decod
     no_image = tf.zeros([image_size, image_size, 3], tf.uint8) if decode_image else tf.constant(b"")
     fallback = (no_image, tf.constant(-1 if labeled else b"", dtype), tf.constant(""))
     (image, target, problem), decoded = attempt(
-        lambda s: decode_example(s, labeled=labeled, image_size=image_size, decode_image=decode_image), fallback)
+        lambda s: decode_example(s, labeled=labeled, image_size=image_size, decode_image=decode_image,
+                                 check_jpeg=check_jpeg), fallback)
 
     def explain_failure():
         _, parsed = attempt(lambda s: tf.size(_parse_features(s, labeled)[0]), tf.constant(0))
@@ -383,7 +392,8 @@ def _check_record(serialized, *, labeled: bool, image_size: int) -> str:
         _parse_features(serialized, labeled)
     except tf.errors.OpError as err:
         return f"{_malformed(labeled)} ({_op_message(err)})"
+    check = (lambda jpeg: tf.constant(jpeg_problem(jpeg.numpy()))) if strict_decoder() is not None else None
     try:
-        return decode_example(serialized, labeled=labeled, image_size=image_size)[2].numpy().decode()
+        return decode_example(serialized, labeled=labeled, image_size=image_size, check_jpeg=check)[2].numpy().decode()
     except tf.errors.OpError as err:
         return f"{UNDECODABLE} ({_op_message(err)})"
