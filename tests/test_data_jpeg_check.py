@@ -21,7 +21,8 @@ from skimage import data as skdata
 import kaggle_utils.data as kd
 from kaggle_utils.data import convert, jpeg_check
 
-from test_data_tfrecords import SIZE, collect, example, garbled_jpeg, grey_jpeg, level_of, load, write_kaggle_split
+from test_data_tfrecords import (SIZE, collect, example, garbled_jpeg, grey_jpeg, level_of, load, needs_simplejpeg,
+                                 write_kaggle_split)
 
 PHOTO = np.asarray(Image.fromarray(skdata.astronaut()).resize((64, 64), Image.BILINEAR))
 
@@ -43,6 +44,7 @@ def scan_start(data: bytes) -> int:
     return scan + 2 + int.from_bytes(data[scan + 2:scan + 4], "big")
 
 
+@needs_simplejpeg
 def test_the_check_flags_exactly_the_garbles_libjpeg_warns_on(capfd):
     clean = pil_jpeg(PHOTO, quality=90)
     rng = np.random.default_rng(0)
@@ -57,6 +59,7 @@ def test_the_check_flags_exactly_the_garbles_libjpeg_warns_on(capfd):
     assert 0 < sum(flagged) < len(flagged)  # some garbles leave a valid stream: nothing can find those
 
 
+@needs_simplejpeg
 def test_no_clean_jpeg_is_flagged(capfd):
     encoded = {
         "4:2:0": pil_jpeg(PHOTO, quality=75), "4:4:4": pil_jpeg(PHOTO, quality=95, subsampling=0),
@@ -127,6 +130,7 @@ def test_without_simplejpeg_one_notice_and_decoding_works(split_with_a_garbled_r
     assert np.array_equal(first["image"], again["image"])
 
 
+@needs_simplejpeg
 def test_the_jobs_scan_before_training_names_it_or_skips_and_names_it(split_with_a_garbled_record, tmp_path):
     from kaggle_utils import run
     from kaggle_utils.config import TrainConfig
@@ -145,6 +149,7 @@ def test_the_jobs_scan_before_training_names_it_or_skips_and_names_it(split_with
     assert data.max_label == 5
 
 
+@needs_simplejpeg
 def test_prediction_keeps_a_corrupt_test_image_and_names_it(tmp_path):
     folder = write_kaggle_split(tmp_path / "test", [2], labeled=False)
     bad = os.path.join(folder, f"01-{SIZE}x{SIZE}-1.tfrec")
@@ -155,6 +160,7 @@ def test_prediction_keeps_a_corrupt_test_image_and_names_it(tmp_path):
     assert data["id"][data["mask"]].tolist() == [b"id-0", b"id-1", b"garbled"]
 
 
+@needs_simplejpeg
 def test_check_tfrecords_lists_it(split_with_a_garbled_record):
     folder, bad = split_with_a_garbled_record
     (problem,) = kd.check_tfrecords(kd.list_tfrecords(folder), labeled=True, image_size=SIZE)
@@ -172,6 +178,7 @@ def folder_with_a_garbled_jpeg(tmp_path):
     return kd.class_folders(str(tmp_path)), str(garbled)
 
 
+@needs_simplejpeg
 def test_a_source_image_is_named_or_skipped_and_the_converter_leaves_it_out(folder_with_a_garbled_jpeg, tmp_path):
     source, garbled = folder_with_a_garbled_jpeg
     read = dict(batch_size=4, image_size=SIZE, ordered=True, process_index=0, process_count=1)
