@@ -47,7 +47,7 @@ def job_config(args, route: str):
     total = args.steps * (args.windows + 1)
     return TrainConfig().replace(model=args.model, image_size=args.size, batch_size=args.batch, dtype=args.dtype,
                                  data_dir=args.data_dir, augment=route, steps=total, steps_per_epoch=total,
-                                 log_every=args.steps, tensorboard=False)
+                                 log_every=args.steps, tensorboard=False, deterministic=not args.nondeterministic)
 
 
 def verdict(ratio: float, threshold: float) -> str:
@@ -152,8 +152,9 @@ def report(result: dict, args, load_start: float) -> None:
 
     config = result["config"]
     print(f"\n{config.model.name} at {config.model.image_size}px (stored {result['stored_size']}), "
-          f"{config.model.dtype}, global batch {config.data.batch_size}; {args.rounds} rounds x {args.windows} "
-          f"windows x {args.steps} steps; jax {jax.__version__} ({jax.default_backend()}: "
+          f"{config.model.dtype}, global batch {config.data.batch_size}, "
+          f"{'deterministic' if config.data.deterministic else 'nondeterministic'} input; "
+          f"{args.rounds} rounds x {args.windows} windows x {args.steps} steps; jax {jax.__version__} ({jax.default_backend()}: "
           f"{jax.device_count()} x {jax.devices()[0].device_kind}), tensorflow {tensorflow_on_host().__version__}; "
           f"cpus={os.cpu_count()}; loadavg {load_start:.1f} -> {os.getloadavg()[0]:.1f}; "
           f"{result['seconds']:.0f} s\n")
@@ -183,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=6, help="steps per timed window (the job's log interval)")
     parser.add_argument("--windows", type=int, default=2, help="timed windows per route and round")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="without tf.data op determinism (the job's --no-deterministic): parallel maps stay "
+                             "parallel, the input order is not reproducible")
     parser.add_argument("--threshold", type=float, default=0.9, help="job/step below this: input-bound")
     return parser
 

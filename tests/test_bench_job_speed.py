@@ -30,7 +30,8 @@ def test_every_route_by_default_and_a_config_the_job_accepts(bench):
         assert config.data.augment == route
         assert config.loop.log_every == args.steps  # a log window is a timed window
         assert config.loop.steps == config.loop.steps_per_epoch == args.steps * (args.windows + 1)
-        assert not config.loop.tensorboard
+        assert not config.loop.tensorboard and config.data.deterministic  # as the job runs by default
+    assert not bench.job_config(bench.parse_args(["--nondeterministic"]), "imgaug").data.deterministic
 
 
 def test_flags_given_are_kept_and_bad_ones_refused(bench, capsys):
