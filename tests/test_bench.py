@@ -43,8 +43,8 @@ def job_speed():
 
 def test_model_speed_help_lists_every_mode_without_cuda():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as on a machine without a GPU
-    done = subprocess.run([sys.executable, str(BENCH / "model_speed.py"), "--help"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = subprocess.run([sys.executable, str(BENCH / "model_speed.py"), "--help"], capture_output=True,
+                          text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     for text in ("--mode {cpu,gpu,gpu-bf16,gpu-fp32}", "AMP bf16 + channels_last", "TF32 off on both sides",
                  "--batch", "--size", "--model"):
