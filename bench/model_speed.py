@@ -1,44 +1,82 @@
 """Flax EfficientNet vs timm on this machine: eval forward and one training step, interleaved.
 
-    python bench/model_speed.py                      # tf_efficientnetv2_s, 224, batch 8, fp32: ~6 min on 2 cores
-    python bench/model_speed.py --quick              # fewer rounds: ~2 min, a rough figure
+    python bench/model_speed.py                      # CPU: tf_efficientnetv2_s, 224, batch 8, fp32
+    python bench/model_speed.py --quick              # CPU, fewer rounds: a rough figure
     python bench/model_speed.py --model tf_efficientnetv2_b0 --size 128 --batch 16 --conv-impl xla
+    python bench/model_speed.py --mode gpu           # GPU: bf16 and strict fp32, batch 64
+    python bench/model_speed.py --mode gpu-bf16 --batch 128 --size 300
 
-Cases, each timed as ``--iters`` back-to-back calls on a batch of random images:
+Modes (``--mode``):
 
-* eval forward: Flax ``model.apply`` (jit) vs timm ``model.eval()`` under ``torch.no_grad()``,
-  timm both in NCHW (contiguous) and ``channels_last``;
+* ``cpu`` (default): fp32 on the CPU. timm eval both in NCHW (contiguous) and ``channels_last``;
+  timm runs with ``torch.set_num_threads(--threads)``, XLA with its default thread pool.
+* ``gpu-bf16``: each side's mixed precision, as one would train on a GPU. Flax computes in
+  bfloat16 with fp32 parameters and statistics (``create_model(dtype=bfloat16)``, the kit's
+  recipe); timm runs under ``torch.autocast("cuda", bfloat16)`` in ``channels_last``.
+* ``gpu-fp32``: true fp32 on both sides, TF32 off: JAX under
+  ``jax.default_matmul_precision("highest")`` (convolutions and dots), torch with
+  ``torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False``;
+  timm in ``channels_last``. The eval logits' difference printed for this mode is the check
+  that neither side fell back to TF32 (TF32 rounding is ~1e-3 relative, fp32 ~1e-6).
+* ``gpu``: both of the above, interleaved in one run: the one command for a lent GPU.
+
+The GPU modes set ``torch.backends.cudnn.benchmark = True`` (timm's own training scripts do)
+and turn JAX's GPU memory preallocation off, since both frameworks share one device. Without
+a GPU visible to both torch and JAX they stop with a one-line message.
+
+Cases, each timed as ``--iters`` back-to-back calls on a batch of random images after
+``--warmup`` untimed calls (compilation, cuDNN autotuning). On the CPU each Flax call blocks
+on its result; on a GPU the calls are queued and the run ends with
+``jax.block_until_ready`` / ``torch.cuda.synchronize()``, so host dispatch overlaps the device
+work on both sides:
+
+* eval forward: Flax ``model.apply`` (jit) vs timm ``model.eval()`` under ``torch.no_grad()``;
 * training step (forward + backward + AdamW): Flax ``jax.jit`` step with ``value_and_grad``,
   BN in train mode (``mutable=["batch_stats"]``) and ``optax.adamw``, state donated; timm
   ``model.train()``, ``loss.backward()``, ``torch.optim.AdamW``. Same loss (softmax cross
-  entropy), learning rate and weight decay; dropout and drop path are off on both sides.
+  entropy in fp32), learning rate and weight decay; dropout and drop path are off on both sides.
 
 Both models hold the same weights (timm's random init ported with ``weights_port``), and the
 eval logits are compared once as a sanity check (not the exactness measure: timm's random init
-with default BN statistics gives logits of ~600 whose fp32 rounding alone is ~1e-4 of that scale;
-tests/test_efficientnet_parity.py is the exactness test). Other processes share the CPUs, so rounds
-are interleaved (Flax, timm, timm-CL, Flax-train, timm-train, then again) after a warm-up,
-and the median per case is reported with every round's Flax/timm ratio. timm runs with
-``torch.set_num_threads(--threads)``; XLA uses its default thread pool (every core).
-Targets (issue 2, 2-core CPU, tf_efficientnetv2_s 224, batch 8, fp32): eval ratio >= 1.0,
-training-step ratio >= 0.8.
+with default BN statistics gives large logits whose fp32 rounding alone shows;
+tests/test_efficientnet_parity.py is the exactness test). Other processes may share the
+machine, so rounds are interleaved (every case once, then again) and the median per case is
+reported with every round's Flax/timm ratio. Figures and targets: bench/README.md.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import importlib
+import importlib.metadata
 import os
+import platform
 import resource
 import statistics
 import time
 
-import torch  # before anything that could pull tensorflow in (see tests/conftest.py)
+# Both frameworks share one GPU in the GPU modes: JAX must not take 75% of its memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import torch  # noqa: E402  (before anything that could pull tensorflow in: see tests/conftest.py)
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
+MODES = {"cpu": ("fp32",), "gpu": ("bf16", "fp32"), "gpu-bf16": ("bf16",), "gpu-fp32": ("fp32",)}
+DEFAULTS = {  # (batch, rounds, iters, warmup) per kind of mode; --quick: (rounds, iters)
+    "cpu": {"batch": 8, "rounds": 7, "iters": 3, "warmup": 2, "quick": (3, 2)},
+    "gpu": {"batch": 64, "rounds": 5, "iters": 20, "warmup": 5, "quick": (3, 10)},
+}
+VERSIONED = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "flax", "optax", "torch", "timm",
+             "nvidia-cudnn-cu12", "nvidia-cudnn-cu13")
 
 
-def flax_cases(name: str, timm_model, images, labels, conv_impl: str) -> dict:
-    """``{"eval": fn, "train": fn, "logits": eval logits}``; each fn runs one batch and blocks on the result."""
+def flax_cases(name: str, timm_model, images, labels, conv_impl: str, precision: str = "fp32") -> dict:
+    """``{"eval": fn, "train": fn, "logits": eval logits}``; each fn queues one batch and returns its output.
+
+    ``precision``: ``"fp32"`` (on a GPU with every conv and dot at ``"highest"`` precision, no
+    TF32) or ``"bf16"`` (bfloat16 compute, fp32 parameters and BN statistics).
+    """
     import jax
     import jax.numpy as jnp
     import optax
@@ -46,17 +84,22 @@ def flax_cases(name: str, timm_model, images, labels, conv_impl: str) -> dict:
     from kaggle_utils.efficientnet import create_model
     from weights_port.convert import convert_timm
 
-    model = create_model(name, num_classes=timm_model.num_classes, conv_impl=conv_impl)
+    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    model = create_model(name, num_classes=timm_model.num_classes, conv_impl=conv_impl, dtype=dtype)
     variables = jax.tree.map(jnp.asarray, convert_timm(timm_model, name))
     x = jnp.asarray(images.transpose(0, 2, 3, 1))
     y = jnp.asarray(labels)
     tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
+    strict = precision == "fp32" and jax.default_backend() != "cpu"
+
+    def exact():  # the config is part of jit's cache key: one compilation per setting
+        return jax.default_matmul_precision("highest") if strict else contextlib.nullcontext()
 
     evaluate = jax.jit(model.apply)
 
     def loss_fn(params, batch_stats):
         logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, x, mutable=["batch_stats"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y).mean()
         return loss, updates["batch_stats"]
 
     def train_step(state):
@@ -69,53 +112,117 @@ def flax_cases(name: str, timm_model, images, labels, conv_impl: str) -> dict:
     params, batch_stats = jax.tree.map(jnp.copy, (variables["params"], variables["batch_stats"]))
     state = [(params, batch_stats, tx.init(params))]  # donated each step: a copy, eval keeps `variables`
 
+    def run_eval():
+        with exact():
+            return evaluate(variables, x)
+
     def run_train():
-        state[0], loss = train_step(state[0])
-        loss.block_until_ready()
+        with exact():
+            state[0], loss = train_step(state[0])
+        return loss
 
-    logits = evaluate(variables, x).block_until_ready()
-    return {"eval": lambda: evaluate(variables, x).block_until_ready(), "train": run_train, "logits": logits}
+    logits = run_eval().astype(jnp.float32).block_until_ready()
+    return {"eval": run_eval, "train": run_train, "logits": logits}
 
 
-def timm_cases(timm_model, images, labels) -> dict:
-    eval_model = timm_model.eval()
-    x = torch.from_numpy(images)
+def timm_cases(timm_model, images, labels, *, device: str = "cpu", precision: str = "fp32",
+               train_layout=torch.contiguous_format) -> dict:
+    """``{"eval": NCHW fn, "eval_cl": channels_last fn, "train": fn, "logits"}`` on ``device``.
+
+    On CUDA ``precision`` is ``"bf16"`` (autocast) or ``"fp32"`` (TF32 off, set on every call:
+    the flags are global and the cases of both precisions are interleaved).
+    """
+    cuda = device == "cuda"
+    x = torch.from_numpy(images).to(device)
     x_cl = x.contiguous(memory_format=torch.channels_last)
-    eval_cl = copy.deepcopy(timm_model).to(memory_format=torch.channels_last).eval()
-    train_model = copy.deepcopy(timm_model).train()
+    y = torch.from_numpy(labels).long().to(device)
+    eval_model = copy.deepcopy(timm_model).to(device).eval()
+    eval_cl = copy.deepcopy(timm_model).to(device, memory_format=torch.channels_last).eval()
+    train_model = copy.deepcopy(timm_model).to(device, memory_format=train_layout).train()
     optimizer = torch.optim.AdamW(train_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    y = torch.from_numpy(labels).long()
+    x_train = x.contiguous(memory_format=train_layout)
+
+    def precision_of_call():
+        if not cuda:
+            return contextlib.nullcontext()
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision != "fp32"
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def run_eval(model, inp):
-        with torch.no_grad():
-            model(inp)
+        with torch.no_grad(), precision_of_call():
+            return model(inp)
 
     def run_train():
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(train_model(x), y)
+        with precision_of_call():
+            logits = train_model(x_train)
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
         loss.backward()
         optimizer.step()
+        return loss
 
-    with torch.no_grad():
-        logits = eval_model(x).numpy()
+    logits = run_eval(eval_cl if cuda else eval_model, x_cl if cuda else x).float().cpu().numpy()
     return {"eval": lambda: run_eval(eval_model, x), "eval_cl": lambda: run_eval(eval_cl, x_cl),
             "train": run_train, "logits": logits}
 
 
-def timed_run(fn, batch: int, iters: int) -> dict:
-    """Images/s over ``iters`` calls, and the process's CPU time and minor page faults per call.
+def timed_run(fn, batch: int, iters: int, finish=None) -> dict:
+    """Images/s over ``iters`` calls (then ``finish(last output)``), and CPU time and minor page faults per call.
 
     CPU time is split into user and system: on CPU, XLA allocates a training step's scratch
-    memory (~1.2 GB for EfficientNetV2-S at batch 8) afresh on every call, and the kernel's
-    page faulting of it shows up as system time, apart from the compute.
+    memory afresh on every call, and the kernel's page faulting of it shows up as system
+    time, apart from the compute.
     """
     before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for _ in range(iters):
-        fn()
+        out = fn()
+    if finish is not None:
+        finish(out)
     wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
     return {"img/s": batch * iters / wall, "user ms": 1e3 * (after.ru_utime - before.ru_utime) / iters,
             "sys ms": 1e3 * (after.ru_stime - before.ru_stime) / iters,
             "minor faults": (after.ru_minflt - before.ru_minflt) / iters}
+
+
+def _logit_diff(flax_logits, timm_logits) -> float:
+    import numpy as np
+
+    return float(np.abs(np.asarray(flax_logits) - timm_logits).max() / np.abs(timm_logits).max())
+
+
+def cpu_cases(args, timm_model, images, labels):
+    """(cases, pairs, logit diffs) of the CPU mode: each case a ``(fn, finish)``; Flax calls block."""
+    import jax
+
+    flax = flax_cases(args.model, timm_model, images, labels, args.conv_impl)
+    ref = timm_cases(timm_model, images, labels)
+    blocking = {k: (lambda f=flax[k]: jax.block_until_ready(f())) for k in ("eval", "train")}
+    cases = {"flax eval": (blocking["eval"], None), "timm eval": (ref["eval"], None),
+             "timm eval CL": (ref["eval_cl"], None), "flax train": (blocking["train"], None),
+             "timm train": (ref["train"], None)}
+    pairs = [("eval forward (timm NCHW)", "flax eval", "timm eval"),
+             ("eval forward (timm channels_last)", "flax eval", "timm eval CL"),
+             ("train step: fwd + bwd + AdamW", "flax train", "timm train")]
+    return cases, pairs, {"fp32": _logit_diff(flax["logits"], ref["logits"])}
+
+
+def gpu_cases(args, timm_model, images, labels):
+    """(cases, pairs, logit diffs) of a GPU mode: per precision, eval and train on both sides, timm channels_last."""
+    import jax
+
+    torch.backends.cudnn.benchmark = True
+    cases, pairs, diffs = {}, [], {}
+    synchronize = lambda _: torch.cuda.synchronize()  # noqa: E731
+    for precision in MODES[args.mode]:
+        flax = flax_cases(args.model, timm_model, images, labels, args.conv_impl, precision)
+        ref = timm_cases(timm_model, images, labels, device="cuda", precision=precision,
+                         train_layout=torch.channels_last)
+        diffs[precision] = _logit_diff(flax["logits"], ref["logits"])
+        for kind, timm_kind, label in (("eval", "eval_cl", "eval forward"), ("train", "train", "train step")):
+            cases[f"flax {precision} {kind}"] = (flax[kind], jax.block_until_ready)
+            cases[f"timm {precision} {kind}"] = (ref[timm_kind], synchronize)
+            pairs.append((f"{precision} {label}", f"flax {precision} {kind}", f"timm {precision} {kind}"))
+    return cases, pairs, diffs
 
 
 def run(args) -> dict:
@@ -130,20 +237,16 @@ def run(args) -> dict:
     labels = rng.integers(0, timm_model.num_classes, args.batch).astype(np.int32)
 
     start = time.perf_counter()
-    flax = flax_cases(args.model, timm_model, images, labels, args.conv_impl)
-    ref = timm_cases(timm_model, images, labels)
-    diff = float(np.abs(np.asarray(flax["logits"]) - ref["logits"]).max() / np.abs(ref["logits"]).max())
-    cases = {"flax eval": flax["eval"], "timm eval": ref["eval"], "timm eval CL": ref["eval_cl"],
-             "flax train": flax["train"], "timm train": ref["train"]}
-    for fn in cases.values():  # compile / allocate, then one more call to settle caches
-        fn()
-        fn()
+    build = cpu_cases if args.mode == "cpu" else gpu_cases
+    cases, pairs, diffs = build(args, timm_model, images, labels)
+    for fn, finish in cases.values():  # compile / allocate / autotune, then settle caches
+        timed_run(fn, args.batch, args.warmup, finish)
     setup_s = time.perf_counter() - start
     runs = {case: [] for case in cases}
     for _ in range(args.rounds):
-        for case, fn in cases.items():
-            runs[case].append(timed_run(fn, args.batch, args.iters))
-    return {"runs": runs, "logit_diff": diff, "setup_s": setup_s}
+        for case, (fn, finish) in cases.items():
+            runs[case].append(timed_run(fn, args.batch, args.iters, finish))
+    return {"runs": runs, "pairs": pairs, "logit_diffs": diffs, "setup_s": setup_s}
 
 
 def _median(runs: list[dict], key: str) -> float:
@@ -156,22 +259,52 @@ def _ratio_row(label: str, runs: dict, flax: str, timm_case: str) -> str:
     return f"| {label} | {f:.2f} | {t:.2f} | **{f / t:.2f}** | {per_round} |"
 
 
-def report(result: dict, args) -> None:
-    import jax
-    import timm
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
+
+def device_description(mode: str) -> str:
+    """The device the cases ran on, as both frameworks name it."""
+    if mode == "cpu":
+        return f"CPU {_cpu_name()}, {os.cpu_count()} cores"
+    import jax
+
+    device = jax.devices()[0]
+    runtime = getattr(device.client, "platform_version", "").strip()  # e.g. the CUDA runtime JAX loaded
+    return f"GPU {torch.cuda.get_device_name(0)} (torch) / {device.device_kind} (jax; {runtime})"
+
+
+def versions() -> str:
+    """Installed versions of the packages that decide the figures, and torch's CUDA / cuDNN."""
+    found = []
+    for name in VERSIONED:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if torch.cuda.is_available():
+        found.append(f"torch CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+    return ", ".join(found)
+
+
+def report(result: dict, args) -> None:
     runs = result["runs"]
-    print(f"\n{args.model} {args.size}x{args.size} batch {args.batch} fp32, conv_impl={args.conv_impl}; "
-          f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} ({args.threads} threads), "
-          f"timm {timm.__version__}; cpus={os.cpu_count()}; {args.rounds} rounds x {args.iters} iters; "
-          f"setup {result['setup_s']:.0f} s; loadavg {result['load_start']:.1f} -> {os.getloadavg()[0]:.1f}; "
-          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
-          f"eval logits max |Flax - timm| / max |timm| = {result['logit_diff']:.1e}\n")
+    diffs = "; ".join(f"{p}: {d:.1e}" for p, d in result["logit_diffs"].items())
+    print(f"\n{args.model} {args.size}x{args.size} batch {args.batch}, mode {args.mode} "
+          f"({' + '.join(MODES[args.mode])}), conv_impl={args.conv_impl}\n"
+          f"device: {device_description(args.mode)}\nversions: {versions()}\n"
+          f"torch threads {args.threads}; {args.rounds} rounds x {args.iters} iters after {args.warmup} warm-up "
+          f"calls; setup {result['setup_s']:.0f} s; loadavg {result['load_start']:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}\n"
+          f"eval logits max |Flax - timm| / max |timm|: {diffs}\n")
     print("| case | Flax img/s | timm img/s | Flax/timm (medians) | per-round Flax/timm |")
     print("|---|---|---|---|---|")
-    print(_ratio_row("eval forward (timm NCHW)", runs, "flax eval", "timm eval"))
-    print(_ratio_row("eval forward (timm channels_last)", runs, "flax eval", "timm eval CL"))
-    print(_ratio_row("train step: fwd + bwd + AdamW", runs, "flax train", "timm train"))
+    for label, flax, timm_case in result["pairs"]:
+        print(_ratio_row(label, runs, flax, timm_case))
     print("\nraw images/s per round: "
           + "; ".join(f"{c}: " + " ".join(f"{r['img/s']:.2f}" for r in rs) for c, rs in runs.items()))
     print("\n| case | CPU user ms / call | CPU system ms / call | minor page faults / call |  (medians)")
@@ -180,22 +313,74 @@ def report(result: dict, args) -> None:
         print(f"| {case} | {_median(rs, 'user ms'):.0f} | {_median(rs, 'sys ms'):.0f} | {_median(rs, 'minor faults'):.0f} |")
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def gpu_problem() -> str | None:
+    """Why the GPU modes cannot run here (None: torch and JAX both see a CUDA GPU)."""
+    if not torch.cuda.is_available():
+        return (f"no CUDA GPU visible to torch (torch {torch.__version__}, built for CUDA {torch.version.cuda}: "
+                "torch.cuda.is_available() is False)")
+    importlib.import_module("kaggle_utils")  # before JAX starts: the kit's XLA options
+    import jax
+
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        return f"no GPU visible to JAX (backend {jax.default_backend()}; a CUDA jaxlib, e.g. jax[cuda12], is needed)"
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="modes:\n"
+                                            "  cpu       fp32 on the CPU; timm in NCHW and in channels_last\n"
+                                            "  gpu-bf16  Flax bf16 compute (fp32 params) vs timm AMP bf16 + "
+                                            "channels_last\n"
+                                            "  gpu-fp32  fp32 with TF32 off on both sides (JAX precision "
+                                            "'highest'; torch allow_tf32 False)\n"
+                                            "  gpu       gpu-bf16 and gpu-fp32 interleaved in one run")
+    parser.add_argument("--mode", default="cpu", choices=tuple(MODES),
+                        help="cpu | gpu (bf16 and fp32) | gpu-bf16 | gpu-fp32 (default: cpu)")
     parser.add_argument("--model", default="tf_efficientnetv2_s", help="timm name of a registered variant")
     parser.add_argument("--size", type=int, default=224, help="input height = width")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, --quick 3)")
-    parser.add_argument("--iters", type=int, default=None, help="calls per timed run (default 3, --quick 2)")
+    parser.add_argument("--batch", type=int, default=None, help="images per call (default 8 on cpu, 64 on gpu)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default cpu 7, gpu 5; "
+                                                                   "--quick 3)")
+    parser.add_argument("--iters", type=int, default=None, help="calls per timed run (default cpu 3, gpu 20; "
+                                                                  "--quick 2 / 10)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per case before the rounds "
+                                                                   "(default cpu 2, gpu 5)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for timm")
     parser.add_argument("--conv-impl", default="auto", choices=("auto", "cpu", "xla"),
                         help="Flax convolution path (layers.conv2d impl)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and iterations")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags with the mode's defaults filled in; bad values stop with a message naming the flag."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    args.rounds = args.rounds or (3 if args.quick else 7)
-    args.iters = args.iters or (2 if args.quick else 3)
-    if args.rounds < 1 or args.iters < 1 or args.batch < 1 or args.size < 8:
-        parser.error("--rounds, --iters and --batch must be >= 1 and --size >= 8")
+    defaults = DEFAULTS["cpu" if args.mode == "cpu" else "gpu"]
+    quick_rounds, quick_iters = defaults["quick"]
+    given = {"batch": defaults["batch"], "warmup": defaults["warmup"],
+             "rounds": quick_rounds if args.quick else defaults["rounds"],
+             "iters": quick_iters if args.quick else defaults["iters"]}
+    for name, default in given.items():  # None: not given (a given 0 is refused below)
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.rounds < 1 or args.iters < 1 or args.batch < 1 or args.size < 8 or args.warmup < 1:
+        bad = [f"--{k} {v}" for k, v in vars(args).items() if k in ("rounds", "iters", "warmup", "batch") and v < 1]
+        parser.error(f"{', '.join(bad + ([f'--size {args.size}'] if args.size < 8 else []))}: "
+                     "--rounds, --iters, --warmup and --batch must be >= 1, --size >= 8")
+    if args.mode != "cpu":
+        problem = gpu_problem()
+        if problem:
+            parser.exit(2, f"{parser.prog}: error: --mode {args.mode} needs a GPU: {problem}\n")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     load_start = os.getloadavg()[0]
     result = run(args)
     result["load_start"] = load_start

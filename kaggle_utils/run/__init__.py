@@ -12,12 +12,12 @@ In the order a run uses them:
 3. ``build``: :func:`build_model`, :func:`initial_variables` (a new head on ported weights
    starts at zero, so a fine-tune's first loss is ln C), :func:`build_training` (task,
    optimizer, device augmentation and mixing, steps, state) and :func:`fit_run` (the loop with
-   the config's intervals, crops, TensorBoard, files in ``out_dir``).
+   the config's intervals, crops, TensorBoard, files in ``out_dir``) over :func:`train_dataset`.
 4. ``saved``: :func:`write_config` and :func:`load_run`, ``(model, variables, config)`` back from
    any run folder or checkpoint the kit wrote, for ``predict``, notebooks and users.
 """
 from .build import (Training, build_model, build_training, device_augmentation, eval_transform, fit_run,
-                    host_augment, initial_variables, train_transform)
+                    host_augment, initial_variables, train_dataset, train_transform)
 from .data import (SAMPLE, RunData, converted_source, data_root, find_splits, infer_image_size, open_data,
                    sample_or_folder, scan_labels, scan_test_ids)
 from .resolve import DTYPES, Plan, check_config, global_batch, make_task, resolve, run_manifest
@@ -27,5 +27,6 @@ __all__ = [
     "DTYPES", "Plan", "RunData", "SAMPLE", "Training", "build_model", "build_training", "check_config",
     "converted_source", "data_root", "device_augmentation", "eval_transform", "find_splits", "fit_run",
     "global_batch", "host_augment", "infer_image_size", "initial_variables", "load_run", "make_task", "open_data",
-    "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids", "train_transform", "write_config",
+    "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids", "train_dataset", "train_transform",
+    "write_config",
 ]

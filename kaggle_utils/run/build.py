@@ -121,19 +121,24 @@ def eval_transform(config: TrainConfig, stored_size: int):
     return Resize(size) if size != stored_size else None
 
 
+def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int):
+    """This process's training batches for ``epoch`` (repeated, host-augmented), as :func:`fit_run` reads them."""
+    from ..data import load_dataset
+
+    return load_dataset(data.splits["train"], labeled=True, image_size=data.stored_size,
+                        batch_size=plan.global_batch // jax.process_count(), augment=host_augment(config),
+                        drop_remainder=True, repeat=True, seed=config.seed * 100_003 + epoch,
+                        skip_errors=config.data.skip_errors, crop=train_transform(config, data.stored_size))
+
+
 def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
             resume: bool = False, progress: bool = True, hooks=(), writers=()):
     """The loop over ``data`` with the config's intervals, monitor and writers (TensorBoard in ``out_dir``)."""
     from ..data import load_dataset
     from ..train import TensorBoardWriter, fit
 
-    per_process = plan.global_batch // jax.process_count()
-
     def train_batches(epoch):
-        dataset = load_dataset(data.splits["train"], labeled=True, image_size=data.stored_size,
-                               batch_size=per_process, augment=host_augment(config), drop_remainder=True, repeat=True,
-                               seed=config.seed * 100_003 + epoch, skip_errors=config.data.skip_errors,
-                               crop=train_transform(config, data.stored_size))
+        dataset = train_dataset(config, plan, data, epoch)
         try:
             yield from dataset
         finally:

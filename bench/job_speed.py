@@ -1,0 +1,225 @@
+"""Does the input starve the step? The training job's images/s next to its train step alone, per augmentation route.
+
+    python bench/job_speed.py                        # tf_efficientnetv2_b0, digits sample at 64 px, batch 16
+    python bench/job_speed.py --routes none randaugment --steps 10 --rounds 3
+    python bench/job_speed.py --size 224 --batch 128 --dtype bfloat16 --steps 20   # on a GPU
+    python bench/job_speed.py --data-dir /kaggle/input/tpu-getting-started/tfrecords-jpeg-512x512
+
+For each ``--data.augment`` route (``none``, ``randaugment`` TF on the host, ``imgaug`` in worker
+processes, ``randaugment-device`` inside the jitted step) it runs the job's own pieces
+(:mod:`kaggle_utils.run`: ``open_data``, ``resolve``, ``build_model``, ``build_training``,
+``fit_run``) and times two things:
+
+* job: ``fit_run`` as the job calls it, the input pipeline feeding the step through the loop's
+  device prefetch; the figure is the loop's own ``train/img_per_s`` of each log window of
+  ``--steps`` steps, the first window (pipeline start, compilation) left out;
+* step alone: the same compiled step on a few batches of the same pipeline already on the
+  device, ``--steps`` back-to-back calls blocked on the last.
+
+A job/step ratio below ``--threshold`` means the input (or, on a CPU, the input's share of the
+same cores) holds the step back: "input-bound". Routes share a compiled step where their steps
+are equal (all but ``randaugment-device``). Rounds are interleaved (every route's job and step,
+then again) and medians are reported, since other processes may share the machine. The
+evaluation ``fit_run`` ends with runs after the timed windows, on one validation file only.
+Without ``--data-dir`` the data is the kit's digits sample written at ``--size``. Figures:
+bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROUTES = ("none", "randaugment", "imgaug", "randaugment-device")
+DEVICE_BATCHES = 4  # distinct device batches the step-alone runs cycle through
+
+
+def job_config(args, route: str):
+    """The job's config for one route: one epoch of warm-up + timed log windows, no files written."""
+    from kaggle_utils.config import TrainConfig
+
+    total = args.steps * (args.windows + 1)
+    return TrainConfig().replace(model=args.model, image_size=args.size, batch_size=args.batch, dtype=args.dtype,
+                                 data_dir=args.data_dir, augment=route, steps=total, steps_per_epoch=total,
+                                 log_every=args.steps, tensorboard=False, deterministic=not args.nondeterministic)
+
+
+def verdict(ratio: float, threshold: float) -> str:
+    return "input-bound" if ratio < threshold else "step-bound"
+
+
+class _WindowRates:
+    """A fit hook keeping the loop's images/s of each log window."""
+
+    def __init__(self):
+        self.rates: list[float] = []
+
+    def on_log(self, step: int, scalars) -> None:
+        self.rates.append(scalars["train/img_per_s"])
+
+
+class Route:
+    """One augmentation route: its resolved config, compiled training, and device batches for the step alone."""
+
+    def __init__(self, config, plan, data, training):
+        from kaggle_utils import run
+
+        self.config, self.plan, self.data, self.training = config, plan, data, training
+        dataset = run.train_dataset(config, plan, data, epoch=1)
+        try:
+            batches = [b for _, b in zip(range(DEVICE_BATCHES), dataset)]
+        finally:
+            dataset.close()
+        self.device_batches = [training.steps.put_batch(b) for b in batches]
+        self.state = training.steps.put_state(training.state)
+
+    def job_rates(self) -> list[float]:
+        """Images/s of the job's timed log windows (the first window left out)."""
+        from kaggle_utils import run
+
+        windows = _WindowRates()
+        with contextlib.redirect_stdout(io.StringIO()):  # the evaluation row fit prints at the end
+            run.fit_run(self.config, self.plan, self.data, self.training, None, progress=False, hooks=[windows])
+        return windows.rates[1:]
+
+    def step_rates(self, steps: int, windows: int) -> list[float]:
+        """Images/s of ``windows`` runs of ``steps`` train steps on batches already on the device."""
+        import jax
+
+        train = self.training.steps.train
+        rates = []
+        for window in range(-1, windows):  # window -1: untimed
+            start = time.perf_counter()
+            for i in range(steps):
+                self.state, metrics = train(self.state, self.device_batches[i % len(self.device_batches)])
+            jax.block_until_ready(metrics)
+            if window >= 0:
+                rates.append(steps * self.plan.global_batch / (time.perf_counter() - start))
+        return rates
+
+
+def build_routes(args, data) -> dict[str, Route]:
+    """Every route's pieces, the kit's way; routes whose steps are equal share one compiled training."""
+    from kaggle_utils import run
+
+    compiled = {}
+    routes = {}
+    for name in args.routes:
+        config, plan = run.resolve(job_config(args, name), data)
+        key = tuple(sorted(run.device_augmentation(config)))  # what changes the compiled step
+        if key not in compiled:
+            model = run.build_model(config)
+            compiled[key] = run.build_training(config, plan, model, run.initial_variables(config, model))
+        routes[name] = Route(config, plan, data, compiled[key])
+    return routes
+
+
+def measure(args) -> dict:
+    from kaggle_utils import run
+    from kaggle_utils.data import tensorflow_on_host
+
+    base = job_config(args, "none")
+    run.check_config(base)
+    with run.sample_or_folder(base) as root:
+        data = run.open_data(base, root)
+        data = dataclasses.replace(data, splits={**data.splits, "val": data.splits["val"][:1]})
+        if base.data.deterministic:  # as the job does (kaggle_utils.job), for its input order
+            tensorflow_on_host().config.experimental.enable_op_determinism()
+        start = time.perf_counter()
+        routes = build_routes(args, data)
+        runs = {name: {"job": [], "step": []} for name in routes}
+        for round_index in range(args.rounds):
+            for name, route in routes.items():
+                runs[name]["job"].append(route.job_rates())
+                runs[name]["step"].append(route.step_rates(args.steps, args.windows))
+            print(f"round {round_index + 1}/{args.rounds} done at {time.perf_counter() - start:.0f} s, "
+                  f"loadavg {os.getloadavg()[0]:.1f}", flush=True)
+        first = next(iter(routes.values()))
+        return {"runs": runs, "seconds": time.perf_counter() - start, "config": first.config,
+                "stored_size": data.stored_size}
+
+
+def report(result: dict, args, load_start: float) -> None:
+    import jax
+
+    from kaggle_utils.data import tensorflow_on_host
+
+    config = result["config"]
+    print(f"\n{config.model.name} at {config.model.image_size}px (stored {result['stored_size']}), "
+          f"{config.model.dtype}, global batch {config.data.batch_size}, "
+          f"{'deterministic' if config.data.deterministic else 'nondeterministic'} input; "
+          f"{args.rounds} rounds x {args.windows} windows x {args.steps} steps; jax {jax.__version__} ({jax.default_backend()}: "
+          f"{jax.device_count()} x {jax.devices()[0].device_kind}), tensorflow {tensorflow_on_host().__version__}; "
+          f"cpus={os.cpu_count()}; loadavg {load_start:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"{result['seconds']:.0f} s\n")
+    print("| route | job img/s | step-alone img/s | job / step | per-round job / step | verdict |")
+    print("|---|---|---|---|---|---|")
+    for name, runs in result["runs"].items():
+        job = statistics.median(r for rates in runs["job"] for r in rates)
+        step = statistics.median(r for rates in runs["step"] for r in rates)
+        per_round = " ".join(f"{statistics.median(j) / statistics.median(s):.2f}"
+                             for j, s in zip(runs["job"], runs["step"]))
+        print(f"| {name} | {job:.1f} | {step:.1f} | **{job / step:.2f}** | {per_round} | "
+              f"{verdict(job / step, args.threshold)} |")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES, metavar="ROUTE",
+                        help=f"augmentation routes to time: {' '.join(ROUTES)}")
+    parser.add_argument("--model", default="tf_efficientnetv2_b0")
+    parser.add_argument("--size", type=int, default=None,
+                        help="image side (default: 64 on the digits sample, the stored size with --data-dir)")
+    parser.add_argument("--batch", type=int, default=16, help="global batch")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                        help="compute dtype (default: the job's, bfloat16 on TPU, else float32)")
+    parser.add_argument("--data-dir", default=None, help="TFRecords in the competition layout (default: the sample)")
+    parser.add_argument("--steps", type=int, default=6, help="steps per timed window (the job's log interval)")
+    parser.add_argument("--windows", type=int, default=2, help="timed windows per route and round")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="without tf.data op determinism (the job's --no-deterministic): parallel maps stay "
+                             "parallel, the input order is not reproducible")
+    parser.add_argument("--threshold", type=float, default=0.9, help="job/step below this: input-bound")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.size is None and args.data_dir is None:
+        args.size = 64
+    bad = [f"--{name} {value}" for name, value in (("steps", args.steps), ("windows", args.windows),
+                                                    ("rounds", args.rounds), ("batch", args.batch)) if value < 1]
+    if bad:
+        parser.error(f"{', '.join(bad)}: must be >= 1")
+    if args.size is not None and args.size < 8:
+        parser.error(f"--size {args.size}: must be >= 8")
+    if not 0 < args.threshold <= 1:
+        parser.error(f"--threshold {args.threshold}: must be in (0, 1]")
+    args.routes = list(dict.fromkeys(args.routes))  # each route once, in the order given
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from kaggle_utils.config import ConfigError
+    from kaggle_utils.data import DataError
+
+    load_start = os.getloadavg()[0]
+    try:
+        result = measure(args)
+    except (ConfigError, DataError) as err:
+        raise SystemExit(f"job_speed.py: error: {err}") from None
+    report(result, args, load_start)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The bench scripts' cheap parts, without a GPU and without timing anything.
+
+* ``bench/model_speed.py``: the GPU modes need a lent GPU; what runs everywhere is that the script
+  imports and shows them without CUDA, fills in each mode's defaults, and stops with one line
+  (exit code 2, no traceback) where torch or JAX sees no GPU.
+* ``bench/job_speed.py``: its flags, the job config of every route (checked by the job's own
+  checks), the verdict. The measurement itself compiles a model per route and is run by hand
+  (bench/README.md).
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+import torch
+
+from kaggle_utils import run
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def model_speed():
+    return load_script("model_speed")
+
+
+@pytest.fixture(scope="module")
+def job_speed():
+    return load_script("job_speed")
+
+
+# --------------------------------------------------------------------------- model_speed.py
+
+def test_model_speed_help_lists_every_mode_without_cuda():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as on a machine without a GPU
+    done = subprocess.run([sys.executable, str(BENCH / "model_speed.py"), "--help"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for text in ("--mode {cpu,gpu,gpu-bf16,gpu-fp32}", "AMP bf16 + channels_last", "TF32 off on both sides",
+                 "--batch", "--size", "--model"):
+        assert text in done.stdout
+    assert "tensorflow" not in done.stderr.lower()
+
+
+def test_model_speed_mode_defaults_and_given_flags(model_speed, monkeypatch):
+    monkeypatch.setattr(model_speed, "gpu_problem", lambda: None)  # as on a machine with a GPU
+    cpu = model_speed.parse_args([])
+    assert (cpu.mode, cpu.batch, cpu.rounds, cpu.iters, cpu.warmup) == ("cpu", 8, 7, 3, 2)
+    gpu = model_speed.parse_args(["--mode", "gpu"])
+    assert (gpu.batch, gpu.rounds, gpu.iters, gpu.warmup) == (64, 5, 20, 5)
+    assert model_speed.MODES["gpu"] == ("bf16", "fp32")
+    quick = model_speed.parse_args(["--mode", "gpu-bf16", "--quick", "--batch", "128", "--size", "300"])
+    assert (quick.batch, quick.size, quick.rounds, quick.iters) == (128, 300, 3, 10)
+    assert model_speed.parse_args(["--quick"]).iters == 2
+
+
+def test_model_speed_refuses_bad_numbers_naming_the_flags(model_speed, capsys):
+    with pytest.raises(SystemExit) as stop:
+        model_speed.parse_args(["--batch", "0"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batch 0:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("missing", ["torch", "jax"])
+def test_model_speed_gpu_modes_without_a_gpu_stop_with_one_line(model_speed, monkeypatch, capsys, missing):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: missing != "torch")
+
+    def no_gpu(backend=None):
+        if backend == "gpu":
+            raise RuntimeError("Unknown backend: 'gpu' requested, but no platforms that are instances of gpu")
+        return real_devices(backend)
+
+    real_devices = jax.devices
+    monkeypatch.setattr(jax, "devices", no_gpu)
+    with pytest.raises(SystemExit) as stop:
+        model_speed.main(["--mode", "gpu-fp32"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "--mode gpu-fp32 needs a GPU" in err
+    assert ("visible to torch" if missing == "torch" else "visible to JAX") in err
+
+
+# --------------------------------------------------------------------------- job_speed.py
+
+
+def test_job_speed_times_every_route_with_a_config_the_job_accepts(job_speed):
+    args = job_speed.parse_args([])
+    assert args.routes == ["none", "randaugment", "imgaug", "randaugment-device"]
+    assert (args.size, args.batch) == (64, 16)
+    for route in args.routes:
+        config = job_speed.job_config(args, route)
+        run.check_config(config)  # the job's own checks: values, model name, monitor
+        assert config.data.augment == route
+        assert config.loop.log_every == args.steps  # a log window is a timed window
+        assert config.loop.steps == config.loop.steps_per_epoch == args.steps * (args.windows + 1)
+        assert not config.loop.tensorboard and config.data.deterministic  # as the job runs by default
+    assert not job_speed.job_config(job_speed.parse_args(["--nondeterministic"]), "imgaug").data.deterministic
+
+
+def test_job_speed_keeps_flags_given_and_refuses_bad_ones(job_speed, capsys):
+    args = job_speed.parse_args(["--routes", "imgaug", "none", "imgaug", "--size", "128", "--batch", "64"])
+    assert args.routes == ["imgaug", "none"] and (args.size, args.batch) == (128, 64)
+    assert job_speed.parse_args(["--data-dir", "somewhere"]).size is None  # the stored size
+    for flags, named in ((["--steps", "0"], "--steps 0"), (["--size", "4"], "--size 4"),
+                         (["--threshold", "1.5"], "--threshold 1.5"), (["--routes", "mixup"], "invalid choice")):
+        with pytest.raises(SystemExit) as stop:
+            job_speed.parse_args(flags)
+        assert stop.value.code == 2
+        assert named in capsys.readouterr().err
+
+
+def test_verdict_reads_the_ratio_against_the_threshold(job_speed):
+    assert job_speed.verdict(0.5, 0.9) == "input-bound"
+    assert job_speed.verdict(0.95, 0.9) == "step-bound"
+    assert job_speed.verdict(0.9, 0.9) == "step-bound"
