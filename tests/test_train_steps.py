@@ -130,7 +130,7 @@ def test_masked_evaluation_is_exact_whatever_the_batch_size(setup, mode):
     want_loss = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum())
     steps = make_steps(model, tx, CONFIG, mode=mode)
     state = steps.put_state(jax.device_get(create_train_state(variables, tx)))
-    for batch_size in (24, 400):  # 24: many batches, the last leaves 3 of 8 devices all padding; 400: one batch
+    for batch_size in (8, 24, 64, 400):
         total = None
         for b in batches(images, labels, batch_size):
             m = steps.get(steps.evaluate(state, steps.put_batch(b)))
