@@ -1,5 +1,4 @@
 """Device Mixup / CutMix: formulas, timm's targets, padding rows, determinism."""
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,9 +13,11 @@ B, H, W, C = 8, 12, 10, 3
 NUM_CLASSES = 10
 
 
-@functools.partial(jax.jit, static_argnums=4)
-def run(key, images, labels, mask, config):
-    return mix(key, images, labels, mask, config)
+# The formula tests call mix eagerly: its primitives compile once and serve every config, where a
+# jitted mix compiles its gamma sampler again for each config. The jitted path (the train step's) is
+# checked against the eager one in test_same_key_same_mix_other_key_other_mix.
+run = mix
+jitted_mix = jax.jit(mix, static_argnums=4)
 
 
 def batch(seed=0):
@@ -136,14 +137,17 @@ def test_probability_zero_is_the_identity_with_smoothed_one_hot_targets():
     np.testing.assert_allclose(np.asarray(targets), expected, atol=1e-7)
 
 
-def test_same_key_same_mix_other_key_other_mix():
+@pytest.mark.parametrize("mode", ["batch", "elem"])
+def test_same_key_same_mix_other_key_other_mix_jitted_or_not(mode):
     images, labels = batch()
-    config = mixup_and_cutmix("batch")  # compiled already by the padding test
-    first = run(jax.random.key(9), images, labels, None, config)
-    again = run(jax.random.key(9), images, labels, None, config)
+    config = mixup_and_cutmix(mode)
+    first = jitted_mix(jax.random.key(9), images, labels, None, config)
+    again = jitted_mix(jax.random.key(9), images, labels, None, config)
+    eager = run(jax.random.key(9), images, labels, None, config)
     other = run(jax.random.key(10), images, labels, None, config)
-    for a, b in zip(first, again):
+    for a, b, c in zip(first, again, eager):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-6, atol=1e-6)
     assert not np.array_equal(np.asarray(first[0]), np.asarray(other[0]))
 
 

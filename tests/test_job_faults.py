@@ -25,7 +25,7 @@ def job_process(args, out, cwd):
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
-    return make_sample_dataset(tmp_path_factory.mktemp("sample"))
+    return make_sample_dataset(tmp_path_factory.mktemp("sample"), image_size=16)  # compiles and steps stay cheap
 
 
 def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(sample, tmp_path):

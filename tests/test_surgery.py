@@ -495,12 +495,12 @@ def test_job_fine_tunes_ported_weights_with_a_frozen_backbone(tmp_path):
     from weights_port import port
 
     weights = tmp_path / "lite0.msgpack"
-    port("efficientnet_lite0", weights, pretrained=False, verify_size=32)  # random weights, verified against timm
-    data = make_sample_dataset(tmp_path / "data", image_size=32)
+    port("efficientnet_lite0", weights, pretrained=False, verify_size=16)  # random weights, verified against timm
+    data = make_sample_dataset(tmp_path / "data", image_size=16)
     out = tmp_path / "run"
     assert job.main(["train", "--data-dir", data.root, "--out", str(out), "--model", "efficientnet_lite0",
                      "--weights", str(weights), "--freeze", r"^(?!classifier/)", "--epochs", "1",
-                     "--steps-per-epoch", "2", "--batch-size", "16", "--no-progress"]) == 0
+                     "--steps-per-epoch", "2", "--batch-size", "8", "--no-progress"]) == 0
     state = checkpoint.load(out / "last.msgpack")["state"]
     ported = checkpoint.load(weights)
     assert int(state["step"]) == 2
