@@ -42,8 +42,9 @@ def sample(tmp_path_factory):
 
 # --------------------------------------------------------------------------- learning and resume
 
-# the README command, fewer epochs for time; checkpoints every 7 steps fall inside the 19-step epochs
-README_ARGS = ["train", "--epochs", "6", "--no-progress", "--checkpoint-every", "7", "--keep-checkpoints", "2"]
+# the README command, 4 epochs for time (measured: val_acc 0.97, test_acc 0.96; 3 epochs gave val_acc 0.90);
+# checkpoints every 7 steps fall inside the 19-step epochs
+README_ARGS = ["train", "--epochs", "4", "--no-progress", "--checkpoint-every", "7", "--keep-checkpoints", "2"]
 
 
 def start_job(args, out, cache, cwd):
@@ -95,7 +96,7 @@ def test_checkpoints_keep_the_last_k_and_the_best(learning_run):
     kept = sorted(p.name for p in out.glob("ckpt-*.msgpack"))
     assert len(kept) == 1  # --keep-checkpoints 2: last.msgpack + one older
     last_step = json.loads((out / "last.json").read_text())["step"]
-    assert last_step == 6 * 19 and int(kept[0][5:-8]) < last_step
+    assert last_step == 4 * 19 and int(kept[0][5:-8]) < last_step
     assert json.loads((out / kept[0].replace(".msgpack", ".json")).read_text())["step"] == int(kept[0][5:-8])
 
 
@@ -103,10 +104,10 @@ def test_config_json_records_the_run_and_the_files_are_readable_by_others(learni
     out = learning_run[0] / "run"
     recorded = json.loads((out / "config.json").read_text())
     config = TrainConfig.from_dict(recorded["config"])
-    assert config.loop.epochs == 6 and config.loop.checkpoint_every == 7 and config.data.data_dir == run.SAMPLE
+    assert config.loop.epochs == 4 and config.loop.checkpoint_every == 7 and config.data.data_dir == run.SAMPLE
     assert config.data.batch_size == 64 and config.optim.lr == 0.01 and config.model.num_classes == 10
-    assert recorded["given"] == {"epochs": 6, "checkpoint_every": 7, "keep_checkpoints": 2}
-    assert recorded["plan"]["steps_per_epoch"] == 19 and recorded["plan"]["total_steps"] == 114
+    assert recorded["given"] == {"epochs": 4, "checkpoint_every": 7, "keep_checkpoints": 2}
+    assert recorded["plan"]["steps_per_epoch"] == 19 and recorded["plan"]["total_steps"] == 76
 
 
 def test_predict_command_rewrites_the_submission_from_the_run_folder(learning_run, tmp_path, capsys):
@@ -148,7 +149,7 @@ def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(learning_
     proc.communicate()
     assert proc.returncode == -9
     step_kept = saved_step()
-    assert step_kept % 19 != 0 and step_kept < 114
+    assert step_kept % 19 != 0 and step_kept < 76
 
     log = finish(start_job(README_ARGS + ["--resume"], out, tmp / "jax_cache", tmp_path))
     assert f"resumed from {out / 'last.msgpack'}:" in log and f"step {step_kept}" in log
