@@ -5,6 +5,8 @@ with the highest matmul precision. Every registered variant is checked at one sm
 size (logits and every stage's output); a `tf_` (TF "SAME" padding) and symmetric-padding
 variants also at an odd size, where the two padding rules would agree and hide a bug.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,9 +140,11 @@ def test_bf16_compute_tier(name):
 
 
 def test_bf16_keeps_fp32_parameters_and_statistics():
+    # Dtypes are fixed when the functions are traced: shapes and dtypes without computing anything.
     model = create_model("tf_efficientnetv2_b0", num_classes=10, dtype=jnp.bfloat16)
-    variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-    _, state = model.apply(variables, jnp.ones((2, 32, 32, 3)), mutable=["batch_stats"])
+    variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+    _, state = jax.eval_shape(functools.partial(model.apply, mutable=["batch_stats"]), variables,
+                              jnp.ones((2, 32, 32, 3)))
     leaves = jax.tree.leaves(variables) + jax.tree.leaves(state)
     assert leaves and all(leaf.dtype == jnp.float32 for leaf in leaves)
 

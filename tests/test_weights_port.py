@@ -196,16 +196,15 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["w.msgpack"]  # no temp file left behind
 
 
-def test_cli_random_port(tmp_path):
+def test_cli_random_port(tmp_path, capsys):
+    # In this process: the exit status is main()'s return value (a process's exit status is
+    # checked by test_another_architectures_checkpoint_is_one_line_naming_model_and_keys).
     out = tmp_path / "b0.msgpack"
-    r = subprocess.run([sys.executable, "-m", "weights_port", NAME, "--random", "--out", str(out),
-                        "--verify-size", "64"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "max |logit diff| vs timm" in r.stdout
+    assert port_main([NAME, "--random", "--out", str(out), "--verify-size", "32"]) == 0
+    assert "max |logit diff| vs timm" in capsys.readouterr().out
     assert out.is_file() and (tmp_path / "b0.json").is_file()
-    bad = subprocess.run([sys.executable, "-m", "weights_port", NAME, "--checkpoint", str(tmp_path / "nope.pth"),
-                          "--out", str(tmp_path / "x.msgpack")], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "nope.pth does not exist" in bad.stderr
+    assert port_main([NAME, "--checkpoint", str(tmp_path / "nope.pth"), "--out", str(tmp_path / "x.msgpack")]) == 2
+    assert "nope.pth does not exist" in capsys.readouterr().err
     assert not (tmp_path / "x.msgpack").exists()
 
 

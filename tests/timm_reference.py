@@ -9,10 +9,17 @@ steps keep the weights random while the activations stay in a realistic range:
 * BN statistics are calibrated on a random batch (not the one compared), then perturbed;
 * the last BN of every residual branch gets a small gamma (the "zero-init last BN" trick,
   here 0.05-0.2 instead of 0), so the residual stream grows slowly with depth.
+
+Importing this module makes torch compute on one thread in this process: the reference
+forwards are on tiny inputs, where a second thread gains nothing, and on a machine shared by
+more processes than cores (pytest-xdist workers, JAX's own threads) torch's threads wait for
+each other at every op, which made the forwards many times slower than on one thread.
 """
 import numpy as np
 import timm
 import torch
+
+torch.set_num_threads(1)
 
 
 def _branch_end_norms(model):
