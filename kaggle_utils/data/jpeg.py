@@ -23,7 +23,7 @@ import io
 
 import numpy as np
 
-from .jpeg_check import CorruptJpegError, corrupt_problem, jpeg_problem, strict_decoder
+from .jpeg_check import CMYK_COLORSPACES, CorruptJpegError, corrupt_problem, jpeg_problem, strict_decoder
 
 __all__ = ["DCT_METHOD", "decode_jpeg_into"]
 
@@ -89,7 +89,7 @@ def _decode_strictly_into(data: bytes, out: np.ndarray) -> bool:
         return False
     if (height, width) != out.shape[:2]:
         raise ValueError(f"image is {height}x{width} (height x width), expected {out.shape[0]}x{out.shape[1]}")
-    if colorspace in ("CMYK", "YCCK"):
+    if colorspace in CMYK_COLORSPACES:
         problem = jpeg_problem(data)
         if problem:
             raise CorruptJpegError(problem)

@@ -52,7 +52,7 @@ NOT_CHECKED_NOTICE = (
     "kaggle_utils.data: simplejpeg is not installed (or too old for strict=), so JPEGs with corrupt data "
     "(which libjpeg only warns about, and which decode to garbage) are NOT detected and would be trained on; "
     "`pip install -U simplejpeg` turns the check on")
-_CMYK = ("CMYK", "YCCK")
+CMYK_COLORSPACES = ("CMYK", "YCCK")  # simplejpeg's names for four-channel JPEGs
 _NOT_LOADED = object()
 _decoder = _NOT_LOADED  # the simplejpeg module, or None where it is not installed
 _notice_given = False
@@ -107,7 +107,7 @@ def jpeg_problem(data: bytes) -> str:
     except ValueError:
         return ""
     try:  # min_height/min_width 1: decoded at 1/8 scale, with every coefficient still read
-        decoder.decode_jpeg(data, colorspace="CMYK" if colorspace in _CMYK else "RGB", strict=True,
+        decoder.decode_jpeg(data, colorspace="CMYK" if colorspace in CMYK_COLORSPACES else "RGB", strict=True,
                             min_height=1, min_width=1)
     except ValueError as err:
         return corrupt_problem(str(err))
