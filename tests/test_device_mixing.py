@@ -1,5 +1,7 @@
 """Device Mixup / CutMix: formulas, timm's targets, padding rows, determinism."""
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,6 +76,8 @@ def test_targets_equal_timms_mixup_target_and_sum_to_one():
     np.testing.assert_allclose(np.asarray(targets).sum(1), 1.0, atol=1e-6)
 
 
+@pytest.mark.skipif("multi_label" not in inspect.signature(mixup_target).parameters,
+                    reason="this timm's mixup_target has no multi_label (added after timm 1.0.26): no reference")
 def test_multi_label_targets_equal_timms():
     images, _ = batch()
     multi_hot = (jax.random.uniform(jax.random.key(2), (B, NUM_CLASSES)) < 0.3).astype(jnp.float32)

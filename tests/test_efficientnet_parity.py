@@ -15,6 +15,7 @@ import timm
 import torch
 
 from kaggle_utils.efficientnet import create_model, get_spec, list_models, pretrained_cfg
+from kaggle_utils.train import init_variables
 from timm_reference import random_timm_model, timm_forward, to_nhwc
 from weights_port import convert_timm
 
@@ -38,10 +39,17 @@ def stage_outputs(tm, x):
     return outs, logits
 
 
-def flax_outputs(name, variables, x, **kwargs):
-    model = create_model(name, **kwargs)
+def apply(model, variables, x, **kwargs):
+    """``model.apply`` compiled, in fp32 at the highest matmul precision.
+
+    Compiled because op-by-op execution of a whole EfficientNet costs several times its compilation.
+    """
     with jax.default_matmul_precision("highest"):
-        logits, state = jax.jit(lambda v, x: model.apply(v, x, mutable=["intermediates"]))(variables, x)
+        return jax.jit(functools.partial(model.apply, **kwargs))(variables, x)
+
+
+def flax_outputs(name, variables, x, **kwargs):
+    logits, state = apply(create_model(name, **kwargs), variables, x, mutable=["intermediates"])
     stages = [state["intermediates"][f"stage_{i}"][0] for i in range(len(state["intermediates"]))]
     return stages, logits
 
@@ -86,7 +94,7 @@ def test_padding_rule_matters():
     variables = convert_timm(tm, name)
     x = inputs(64)
     ref = timm_forward(tm, x)
-    wrong = create_model(name, padding="symmetric").apply(variables, x)
+    wrong = apply(create_model(name, padding="symmetric"), variables, x)
     assert rel_diff(wrong, ref) > 1e-3
 
 
@@ -103,8 +111,7 @@ def test_features_only_matches_timm():
     model = create_model(name, features_only=True)
     params = {k: v for k, v in variables["params"].items() if k not in ("conv_head", "bn2", "classifier")}
     stats = {k: v for k, v in variables["batch_stats"].items() if k != "bn2"}
-    with jax.default_matmul_precision("highest"):
-        feats = model.apply({"params": params, "batch_stats": stats}, x)
+    feats = apply(model, {"params": params, "batch_stats": stats}, x)
     assert [f.shape for f in feats] == [r.shape for r in ref]
     assert [f.shape[-1] for f in feats] == tf.feature_info.channels()
     for f, r in zip(feats, ref):
@@ -120,8 +127,7 @@ def test_backbone_returns_forward_features():
         ref = to_nhwc(tm.forward_features(torch.from_numpy(x.transpose(0, 3, 1, 2))))
     backbone = create_model(name, num_classes=0, global_pool="")
     variables["params"].pop("classifier")
-    with jax.default_matmul_precision("highest"):
-        fmap = backbone.apply(variables, x)
+    fmap = apply(backbone, variables, x)
     assert fmap.shape == ref.shape == (2, 2, 2, backbone.num_features)
     assert rel_diff(fmap, ref) < FP32_TOL
 
@@ -132,7 +138,7 @@ def test_bf16_compute_tier(name):
     variables = convert_timm(tm, name)
     x = inputs(64)
     ref = timm_forward(tm, x)
-    out = create_model(name, dtype=jnp.bfloat16).apply(variables, x)
+    out = apply(create_model(name, dtype=jnp.bfloat16), variables, x)
     assert out.dtype == jnp.float32  # logits come back in fp32 for the loss
     err = rel_diff(out, ref)
     assert 1e-4 < err < BF16_TOL, err  # really computed in bf16, and still close
@@ -160,8 +166,7 @@ def test_training_mode_updates_running_stats_like_torch():
         ref = tm(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
     ref_stats = convert_timm(tm, name)["batch_stats"]  # timm's running stats after its update
     model = create_model(name)
-    with jax.default_matmul_precision("highest"):
-        out, state = model.apply(variables, x, mutable=["batch_stats"], rngs={"dropout": jax.random.key(0)})
+    out, state = apply(model, variables, x, mutable=["batch_stats"], rngs={"dropout": jax.random.key(0)})
     assert rel_diff(out, ref) < FP32_TOL
     flat_new = jax.tree.leaves_with_path(state["batch_stats"])
     flat_ref = dict(jax.tree.leaves_with_path(ref_stats))
@@ -176,11 +181,10 @@ def test_training_mode_updates_running_stats_like_torch():
 def test_eval_is_default_and_train_mode_is_stochastic():
     model = create_model("tf_efficientnetv2_b0", num_classes=5, drop_rate=0.5, drop_path_rate=0.5)
     x = jnp.asarray(inputs(32))
-    v = model.init(jax.random.key(0), x)
-    assert np.array_equal(model.apply(v, x), model.apply(v, x, train=False))
-    a, _ = model.apply(v, x, mutable=["batch_stats"], rngs={"dropout": jax.random.key(1)})
-    b, _ = model.apply(v, x, mutable=["batch_stats"], rngs={"dropout": jax.random.key(2)})
-    assert not np.allclose(a, b)
+    v = init_variables(model, 32)
+    assert np.array_equal(apply(model, v, x), apply(model, v, x, train=False))
+    train = jax.jit(lambda v, key: model.apply(v, x, mutable=["batch_stats"], rngs={"dropout": key})[0])
+    assert not np.allclose(train(v, jax.random.key(1)), train(v, jax.random.key(2)))
 
 
 def test_registry_preprocessing_matches_timm():
