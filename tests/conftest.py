@@ -12,10 +12,24 @@ Two things must happen before jax or tensorflow are first imported anywhere:
   its config, not ``XLA_FLAGS``: an environment variable would be inherited by the notebook
   kernels nbmake starts, and the notebooks should run as on a user's CPU (one device). Tests that
   start processes give them their own ``XLA_FLAGS``.
+
+One more, for time: a persistent JAX compilation cache shared by the whole session (both
+xdist workers, the jobs tests start, the notebook kernels). Compiling is most of the suite's
+time, and many files compile the same programs (a model's init, the job's steps on the
+sample). It is an environment variable so that every process inherits it; the first process
+to load this file (pytest's controller) picks the folder, and removes it at the end. A cache
+size is set because that is what makes JAX lock the folder across processes.
 """
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _SESSION_CACHE = tempfile.mkdtemp(prefix="kaggle_utils_tests_jax_")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+else:
+    _SESSION_CACHE = None
 
 try:  # torch before tensorflow, see the module docstring
     import torch  # noqa: F401
@@ -26,3 +40,8 @@ except ImportError:  # the porter tests will fail on their own imports, with a c
 import jax  # noqa: E402  (after torch, see above)
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+
+def pytest_unconfigure(config):
+    if _SESSION_CACHE is not None:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

@@ -20,12 +20,10 @@ from kaggle_utils.data import make_sample_dataset
 REPO = Path(__file__).resolve().parents[1]
 
 
-def job_env(devices=1, cache=None):
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    if cache is not None:  # the runs of one test share compiled programs
-        env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
-    return env
+def job_env(devices=1):
+    """The job's environment: this one (and so the session's compilation cache, see conftest) on ``devices`` CPUs."""
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 def run_main(argv, capsys):
@@ -47,9 +45,9 @@ def sample(tmp_path_factory):
 README_ARGS = ["train", "--epochs", "4", "--no-progress", "--checkpoint-every", "7", "--keep-checkpoints", "2"]
 
 
-def start_job(args, out, cache, cwd):
+def start_job(args, out, cwd):
     return subprocess.Popen([sys.executable, "-m", "kaggle_utils", *args, "--out", str(out)], cwd=cwd,
-                            env=job_env(cache=cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc, timeout=900):
@@ -63,7 +61,7 @@ def learning_run(tmp_path_factory):
     """One uninterrupted run of the README command on one CPU device (no --data-dir: the sample)."""
     tmp = tmp_path_factory.mktemp("learning")
     start = time.perf_counter()
-    log = finish(start_job(README_ARGS, tmp / "run", tmp / "jax_cache", tmp))
+    log = finish(start_job(README_ARGS, tmp / "run", tmp))
     return tmp, time.perf_counter() - start, log
 
 
@@ -132,7 +130,7 @@ def test_load_run_gives_the_model_variables_and_config(learning_run):
 def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(learning_run, tmp_path):
     tmp = learning_run[0]
     out = tmp_path / "run"
-    proc = start_job(README_ARGS, out, tmp / "jax_cache", tmp_path)
+    proc = start_job(README_ARGS, out, tmp_path)
     deadline = time.monotonic() + 600
 
     def saved_step():
@@ -151,7 +149,7 @@ def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(learning_
     step_kept = saved_step()
     assert step_kept % 19 != 0 and step_kept < 76
 
-    log = finish(start_job(README_ARGS + ["--resume"], out, tmp / "jax_cache", tmp_path))
+    log = finish(start_job(README_ARGS + ["--resume"], out, tmp_path))
     assert f"resumed from {out / 'last.msgpack'}:" in log and f"step {step_kept}" in log
     full, resumed = (json.loads((d / "metrics.json").read_text()) for d in (tmp / "run", out))
     assert comparable(resumed["history"]) == comparable(full["history"])
@@ -398,7 +396,7 @@ def test_the_job_trains_from_class_folders_and_submits_the_folder_ids(learning_r
     for digit, i, image in _digit_images(3, offset=20):
         _save_png(tmp_path / "test" / f"t{digit}{i}.png", image)
     args = ["train", "--source", str(tmp_path / "folders"), "--test-source", str(tmp_path / "test"), *SOURCE_ARGS]
-    log = finish(start_job(args, tmp_path / "run", learning_run[0] / "jax_cache", tmp_path))
+    log = finish(start_job(args, tmp_path / "run", tmp_path))
     assert "converting 200 images to 32px TFRecords" in log
     with open(tmp_path / "run" / "submission.csv") as f:
         rows = list(csv.reader(f))
@@ -423,7 +421,7 @@ def test_the_job_trains_from_a_csv_and_submits_in_its_columns_with_its_label_nam
     args = ["train", "--source", str(tmp_path / "train.csv"), "--test-source", str(tmp_path / "test.csv"),
             "--image-dir", str(tmp_path / "images"), "--id-column", "image_id", "--label-column", "digit",
             *SOURCE_ARGS]
-    finish(start_job(args, tmp_path / "run", learning_run[0] / "jax_cache", tmp_path))
+    finish(start_job(args, tmp_path / "run", tmp_path))
     with open(tmp_path / "run" / "submission.csv") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["image_id", "digit"]
@@ -441,7 +439,7 @@ def test_the_job_trains_at_another_size_with_random_crops_and_evaluates_a_center
     """Stored at 32 px: train on random-resized 24 px crops, evaluate and predict 32 px center crops (FixRes)."""
     args = ["train", "--image-size", "24", "--train-crop", "random-resized", "--eval-image-size", "32",
             "--crop-pct", "0.875", "--steps", "3", "--batch-size", "64", "--no-progress"]
-    log = finish(start_job(args, tmp_path / "run", learning_run[0] / "jax_cache", tmp_path))
+    log = finish(start_job(args, tmp_path / "run", tmp_path))
     assert "at 24px" in log
     rows = (tmp_path / "run" / "submission.csv").read_text().splitlines()
     assert len(rows) - 1 == 269  # the sample's test split, every id once
