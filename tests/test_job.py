@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -17,13 +16,7 @@ from kaggle_utils import checkpoint, job, outdir, run
 from kaggle_utils.config import TrainConfig, config_from_args
 from kaggle_utils.data import make_sample_dataset
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def job_env(devices=1):
-    """The job's environment: this one (and so the session's compilation cache, see conftest) on ``devices`` CPUs."""
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+from job_helpers import finish, job_process
 
 
 def run_main(argv, capsys):
@@ -45,23 +38,12 @@ def sample(tmp_path_factory):
 README_ARGS = ["train", "--epochs", "4", "--no-progress", "--checkpoint-every", "7", "--keep-checkpoints", "2"]
 
 
-def start_job(args, out, cwd):
-    return subprocess.Popen([sys.executable, "-m", "kaggle_utils", *args, "--out", str(out)], cwd=cwd,
-                            env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(proc, timeout=900):
-    log = proc.communicate(timeout=timeout)[0]
-    assert proc.returncode == 0, log[-3000:]
-    return log
-
-
 @pytest.fixture(scope="module")
 def learning_run(tmp_path_factory):
     """One uninterrupted run of the README command on one CPU device (no --data-dir: the sample)."""
     tmp = tmp_path_factory.mktemp("learning")
     start = time.perf_counter()
-    log = finish(start_job(README_ARGS, tmp / "run", tmp))
+    log = finish(job_process(README_ARGS, tmp / "run", tmp))
     return tmp, time.perf_counter() - start, log
 
 
@@ -130,7 +112,7 @@ def test_load_run_gives_the_model_variables_and_config(learning_run):
 def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(learning_run, tmp_path):
     tmp = learning_run[0]
     out = tmp_path / "run"
-    proc = start_job(README_ARGS, out, tmp_path)
+    proc = job_process(README_ARGS, out, tmp_path)
     deadline = time.monotonic() + 600
 
     def saved_step():
@@ -149,7 +131,7 @@ def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(learning_
     step_kept = saved_step()
     assert step_kept % 19 != 0 and step_kept < 76
 
-    log = finish(start_job(README_ARGS + ["--resume"], out, tmp_path))
+    log = finish(job_process(README_ARGS + ["--resume"], out, tmp_path))
     assert f"resumed from {out / 'last.msgpack'}:" in log and f"step {step_kept}" in log
     full, resumed = (json.loads((d / "metrics.json").read_text()) for d in (tmp / "run", out))
     assert comparable(resumed["history"]) == comparable(full["history"])
@@ -367,81 +349,7 @@ def test_a_fine_tune_starts_from_a_zero_head_at_loss_ln_c(sample, tmp_path):
     assert abs(float(metrics["loss_sum"]) / int(metrics["count"]) - np.log(10)) < 1e-4
 
 
-# --------------------------------------------------------------------------- other competitions' data
-
-
-def _digit_images(n_per_class, offset=0):
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    for digit in range(10):
-        for i, image in enumerate(d.images[d.target == digit][offset:offset + n_per_class]):
-            big = np.kron((image * 255 / 16).astype(np.uint8), np.ones((4, 4), np.uint8))  # 8 -> 32 px
-            yield digit, i, np.repeat(big[..., None], 3, -1)
-
-
-def _save_png(path, image):
-    from PIL import Image
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(image).save(path)
-
-
-SOURCE_ARGS = ["--image-size", "32", "--steps", "2", "--batch-size", "64", "--no-progress"]
-
-
-def test_the_job_trains_from_class_folders_and_submits_the_folder_ids(learning_run, tmp_path):
-    for digit, i, image in _digit_images(20):
-        _save_png(tmp_path / "folders" / str(digit) / f"{digit}_{i}.png", image)
-    for digit, i, image in _digit_images(3, offset=20):
-        _save_png(tmp_path / "test" / f"t{digit}{i}.png", image)
-    args = ["train", "--source", str(tmp_path / "folders"), "--test-source", str(tmp_path / "test"), *SOURCE_ARGS]
-    log = finish(start_job(args, tmp_path / "run", tmp_path))
-    assert "converting 200 images to 32px TFRecords" in log
-    with open(tmp_path / "run" / "submission.csv") as f:
-        rows = list(csv.reader(f))
-    assert rows[0] == ["id", "label"]
-    assert sorted(r[0] for r in rows[1:]) == sorted(p.stem for p in (tmp_path / "test").iterdir())
-    assert {r[1] for r in rows[1:]} <= {str(d) for d in range(10)}
-    config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
-    assert config["data"]["class_names"] == [str(d) for d in range(10)]
-
-
-def test_the_job_trains_from_a_csv_and_submits_in_its_columns_with_its_label_names(learning_run, tmp_path):
-    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-    train_rows, test_ids = [], []
-    for digit, i, image in _digit_images(20):
-        _save_png(tmp_path / "images" / f"a{digit}_{i}.png", image)
-        train_rows.append(f"a{digit}_{i},{names[digit]}")
-    for digit, i, image in _digit_images(2, offset=20):
-        _save_png(tmp_path / "images" / f"b{digit}_{i}.png", image)
-        test_ids.append(f"b{digit}_{i}")
-    (tmp_path / "train.csv").write_text("image_id,digit\n" + "\n".join(train_rows) + "\n")
-    (tmp_path / "test.csv").write_text("image_id\n" + "\n".join(test_ids) + "\n")
-    args = ["train", "--source", str(tmp_path / "train.csv"), "--test-source", str(tmp_path / "test.csv"),
-            "--image-dir", str(tmp_path / "images"), "--id-column", "image_id", "--label-column", "digit",
-            *SOURCE_ARGS]
-    finish(start_job(args, tmp_path / "run", tmp_path))
-    with open(tmp_path / "run" / "submission.csv") as f:
-        rows = list(csv.reader(f))
-    assert rows[0] == ["image_id", "digit"]
-    assert [r[0] for r in rows[1:]] == test_ids  # the test CSV's order
-    assert {r[1] for r in rows[1:]} <= set(names)
-
-
 def test_source_and_data_dir_exclude_each_other(sample, tmp_path, capsys):
     code, err = run_main(["train", "--data-dir", sample.root, "--source", str(tmp_path), "--image-size", "16",
                           "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and "--source and --data-dir exclude each other" in err
-
-
-def test_the_job_trains_at_another_size_with_random_crops_and_evaluates_a_center_crop(learning_run, tmp_path):
-    """Stored at 32 px: train on random-resized 24 px crops, evaluate and predict 32 px center crops (FixRes)."""
-    args = ["train", "--image-size", "24", "--train-crop", "random-resized", "--eval-image-size", "32",
-            "--crop-pct", "0.875", "--steps", "3", "--batch-size", "64", "--no-progress"]
-    log = finish(start_job(args, tmp_path / "run", tmp_path))
-    assert "at 24px" in log
-    rows = (tmp_path / "run" / "submission.csv").read_text().splitlines()
-    assert len(rows) - 1 == 269  # the sample's test split, every id once
-    config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
-    assert config["model"]["image_size"] == 24 and config["data"]["crop_pct"] == 0.875

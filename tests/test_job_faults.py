@@ -1,8 +1,5 @@
 """The job never loses a run and never lies: real processes for the faults, exit codes and files checked."""
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,14 +10,7 @@ import pytest
 from kaggle_utils import checkpoint, job, run
 from kaggle_utils.data import make_sample_dataset, write_split
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def job_process(args, out, cwd):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "kaggle_utils", *args, "--out", str(out)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+from job_helpers import job_process
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,78 @@
+"""The job on other competitions' data: class folders, a CSV, another image size (real processes, as a user runs it)."""
+import csv
+import json
+
+import numpy as np
+
+from job_helpers import finish, job_process
+
+
+def _digit_images(n_per_class, offset=0):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    for digit in range(10):
+        for i, image in enumerate(d.images[d.target == digit][offset:offset + n_per_class]):
+            big = np.kron((image * 255 / 16).astype(np.uint8), np.ones((4, 4), np.uint8))  # 8 -> 32 px
+            yield digit, i, np.repeat(big[..., None], 3, -1)
+
+
+def _save_png(path, image):
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image).save(path)
+
+
+SOURCE_ARGS = ["--image-size", "32", "--steps", "2", "--batch-size", "64", "--no-progress"]
+
+
+def test_the_job_trains_from_class_folders_and_submits_the_folder_ids(tmp_path):
+    for digit, i, image in _digit_images(20):
+        _save_png(tmp_path / "folders" / str(digit) / f"{digit}_{i}.png", image)
+    for digit, i, image in _digit_images(3, offset=20):
+        _save_png(tmp_path / "test" / f"t{digit}{i}.png", image)
+    args = ["train", "--source", str(tmp_path / "folders"), "--test-source", str(tmp_path / "test"), *SOURCE_ARGS]
+    log = finish(job_process(args, tmp_path / "run", tmp_path))
+    assert "converting 200 images to 32px TFRecords" in log
+    with open(tmp_path / "run" / "submission.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["id", "label"]
+    assert sorted(r[0] for r in rows[1:]) == sorted(p.stem for p in (tmp_path / "test").iterdir())
+    assert {r[1] for r in rows[1:]} <= {str(d) for d in range(10)}
+    config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert config["data"]["class_names"] == [str(d) for d in range(10)]
+
+
+def test_the_job_trains_from_a_csv_and_submits_in_its_columns_with_its_label_names(tmp_path):
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    train_rows, test_ids = [], []
+    for digit, i, image in _digit_images(20):
+        _save_png(tmp_path / "images" / f"a{digit}_{i}.png", image)
+        train_rows.append(f"a{digit}_{i},{names[digit]}")
+    for digit, i, image in _digit_images(2, offset=20):
+        _save_png(tmp_path / "images" / f"b{digit}_{i}.png", image)
+        test_ids.append(f"b{digit}_{i}")
+    (tmp_path / "train.csv").write_text("image_id,digit\n" + "\n".join(train_rows) + "\n")
+    (tmp_path / "test.csv").write_text("image_id\n" + "\n".join(test_ids) + "\n")
+    args = ["train", "--source", str(tmp_path / "train.csv"), "--test-source", str(tmp_path / "test.csv"),
+            "--image-dir", str(tmp_path / "images"), "--id-column", "image_id", "--label-column", "digit",
+            *SOURCE_ARGS]
+    finish(job_process(args, tmp_path / "run", tmp_path))
+    with open(tmp_path / "run" / "submission.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["image_id", "digit"]
+    assert [r[0] for r in rows[1:]] == test_ids  # the test CSV's order
+    assert {r[1] for r in rows[1:]} <= set(names)
+
+
+def test_the_job_trains_at_another_size_with_random_crops_and_evaluates_a_center_crop(tmp_path):
+    """Stored at 32 px: train on random-resized 24 px crops, evaluate and predict 32 px center crops (FixRes)."""
+    args = ["train", "--image-size", "24", "--train-crop", "random-resized", "--eval-image-size", "32",
+            "--crop-pct", "0.875", "--steps", "3", "--batch-size", "64", "--no-progress"]
+    log = finish(job_process(args, tmp_path / "run", tmp_path))
+    assert "at 24px" in log
+    rows = (tmp_path / "run" / "submission.csv").read_text().splitlines()
+    assert len(rows) - 1 == 269  # the sample's test split, every id once
+    config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert config["model"]["image_size"] == 24 and config["data"]["crop_pct"] == 0.875
