@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from job_helpers import finish, job_process
+from job_helpers import TEST_MODEL, finish, job_process
 
 
 def _digit_images(n_per_class, offset=0):
@@ -24,7 +24,8 @@ def _save_png(path, image):
     Image.fromarray(image).save(path)
 
 
-SOURCE_ARGS = ["--image-size", "32", "--steps", "2", "--batch-size", "64", "--no-progress"]
+SOURCE_ARGS = ["--model", TEST_MODEL, "--image-size", "32", "--steps", "2", "--batch-size", "64",
+               "--no-progress"]
 
 
 def test_the_job_trains_from_class_folders_and_submits_the_folder_ids(tmp_path):
@@ -68,7 +69,8 @@ def test_the_job_trains_from_a_csv_and_submits_in_its_columns_with_its_label_nam
 
 def test_the_job_trains_at_another_size_with_random_crops_and_evaluates_a_center_crop(tmp_path):
     """Stored at 32 px: train on random-resized 24 px crops, evaluate and predict 32 px center crops (FixRes)."""
-    args = ["train", "--image-size", "24", "--train-crop", "random-resized", "--eval-image-size", "32",
+    args = ["train", "--model", TEST_MODEL, "--image-size", "24", "--train-crop", "random-resized",
+            "--eval-image-size", "32",
             "--crop-pct", "0.875", "--steps", "3", "--batch-size", "64", "--no-progress"]
     log = finish(job_process(args, tmp_path / "run", tmp_path))
     assert "at 24px" in log

@@ -10,7 +10,7 @@ import pytest
 from kaggle_utils import checkpoint, job, run
 from kaggle_utils.data import make_sample_dataset, write_split
 
-from job_helpers import job_process
+from job_helpers import TEST_MODEL, finish, job_process
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +18,53 @@ def sample(tmp_path_factory):
     return make_sample_dataset(tmp_path_factory.mktemp("sample"), image_size=16)  # compiles and steps stay cheap
 
 
+# 2 epochs of 19 steps; checkpoints every 7 steps, so those at 21, 28 and 35 fall inside epoch 2
+RESUMABLE_ARGS = ["train", "--model", TEST_MODEL, "--epochs", "2", "--no-progress", "--checkpoint-every", "7",
+                  "--keep-checkpoints", "2"]
+
+
+def comparable(history):
+    return [{k: v for k, v in row.items() if k not in ("img_per_s", "seconds")} for row in history]
+
+
+def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(sample, tmp_path):
+    full = tmp_path / "full"
+    finish(job_process([*RESUMABLE_ARGS, "--data-dir", sample.root], full, tmp_path))
+    out = tmp_path / "run"
+    proc = job_process([*RESUMABLE_ARGS, "--data-dir", sample.root], out, tmp_path)
+    deadline = time.monotonic() + 600
+
+    def saved_step():
+        try:
+            return json.loads((out / "last.json").read_text())["step"]
+        except (OSError, ValueError):
+            return 0
+
+    while saved_step() < 21:
+        assert proc.poll() is None, "the job ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint came in time"
+        time.sleep(0.02)
+    proc.kill()  # SIGKILL, mid-epoch
+    proc.communicate()
+    assert proc.returncode == -9
+    step_kept = saved_step()
+    assert step_kept % 19 != 0 and step_kept < 38
+
+    log = finish(job_process([*RESUMABLE_ARGS, "--data-dir", sample.root, "--resume"], out, tmp_path))
+    assert f"resumed from {out / 'last.msgpack'}:" in log and f"step {step_kept}" in log
+    reference, resumed = (json.loads((d / "metrics.json").read_text()) for d in (full, out))
+    assert comparable(resumed["history"]) == comparable(reference["history"])
+    for name in ("best.msgpack", "submission.csv"):
+        assert (out / name).read_bytes() == (full / name).read_bytes(), name
+    states = [checkpoint.load(d / "last.msgpack")["state"] for d in (full, out)]  # its history has timings
+    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(sample, tmp_path):
     out = tmp_path / "run"
-    first = job_process(["train", "--data-dir", sample.root, "--steps", "4", "--steps-per-epoch", "2",
-                         "--no-progress"], out, tmp_path)
+    first = job_process(["train", "--data-dir", sample.root, "--model", TEST_MODEL, "--steps", "4",
+                         "--steps-per-epoch", "2", "--no-progress"], out, tmp_path)
     deadline = time.monotonic() + 300
     while not (out / ".kaggle_utils.lock").is_file():
         assert first.poll() is None and time.monotonic() < deadline
@@ -38,8 +81,8 @@ def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(sampl
 
 def test_a_diverging_run_stops_before_saving_a_diverged_state(sample, tmp_path):
     out = tmp_path / "run"
-    proc = job_process(["train", "--data-dir", sample.root, "--lr", "1e30", "--steps", "3", "--steps-per-epoch", "1",
-                        "--log-every", "1", "--no-progress"], out, tmp_path)
+    proc = job_process(["train", "--data-dir", sample.root, "--model", TEST_MODEL, "--lr", "1e30", "--steps", "3",
+                        "--steps-per-epoch", "1", "--log-every", "1", "--no-progress"], out, tmp_path)
     log = proc.communicate(timeout=900)[0]
     assert proc.returncode == 3, log[-2000:]
     assert "stopped before writing anything, so the checkpoints hold the last good state" in log

@@ -15,6 +15,7 @@ from kaggle_utils.parallel import make_mesh
 from kaggle_utils.efficientnet import create_model
 from kaggle_utils.efficientnet.layers import BatchNorm as KitBatchNorm, LayerCfg
 from kaggle_utils.train import SoftmaxClassification, StepConfig, create_train_state, make_optimizer, make_steps
+from job_helpers import TEST_MODEL
 from train_helpers import TinyCNN, batches, digits
 
 ACTS = {"relu": nn.relu, "gelu": nn.gelu}
@@ -494,11 +495,11 @@ def test_job_fine_tunes_ported_weights_with_a_frozen_backbone(tmp_path):
     from kaggle_utils.data import make_sample_dataset
     from weights_port import port
 
-    weights = tmp_path / "lite0.msgpack"
-    port("efficientnet_lite0", weights, pretrained=False, verify_size=16)  # random weights, verified against timm
+    weights = tmp_path / "ported.msgpack"
+    port(TEST_MODEL, weights, pretrained=False, verify_size=16)  # random weights, verified against timm
     data = make_sample_dataset(tmp_path / "data", image_size=16)
     out = tmp_path / "run"
-    assert job.main(["train", "--data-dir", data.root, "--out", str(out), "--model", "efficientnet_lite0",
+    assert job.main(["train", "--data-dir", data.root, "--out", str(out), "--model", TEST_MODEL,
                      "--weights", str(weights), "--freeze", r"^(?!classifier/)", "--epochs", "1",
                      "--steps-per-epoch", "2", "--batch-size", "8", "--no-progress"]) == 0
     state = checkpoint.load(out / "last.msgpack")["state"]
@@ -507,6 +508,6 @@ def test_job_fine_tunes_ported_weights_with_a_frozen_backbone(tmp_path):
     assert trees_equal(state["batch_stats"], ported["batch_stats"])
     backbone = {k: v for k, v in ported["params"].items() if k != "classifier"}
     assert trees_equal({k: state["params"][k] for k in backbone}, backbone)
-    assert state["params"]["classifier"]["kernel"].shape == (1280, 10)
+    assert state["params"]["classifier"]["kernel"].shape == (256, 10)
     moments = [v for p, v in surgery.flatten(state["opt_state"]).items() if "/mu/classifier/" in p]
     assert moments and all(np.any(m != 0) for m in moments)  # the head did get gradients

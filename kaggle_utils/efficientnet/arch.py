@@ -229,6 +229,15 @@ _V2_XL = (
 
 _TF = dict(padding="same", bn_eps=1e-3)
 
+# timm's minimal test network: one block per stage, every block type, a 256-wide head.
+_TEST = (
+    ("cn_r1_k3_s1_e1_c16_skip",),
+    ("er_r1_k3_s2_e4_c24",),
+    ("er_r1_k3_s2_e4_c32",),
+    ("ir_r1_k3_s2_e4_c48_se0.25",),
+    ("ir_r1_k3_s2_e4_c64_se0.25",),
+)
+
 
 def _cfg(norm, input_size, crop_pct=1.0, interpolation="bicubic"):
     mean, std = norm
@@ -288,6 +297,11 @@ def _registry() -> dict[str, ModelSpec]:
         tf_interp = "bilinear" if i >= 3 else "bicubic"
         tf_crop = 0.92 if i == 4 else crop
         add(f"tf_efficientnet_lite{i}", **common, **_TF, **_cfg(_INCEPTION, res, tf_crop, tf_interp))
+
+    # timm's `test_efficientnet`: its seconds-to-compile size makes it the model of tests about
+    # anything but the network (jobs, loops, checkpoints); its own parity is checked like every name.
+    add("test_efficientnet", arch_def=_TEST, stem_size=24, num_features=256, round_limit=0.0,
+        **_cfg(_IMAGENET, 160, 0.95))
     return {s.name: s for s in specs}
 
 
