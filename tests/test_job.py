@@ -117,7 +117,7 @@ def test_a_field_added_to_the_config_is_a_flag_and_is_written_to_config_json(sam
     parser = job.build_parser(ExtendedConfig)
     assert "--my-new-knob" in parser._subparsers._group_actions[0].choices["train"].format_help()
     args = parser.parse_args(["train", "--data-dir", sample.root, "--out", str(tmp_path), "--my-new-knob", "3",
-                              "--steps", "2", "--no-progress"])
+                              "--model", TEST_MODEL, "--steps", "2", "--no-progress"])
     assert config_from_args(args, ExtendedConfig).my_new_knob == 3
 
     class Stop(Exception):
