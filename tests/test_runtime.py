@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from kaggle_utils import run, runtime
@@ -126,6 +127,14 @@ def test_smoke_override_rejects_other_values(monkeypatch):
         runtime.smoke_override()
 
 
+def parameter_count(name):
+    from kaggle_utils.efficientnet import create_model
+    from kaggle_utils.variable_trees import abstract_variables
+
+    shapes = abstract_variables(create_model(name), jax.ShapeDtypeStruct((1, 32, 32, 3), np.float32))
+    return sum(leaf.size for leaf in jax.tree.leaves(shapes["params"]))
+
+
 def test_cpu_without_data_is_smoke_sized(tmp_path):
     (tmp_path / "input").mkdir()
     rt = runtime.detect(root=tmp_path)
@@ -133,7 +142,7 @@ def test_cpu_without_data_is_smoke_sized(tmp_path):
     assert (rt.platform, rt.device_count, rt.smoke, rt.data_dir) == ("cpu", jax.device_count(), True, None)
     assert rt.image_size < full.image_size and rt.image_size <= 64  # small images
     assert rt.steps_per_epoch is not None and rt.steps_per_epoch * rt.epochs <= 10  # few steps
-    assert rt.model == full.model  # the smallest network the CPU defaults use
+    assert parameter_count(rt.model) < parameter_count(full.model) / 10  # a tiny network
     assert rt.dtype == "float32" and rt.global_batch % rt.device_count == 0
     assert rt.on_kaggle and rt.out_dir == tmp_path / "working"
 
@@ -182,7 +191,8 @@ def test_weights_are_matched_to_the_model_by_their_manifest(tmp_path, monkeypatc
     (inputs / "efficientnetv2-jax" / "orphan.msgpack").write_bytes(b"\x80")  # no manifest
     assert runtime.find_weights(root=tmp_path) == [b0, m]
     assert runtime.find_weights("m", root=tmp_path) == [m]  # short names too
-    assert runtime.detect(root=tmp_path).weights == b0  # the smoke model's weights
+    assert runtime.detect(root=tmp_path).weights is None  # none of the smoke model (test_efficientnet)
+    assert runtime.detect(root=tmp_path, model="b0").weights == b0
     assert runtime.detect(root=tmp_path, model="tf_efficientnetv2_m").weights == m
     monkeypatch.setenv(runtime.WEIGHTS_ENV, str(m))
     assert runtime.find_weights(root=tmp_path) == [m]
