@@ -1,4 +1,7 @@
-"""``python -m kaggle_utils``: the README command learns, resumes mid-epoch exactly; bad input fails before any work."""
+"""``python -m kaggle_utils``: the README command learns and submits; bad input fails before any work.
+
+Kills, locks and resume after SIGKILL are in test_job_faults.
+"""
 import csv
 import dataclasses
 import json
