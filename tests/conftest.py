@@ -19,6 +19,8 @@ time, and many files compile the same programs (a model's init, the job's steps 
 sample). It is an environment variable so that every process inherits it; the first process
 to load this file (pytest's controller) picks the folder, and removes it at the end. A cache
 size is set because that is what makes JAX lock the folder across processes.
+
+And one fixture several files share: ``sample``, the job tests' data, made once per process.
 """
 import os
 import shutil
@@ -38,8 +40,17 @@ except ImportError:  # the porter tests will fail on their own imports, with a c
     pass
 
 import jax  # noqa: E402  (after torch, see above)
+import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+
+@pytest.fixture(scope="session")
+def sample(tmp_path_factory):
+    """The embedded digits sample at 16 px, for the job tests: their compiles and steps stay cheap."""
+    from kaggle_utils.data import make_sample_dataset
+
+    return make_sample_dataset(tmp_path_factory.mktemp("sample"), image_size=16)
 
 
 def pytest_unconfigure(config):

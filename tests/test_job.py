@@ -29,12 +29,7 @@ def run_main(argv, capsys):
     return exit_info.value.code, capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-    return make_sample_dataset(tmp_path_factory.mktemp("sample"), image_size=16)
-
-
-# --------------------------------------------------------------------------- learning and resume
+# --------------------------------------------------------------------------- learning
 
 # the README command, 4 epochs for time (measured: val_acc 0.97, test_acc 0.96; 3 epochs gave val_acc 0.90);
 # checkpoints every 7 steps fall inside the 19-step epochs

@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 
 from kaggle_utils import checkpoint, job, run
-from kaggle_utils.data import make_sample_dataset, write_split
+from kaggle_utils.data import write_split
 
 from job_helpers import TEST_MODEL, finish, job_process
-
-
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-    return make_sample_dataset(tmp_path_factory.mktemp("sample"), image_size=16)  # compiles and steps stay cheap
 
 
 # 2 epochs of 19 steps; checkpoints every 7 steps, so those at 21, 28 and 35 fall inside epoch 2
