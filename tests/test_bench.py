@@ -6,6 +6,8 @@
 * ``bench/job_speed.py``: its flags, the job config of every route (checked by the job's own
   checks), the verdict. The measurement itself compiles a model per route and is run by hand
   (bench/README.md).
+* ``bench/stage_speed.py``: one tiny run end to end (timm's ``test_efficientnet`` at 32 px): every
+  piece of the network is timed on both sides, at the shape timm's forward gives it.
 """
 import importlib.util
 import os
@@ -37,6 +39,11 @@ def model_speed():
 @pytest.fixture(scope="module")
 def job_speed():
     return load_script("job_speed")
+
+
+@pytest.fixture(scope="module")
+def stage_speed():
+    return load_script("stage_speed")
 
 
 # --------------------------------------------------------------------------- model_speed.py
@@ -125,3 +132,30 @@ def test_verdict_reads_the_ratio_against_the_threshold(job_speed):
     assert job_speed.verdict(0.5, 0.9) == "input-bound"
     assert job_speed.verdict(0.95, 0.9) == "step-bound"
     assert job_speed.verdict(0.9, 0.9) == "step-bound"
+
+
+# --------------------------------------------------------------------------- stage_speed.py
+
+
+def test_stage_speed_times_every_piece_of_the_network_on_both_sides(stage_speed, capsys):
+    import timm
+
+    args = stage_speed.parse_args(["--model", "test_efficientnet", "--size", "32", "--batch", "2",
+                                   "--rounds", "2", "--iters", "1", "--warmup", "1"])
+    rows = stage_speed.run(args)
+    stages = len(timm.create_model("test_efficientnet").blocks)
+    assert [r["piece"] for r in rows] == ["stem"] + [f"stage {i}" for i in range(stages)] + ["head"]
+    assert rows[0]["shape"] == (2, 3, 32, 32) and rows[1]["shape"] == (2, 24, 16, 16)  # after the stride-2 stem
+    for row in rows:
+        assert len(row["flax"]) == len(row["timm"]) == 2 and min(r["ms"] for r in row["flax"] + row["timm"]) > 0
+    stage_speed.report(rows, args, 0.0)
+    table = capsys.readouterr().out
+    assert table.count("\n| stage ") == stages and "| all pieces |" in table
+
+
+def test_stage_speed_refuses_bad_numbers_naming_the_flags(stage_speed, capsys):
+    with pytest.raises(SystemExit) as stop:
+        stage_speed.parse_args(["--rounds", "0", "--size", "4"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rounds 0, --size 4:" in err and "Traceback" not in err
