@@ -167,7 +167,7 @@ def timm_cases(timm_model, images, labels, *, device: str = "cpu", precision: st
 
 
 def timed_run(fn, batch: int, iters: int, finish=None) -> dict:
-    """Images/s over ``iters`` calls (then ``finish(last output)``), and CPU time and minor page faults per call.
+    """Images/s over ``iters`` calls (then ``finish(last output)``); wall ms, CPU time and minor page faults per call.
 
     CPU time is split into user and system: on CPU, XLA allocates a training step's scratch
     memory afresh on every call, and the kernel's page faulting of it shows up as system
@@ -179,7 +179,8 @@ def timed_run(fn, batch: int, iters: int, finish=None) -> dict:
     if finish is not None:
         finish(out)
     wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
-    return {"img/s": batch * iters / wall, "user ms": 1e3 * (after.ru_utime - before.ru_utime) / iters,
+    return {"img/s": batch * iters / wall, "ms": 1e3 * wall / iters,
+            "user ms": 1e3 * (after.ru_utime - before.ru_utime) / iters,
             "sys ms": 1e3 * (after.ru_stime - before.ru_stime) / iters,
             "minor faults": (after.ru_minflt - before.ru_minflt) / iters}
 

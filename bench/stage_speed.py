@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
-import time
 
 import torch  # noqa: E402  (before anything that could pull tensorflow in: see tests/conftest.py)
+
+from model_speed import timed_run  # a sibling script: bench/ is on sys.path when a script there runs
 
 
 def timm_pieces(model) -> dict:
@@ -99,18 +99,8 @@ def cases(args) -> list[tuple[str, tuple, callable, callable]]:
     return built
 
 
-def _per_call(fn, iters: int) -> dict:
-    """Wall milliseconds, system CPU milliseconds and minor page faults per call of ``fn``."""
-    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    for _ in range(iters):
-        fn()
-    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
-    return {"ms": wall / iters * 1e3, "sys ms": (after.ru_stime - before.ru_stime) / iters * 1e3,
-            "faults": (after.ru_minflt - before.ru_minflt) / iters}
-
-
 def run(args) -> list[dict]:
-    """Per piece: its input shape and, per side, one :func:`_per_call` result per round."""
+    """Per piece: its input shape and, per side, one ``timed_run`` result per round (``ms`` per call)."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     built = cases(args)
@@ -120,8 +110,8 @@ def run(args) -> list[dict]:
     rows = [{"piece": name, "shape": shape, "flax": [], "timm": []} for name, shape, _, _ in built]
     for _ in range(args.rounds):
         for row, (_, _, flax_call, timm_call) in zip(rows, built):
-            row["flax"].append(_per_call(flax_call, args.iters))
-            row["timm"].append(_per_call(timm_call, args.iters))
+            row["flax"].append(timed_run(flax_call, args.batch, args.iters))
+            row["timm"].append(timed_run(timm_call, args.batch, args.iters))
     return rows
 
 
@@ -140,7 +130,7 @@ def report(rows: list[dict], args, load_start: float) -> None:
         per_round = " ".join(f"{b['ms'] / a['ms']:.2f}" for a, b in zip(row["flax"], row["timm"]))
         print(f"| {row['piece']} | {'x'.join(map(str, row['shape']))} | {f:.1f} | {t:.1f} | **{t / f:.2f}** | "
               f"{f - t:+.1f} | {per_round} | {med['flax']['sys ms']:.0f} / {med['timm']['sys ms']:.0f} | "
-              f"{med['flax']['faults']:.0f} / {med['timm']['faults']:.0f} |")
+              f"{med['flax']['minor faults']:.0f} / {med['timm']['minor faults']:.0f} |")
     f, t = total["flax"], total["timm"]
     print(f"| all pieces | | {f:.1f} | {t:.1f} | **{t / f:.2f}** | {f - t:+.1f} | | | |")
 

@@ -25,6 +25,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def load_script(name: str):
+    if str(BENCH) not in sys.path:  # as when a script in bench/ runs: its siblings import by name
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
