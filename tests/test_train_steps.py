@@ -76,7 +76,11 @@ def test_train_steps_match_the_single_device_reference(setup, reference, mode, n
     assert max_diff(host.batch_stats, ref_stats) < 1e-5
     assert max_diff(host.params, variables["params"]) > 1e-3  # it did train
     assert int(host.step) == 2
-    assert int(steps.get(metrics)["count"]) == 29  # padding never counts
+    figures = steps.get(metrics)
+    assert int(figures["task"]["count"]) == 29  # padding never counts
+    # the optimiser's figures are a group of their own, never mixed into the task's sums
+    assert set(figures) == {"task", "optim"} and not set(figures["task"]) & set(figures["optim"])
+    assert int(figures["optim"]["steps"]) == 1 and float(figures["optim"]["grad_norm"]) > 0
 
 
 def test_pmap_and_jit_modes_give_identical_results(setup):
@@ -115,7 +119,7 @@ def test_bf16_compute_keeps_fp32_state(setup):
     steps = make_steps(TinyCNN(bn_axis_name="data", dtype=jnp.bfloat16), tx, CONFIG, mode="jit")
     state = steps.put_state(jax.device_get(create_train_state(variables, tx)))
     state, metrics = steps.train(state, steps.put_batch(host_batches[0]))
-    assert np.isfinite(float(steps.get(metrics)["loss_sum"]))
+    assert np.isfinite(float(steps.get(metrics)["task"]["loss_sum"]))
     for leaf in jax.tree.leaves((state.params, state.batch_stats, state.opt_state)):
         assert leaf.dtype in (jnp.float32, jnp.int32), leaf.dtype
 

@@ -127,4 +127,7 @@ def load_last(path: str | Path, template, columns: Sequence[str]) -> tuple[Any, 
     state = serialization.from_state_dict(template, raw["state"])
     state = jax.tree.map(lambda v, t: np.asarray(v, np.asarray(t).dtype), state, template)
     pending = raw.get("pending") or None
+    if pending is not None and "task" not in pending:  # written before the step grouped its outputs
+        optim = {k: pending.pop(k) for k in ("grad_norm", "param_norm", "steps")}
+        pending = {"task": pending, "optim": optim}
     return state, _history_from_arrays(raw["history"], columns, path), pending

@@ -92,7 +92,12 @@ def _global_norm(tree) -> jax.Array:
 
 def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTransformation,
                config: StepConfig) -> tuple[TrainState, dict]:
-    """One optimizer step on one replica's shard; returns the new state and summed metrics."""
+    """One optimizer step on one replica's shard; returns the new state and two groups of figures.
+
+    ``{"task": the task's summed statistics, "optim": grad_norm, param_norm, steps}``: the loop
+    finishes the first with the task and averages the second over ``steps``, with no name of one
+    group ever read as the other's.
+    """
     dropout_key, augment_key, mix_key = jax.random.split(replica_key(state.rng, state.step), 3)
     images, labels, mask = batch["image"], batch["label"], batch["mask"]
     if config.augment is not None:
@@ -122,12 +127,12 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
         decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
         ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
     # the loss trained on (mixed, smoothed targets); mixed rows count as their main label for accuracy
-    metrics = lax.psum(config.task.metric_sums(logits, labels if config.mix is None else targets, mask,
-                                               full=False, losses=losses), AXIS)
-    metrics.update(grad_norm=_global_norm(grads), param_norm=_global_norm(params), steps=jnp.ones((), jnp.int32))
+    task_sums = lax.psum(config.task.metric_sums(logits, labels if config.mix is None else targets, mask,
+                                                 full=False, losses=losses), AXIS)
+    optim = {"grad_norm": _global_norm(grads), "param_norm": _global_norm(params), "steps": jnp.ones((), jnp.int32)}
     new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state,
                               ema_params=ema)
-    return new_state, metrics
+    return new_state, {"task": task_sums, "optim": optim}
 
 
 def eval_step(state: TrainState, batch: dict, *, model, config: StepConfig) -> dict:
@@ -159,7 +164,7 @@ class Steps:
 
     mode: str
     mesh: Mesh
-    train: Callable  # (state, device_batch) -> (state, metrics); donates the state
+    train: Callable  # (state, device_batch) -> (state, {"task": sums, "optim": figures}); donates the state
     evaluate: Callable  # (state, device_batch) -> metrics
     predict: Callable  # (state, device_batch) -> probabilities [global batch, C]
     config: StepConfig  # the task, num_classes, ...: what the loop needs to read the outputs
