@@ -7,8 +7,8 @@ two-process run and the one-process run see the same global batch at every step.
 import jax
 
 from kaggle_utils.parallel import local_rows, make_mesh
-from kaggle_utils.train import StepConfig, create_train_state, fit, init_variables, make_optimizer, make_steps
-from kaggle_utils.train import SoftmaxClassification, warmup_cosine
+from kaggle_utils.train import (FitSettings, SoftmaxClassification, StepConfig, create_train_state, fit, init_variables,
+                                make_optimizer, make_steps, warmup_cosine)
 from train_helpers import TinyCNN, batches, digits
 
 TRAIN, VAL = digits("train"), digits("val")
@@ -26,6 +26,5 @@ def run(mode, out_dir, devices=None):
     def train_batches(epoch):
         return map(local_rows, batches(*TRAIN, GLOBAL_BATCH, shuffle_seed=epoch, pad=False))
 
-    return fit(steps, state, train_batches, steps_per_epoch=STEPS_PER_EPOCH, epochs=EPOCHS,
-               val_batches=lambda: batches(*VAL, GLOBAL_BATCH), out_dir=out_dir,
-               lr_schedule=schedule, progress=False)
+    return fit(steps, state, train_batches, FitSettings(steps_per_epoch=STEPS_PER_EPOCH, epochs=EPOCHS),
+               val_batches=lambda: batches(*VAL, GLOBAL_BATCH), out_dir=out_dir, lr_schedule=schedule, progress=False)

@@ -4,12 +4,11 @@
 ``steps``: per-replica train / eval / predict steps and ``make_steps`` (mode "pmap" | "jit").
 ``optim``: warmup + cosine schedule, batch-size scaled learning rate, AdamW with clipping / freezing.
 ``tasks``: loss + metrics (softmax, focal, multi-label), summed on the device, finished on the host.
-``loop``: ``fit`` (actions at step intervals, history, checkpoints, resume, early stopping, hooks).
+``loop``: ``fit`` and its ``FitSettings`` (actions at step intervals, history, checkpoints, resume, early stopping, hooks).
 ``writers``: where logged scalars go (TensorBoard, or any object with ``write(step, scalars)``).
 ``run_dir``: the files of a run folder (last K + best checkpoints, history).
 """
-from .loop import (HISTORY_COLUMNS, TIMING_COLUMNS, FitResult, Hook, TrainingDiverged, evaluate, fit, history_columns,
-                   load_last)
+from .loop import TIMING_COLUMNS, FitResult, FitSettings, Hook, TrainingDiverged, evaluate, fit, history_columns
 from .optim import make_optimizer, scaled_lr, warmup_cosine
 from .state import TrainState, create_train_state, inference_state, init_variables
 from .steps import AXIS, StepConfig, Steps, eval_step, make_steps, normalize, predict_step, replica_key, train_step
@@ -17,10 +16,10 @@ from .tasks import FocalClassification, MetricError, MultiLabelClassification, S
 from .writers import MetricWriter, TensorBoardWriter, WriterError
 
 __all__ = [
-    "AXIS", "FitResult", "FocalClassification", "HISTORY_COLUMNS", "Hook", "MetricError", "MetricWriter",
+    "AXIS", "FitResult", "FitSettings", "FocalClassification", "Hook", "MetricError", "MetricWriter",
     "MultiLabelClassification", "SoftmaxClassification", "StepConfig", "Steps", "TIMING_COLUMNS", "Task",
     "TensorBoardWriter", "TrainState", "TrainingDiverged", "WriterError", "create_train_state", "eval_step",
-    "evaluate", "fit", "history_columns", "inference_state", "init_variables", "load_last", "make_optimizer",
+    "evaluate", "fit", "history_columns", "inference_state", "init_variables", "make_optimizer",
     "make_steps", "make_task", "normalize", "predict_step", "replica_key", "scaled_lr", "train_step",
     "warmup_cosine",
 ]

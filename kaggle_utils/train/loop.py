@@ -5,6 +5,7 @@ In the order a reader meets them:
 * An epoch is ``steps_per_epoch`` steps over ``train_batches(epoch)``: a *function* of the
   epoch number, so a resumed run rebuilds exactly the data order of the interrupted one (seed
   the shuffle with the epoch) and skips the batches it already trained on.
+* What happens when is one :class:`FitSettings` (the loop's part of a run's config).
 * Actions happen at step intervals: every ``log_every`` steps the summed step metrics are
   pulled from the device (one sync per log, never one per step) and sent to the writers;
   evaluation happens every ``eval_every`` steps (default: at each epoch end) and adds a history
@@ -33,16 +34,17 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm.std import tqdm  # tqdm.write: one line between whatever bars are showing
 
 from ..parallel import local_rows
 from . import run_dir
+from .progress import progress_bar
 from .steps import Steps
-from .tasks import SoftmaxClassification, Task
+from .tasks import Task
 from .writers import close_writers
 
-__all__ = ["HISTORY_COLUMNS", "TIMING_COLUMNS", "FitResult", "Hook", "TrainingDiverged", "evaluate", "fit",
-           "history_columns", "load_last"]
+__all__ = ["TIMING_COLUMNS", "FitResult", "FitSettings", "Hook", "TrainingDiverged", "evaluate", "fit",
+           "history_columns"]
 
 TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
 
@@ -51,8 +53,6 @@ def history_columns(task: Task) -> tuple[str, ...]:
     return ("epoch", "step", *(f"train_{m}" for m in task.metric_names(full=False)),
             *(f"val_{m}" for m in task.metric_names(full=True)), "lr", *TIMING_COLUMNS)
 
-
-HISTORY_COLUMNS = history_columns(SoftmaxClassification())
 
 
 class TrainingDiverged(RuntimeError):
@@ -94,11 +94,6 @@ def _as_hooks(hooks: Sequence) -> list[Hook]:
 _add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
 
 
-def _task_sums(train_sums: dict) -> dict:
-    """The task's statistics among a train step's outputs (the step adds norms and a step count)."""
-    return {k: v for k, v in train_sums.items() if k not in ("grad_norm", "param_norm", "steps")}
-
-
 def _accumulate(total, new):
     return new if total is None else _add(total, new)
 
@@ -115,7 +110,7 @@ def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = 2,
     runs the same number of steps whatever the files' sizes.
     """
     total = None
-    bar = tqdm(desc=desc, leave=False, disable=not (progress and _is_main()), unit="batch")
+    bar = progress_bar(desc=desc, leave=False, disable=not (progress and _is_main()), unit="batch")
     for batch in steps.prefetch(map(local_rows, batches), prefetch):
         total = _accumulate(total, steps.evaluate(state, batch))
         bar.update(1)
@@ -125,10 +120,41 @@ def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = 2,
     return steps.get(total)
 
 
-def load_last(path: str | Path, template, task: Task | None = None):
-    """(host state, history) from a ``last.msgpack`` written by :func:`fit`."""
-    state, history, _ = run_dir.load_last(path, template, history_columns(task or SoftmaxClassification()))
-    return state, history
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+    """When :func:`fit` does what, and what it watches: the loop's part of a run's config.
+
+    Give ``epochs`` (of ``steps_per_epoch`` steps) or ``total_steps`` (the last epoch may be
+    shorter); ``total_steps`` is filled in from ``epochs``. Every value is checked here, so a
+    bad setting is refused before anything is compiled or trained.
+    """
+
+    steps_per_epoch: int
+    epochs: int | None = None
+    total_steps: int | None = None
+    log_every: int = 20
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    keep: int = 1
+    monitor: str = "val_f1"
+    monitor_mode: str = "auto"
+    min_delta: float = 0.0
+    patience: int | None = None
+
+    def __post_init__(self):
+        if (self.epochs is None) == (self.total_steps is None):
+            raise ValueError("give exactly one of epochs or total_steps")
+        _check_positive(steps_per_epoch=self.steps_per_epoch, epochs=self.epochs, total_steps=self.total_steps,
+                        log_every=self.log_every, eval_every=self.eval_every,
+                        checkpoint_every=self.checkpoint_every, keep=self.keep)
+        if self.monitor_mode not in ("auto", "min", "max"):
+            raise ValueError(f"monitor_mode must be auto, min or max, got {self.monitor_mode!r}")
+        if self.min_delta < 0 or not math.isfinite(self.min_delta):
+            raise ValueError(f"min_delta must be a finite number >= 0, got {self.min_delta}")
+        if self.patience is not None and self.patience < 1:
+            raise ValueError(f"patience must be >= 1 evaluation, got {self.patience}")
+        if self.total_steps is None:
+            object.__setattr__(self, "total_steps", self.epochs * self.steps_per_epoch)
 
 
 @dataclasses.dataclass
@@ -172,46 +198,30 @@ def _check_positive(**values) -> None:
             raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
 
 
-def _make_monitor(monitor, monitor_mode, min_delta, patience, columns) -> _Monitor:
+def _make_monitor(settings: FitSettings, columns) -> _Monitor:
+    monitor = settings.monitor
     if monitor not in columns:
         raise ValueError(f"monitor {monitor!r} is not a history column of this task; choose one of "
                          f"{', '.join(c for c in columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
-    if monitor_mode not in ("auto", "min", "max"):
-        raise ValueError(f"monitor_mode must be auto, min or max, got {monitor_mode!r}")
-    if min_delta < 0 or not math.isfinite(min_delta):
-        raise ValueError(f"min_delta must be a finite number >= 0, got {min_delta}")
-    if patience is not None and patience < 1:
-        raise ValueError(f"patience must be >= 1 evaluation, got {patience}")
-    mode = Task.monitor_mode(monitor) if monitor_mode == "auto" else monitor_mode
-    return _Monitor(monitor, mode, min_delta, patience)
+    mode = Task.monitor_mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
+    return _Monitor(monitor, mode, settings.min_delta, settings.patience)
 
 
-def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], *, steps_per_epoch: int,
-        epochs: int | None = None, total_steps: int | None = None,
+def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], settings: FitSettings, *,
         val_batches: Callable[[], Iterable[dict]] | None = None, out_dir: str | Path | None = None,
-        monitor: str = "val_f1", monitor_mode: str = "auto", min_delta: float = 0.0, patience: int | None = None,
-        log_every: int = 20, eval_every: int | None = None, checkpoint_every: int | None = None, keep: int = 1,
         lr_schedule: Callable[[int], float] | None = None, hooks: Sequence = (), writers: Sequence = (),
         resume: bool = False, manifest: dict | None = None, progress: bool = True, prefetch: int = 2) -> FitResult:
-    """Trains ``state`` (a host TrainState) and returns the final host state and the history.
+    """Trains ``state`` (a host TrainState) as ``settings`` say; returns the final host state and the history.
 
-    Give ``epochs`` (of ``steps_per_epoch`` steps) or ``total_steps`` (the last epoch may be
-    shorter). ``val_batches()`` yields the validation split; without it the validation columns
-    are NaN and ``monitor`` should be a training column. ``manifest`` (e.g. the run's config)
+    ``val_batches()`` yields the validation split; without it the validation columns are NaN
+    and ``settings.monitor`` should be a training column. ``manifest`` (e.g. the run's config)
     goes into the JSON written beside each checkpoint.
     """
-    if (epochs is None) == (total_steps is None):
-        raise ValueError("give exactly one of epochs or total_steps")
-    _check_positive(steps_per_epoch=steps_per_epoch, epochs=epochs, total_steps=total_steps, log_every=log_every,
-                    eval_every=eval_every, checkpoint_every=checkpoint_every, keep=keep)
     task = steps.config.task
     columns = history_columns(task)
-    watch = _make_monitor(monitor, monitor_mode, min_delta, patience, columns)
-    loop = _Loop(steps, task, columns, watch, train_batches, val_batches, _as_hooks(hooks), list(writers),
+    watch = _make_monitor(settings, columns)
+    loop = _Loop(steps, task, columns, watch, settings, train_batches, val_batches, _as_hooks(hooks), list(writers),
                  out_dir=Path(out_dir) if out_dir is not None else None, manifest=dict(manifest or {}),
-                 steps_per_epoch=steps_per_epoch,
-                 total_steps=epochs * steps_per_epoch if epochs is not None else total_steps,
-                 log_every=log_every, eval_every=eval_every, checkpoint_every=checkpoint_every, keep=keep,
                  lr_schedule=lr_schedule, progress=progress, prefetch=prefetch)
     try:
         return loop.run(state, resume=resume)
@@ -222,14 +232,14 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], *, 
 class _Loop:
     """The state of one ``fit`` call; ``run`` is the loop, the rest are its actions."""
 
-    def __init__(self, steps, task, columns, watch, train_batches, val_batches, hooks, writers, *, out_dir,
-                 manifest, steps_per_epoch, total_steps, log_every, eval_every, checkpoint_every, keep,
-                 lr_schedule, progress, prefetch):
+    def __init__(self, steps, task, columns, watch, settings: FitSettings, train_batches, val_batches, hooks,
+                 writers, *, out_dir, manifest, lr_schedule, progress, prefetch):
         self.steps, self.task, self.columns, self.watch = steps, task, columns, watch
         self.train_batches, self.val_batches, self.hooks, self.writers = train_batches, val_batches, hooks, writers
-        self.out_dir, self.manifest, self.keep = out_dir, manifest, keep
-        self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
-        self.log_every, self.eval_every, self.checkpoint_every = log_every, eval_every, checkpoint_every
+        self.out_dir, self.manifest, self.keep = out_dir, manifest, settings.keep
+        self.steps_per_epoch, self.total_steps = settings.steps_per_epoch, settings.total_steps
+        self.log_every, self.eval_every = settings.log_every, settings.eval_every
+        self.checkpoint_every = settings.checkpoint_every
         self.lr_schedule, self.prefetch = lr_schedule, prefetch
         self.write = out_dir is not None and _is_main()
         self.show = progress and _is_main()
@@ -285,8 +295,9 @@ class _Loop:
         end = self._epoch_end(epoch)
         done_before = step - (epoch - 1) * self.steps_per_epoch  # > 0 when resuming mid-epoch
         self._call_hooks("on_epoch_start", epoch)
-        bar = tqdm(total=end - (epoch - 1) * self.steps_per_epoch, initial=done_before,
-                   desc=f"epoch {epoch}/{self._epoch_of(self.total_steps - 1)}", disable=not self.show, unit="step")
+        bar = progress_bar(total=end - (epoch - 1) * self.steps_per_epoch, initial=done_before,
+                           desc=f"epoch {epoch}/{self._epoch_of(self.total_steps - 1)}", disable=not self.show,
+                           unit="step")
         batches = itertools.islice(self.train_batches(epoch), done_before, done_before + end - step)
         clock = self.clock
         for batch in self.steps.prefetch(batches, self.prefetch):
@@ -319,13 +330,14 @@ class _Loop:
     # ---- actions
     def _log(self, step: int, epoch: int, bar, clock) -> None:
         host = self.steps.get(self.window)  # the one device -> host sync of the window
-        _check_finite(float(host["loss_sum"]), "training loss", epoch=epoch, step=step)
+        sums, optim = host["task"], host["optim"]
+        _check_finite(float(sums["loss_sum"]), "training loss", epoch=epoch, step=step)
         seconds = max(time.perf_counter() - clock["log"], 1e-9)
-        running = self.task.finish(_task_sums(host), full=False)
-        n = max(int(host["steps"]), 1)
+        running = self.task.finish(sums, full=False)
+        n = max(int(optim["steps"]), 1)
         scalars = {**{f"train/{k}": v for k, v in running.items()}, "lr": self._lr(step),
-                   "grad_norm": float(host["grad_norm"]) / n, "param_norm": float(host["param_norm"]) / n,
-                   "train/img_per_s": int(host["count"]) / seconds}
+                   **{k: float(v) / n for k, v in optim.items() if k != "steps"},
+                   "train/img_per_s": int(sums["count"]) / seconds}
         bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}",
                         img_s=f"{scalars['train/img_per_s']:.0f}")
         self._emit(step, scalars)
@@ -339,8 +351,8 @@ class _Loop:
 
     def _evaluate(self, dev_state, host_state, step: int, epoch: int, clock) -> None:
         train_seconds = time.perf_counter() - clock["row"]
-        train_sums = self.steps.get(self.pending)
-        train = self.task.finish(_task_sums(train_sums), full=False)
+        train_sums = self.steps.get(self.pending)["task"]
+        train = self.task.finish(train_sums, full=False)
         row = {"epoch": epoch, "step": step, **{c: float("nan") for c in self.columns[2:]}}
         row.update({f"train_{k}": v for k, v in train.items() if f"train_{k}" in row})
         row["img_per_s"] = int(train_sums["count"]) / max(train_seconds, 1e-9)
