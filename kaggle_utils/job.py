@@ -4,7 +4,8 @@
 them by section); TFRecords in the competition layout (``--data-dir DIR/{train,val,test}``;
 without it the embedded digits sample) -> ``OUT/`` ``config.json``, ``best.msgpack``,
 ``last.msgpack``, ``metrics.json``, ``history.csv``, ``tensorboard/`` and, with a test split,
-``submission.csv`` predicted by the best checkpoint. Notebook 04 calls the same functions.
+``submission.csv`` predicted by the best checkpoint. It is :func:`kaggle_utils.run.train` with
+flags in and words out; notebook 04 calls the same function.
 
 ``predict``: any run folder or checkpoint the kit wrote (:func:`~kaggle_utils.run.load_run`)
 + ``DIR/test`` -> ``OUT/submission.csv``.
@@ -15,18 +16,14 @@ weights vs model, output folder vs another run) runs before the first step.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 
 import jax
-import numpy as np
 
-from . import checkpoint, outdir, run
+from . import checkpoint, run
 from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
 
-__all__ = ["JobError", "build_parser", "main", "predict_command", "train_command"]
-
-JobError = ConfigError  # the job's bad-input error: the message names the flag, file or folder
+__all__ = ["build_parser", "main", "predict_command", "train_command"]
 
 
 def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
@@ -58,74 +55,17 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- train
 
 
-def _deterministic_input() -> None:
-    # tf.data's parallel map/interleave otherwise return shuffled records in a timing-dependent
-    # order; with op determinism the seeded order is reproduced exactly, which --resume needs.
-    from .data import tensorflow_on_host
-
-    tensorflow_on_host().config.experimental.enable_op_determinism()
-
-
-def _owned(out: Path):
-    """The lock on ``out`` (process 0; the others write nothing)."""
-    return outdir.owned(out) if jax.process_index() == 0 else contextlib.nullcontext(out)
-
-
 def train_command(args, config_cls: type = TrainConfig) -> dict:
-    """Runs ``train``; returns a summary (best row, files written)."""
-    given = config_from_args(args, config_cls)
-    run.check_config(given)
-    out = Path(args.out)
-    with _owned(out), run.data_root(given, out) as root:
-        data = run.open_data(given, root)
-        config, plan = run.resolve(given, data)
+    """Runs ``train`` (:func:`kaggle_utils.run.train`); returns a summary (best row, files written)."""
+    result = run.train(config_from_args(args, config_cls), args.out, resume=args.resume, overwrite=args.overwrite,
+                       progress=args.progress)
+    summary = {"best": result.best, "stop_reason": result.fit.stop_reason, "out": str(result.out)}
+    if result.submission is not None:
+        summary["submission"] = str(result.submission)
         if jax.process_index() == 0:
-            outdir.prepare(out, config, resume=args.resume, overwrite=args.overwrite)
-            checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
-        if config.data.deterministic:
-            _deterministic_input()
-        model = run.build_model(config)
-        variables = run.initial_variables(config, model)
-        training = run.build_training(config, plan, model, variables)
-        if jax.process_index() == 0:
-            print(plan.describe(config))
-            run.write_config(out, config, plan, given=given)
-        result = run.fit_run(config, plan, data, training, out, resume=args.resume, progress=args.progress)
-        summary = {"best": result.best, "stop_reason": result.stop_reason, "out": str(out)}
-        if data.splits["test"]:
-            path, ids = _predict(training.steps, _best_variables(out, result), data.splits["test"], config,
-                                 plan.global_batch, out, data.stored_size)
-            summary["submission"] = str(path)
-            if jax.process_index() == 0:
-                print(f"wrote {path}: {len(ids)} rows (best at step {result.best and result.best['step']})")
+            print(f"wrote {result.submission}: {len(result.test_ids)} rows "
+                  f"(best at step {result.best and result.best['step']})")
     return summary
-
-
-def _best_variables(out: Path, result) -> dict:
-    """The best checkpoint's variables on every process (only process 0 has the file)."""
-    final = result.state.variables()
-    if result.best is None:
-        return final
-    if jax.process_index() == 0:
-        variables = checkpoint.load(out / "best.msgpack", target=final)
-    else:
-        variables = jax.tree.map(np.zeros_like, final)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        variables = multihost_utils.broadcast_one_to_all(variables)
-    return variables
-
-
-def _predict(steps, variables, files, config: TrainConfig, batch_size: int, out: Path, stored_size: int):
-    from .inference import predict_split
-
-    path, ids, _ = predict_split(steps, variables, files, image_size=stored_size,
-                                 crop=run.eval_transform(config, stored_size),
-                                 batch_size=batch_size, out_path=out / "submission.csv",
-                                 columns=(config.data.id_column, config.data.label_column),
-                                 class_names=config.data.class_names)
-    return path, ids
 
 
 # --------------------------------------------------------------------------- predict
@@ -145,7 +85,8 @@ def predict_command(args) -> dict:
     step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
                              task=run.make_task(config), tta_flip=config.task.tta if args.tta is None else args.tta)
     steps = make_steps(model, None, step_config, mode=args.mode)
-    path, ids = _predict(steps, variables, splits["test"], config, batch, Path(args.out), stored)
+    path, ids = run.predict_test_split(steps, variables, splits["test"], config, batch_size=batch,
+                                       stored_size=stored, out_path=Path(args.out) / "submission.csv")
     if jax.process_index() == 0:
         print(f"wrote {path}: {len(ids)} rows")
     return {"submission": str(path), "rows": len(ids)}

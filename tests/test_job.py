@@ -124,7 +124,7 @@ def test_a_field_added_to_the_config_is_a_flag_and_is_written_to_config_json(sam
     def stop(*_, **__):
         raise Stop
 
-    monkeypatch.setattr(run, "fit_run", stop)  # config.json is written before the first step
+    monkeypatch.setattr(run.trainer, "fit_run", stop)  # config.json is written before the first step
     with pytest.raises(Stop):
         job.train_command(args, ExtendedConfig)
     written = json.loads((tmp_path / "config.json").read_text())
@@ -306,8 +306,8 @@ def test_a_fine_tune_starts_from_a_zero_head_at_loss_ln_c(sample, tmp_path):
     batch = next(iter(load_dataset(sample.split_dirs["train"], labeled=True, image_size=16, batch_size=64, seed=0)))
     steps = training.steps
     _, metrics = steps.train(steps.put_state(training.state), steps.put_batch(batch))
-    metrics = steps.get(metrics)
-    assert abs(float(metrics["loss_sum"]) / int(metrics["count"]) - np.log(10)) < 1e-4
+    sums = steps.get(metrics)["task"]
+    assert abs(float(sums["loss_sum"]) / int(sums["count"]) - np.log(10)) < 1e-4
 
 
 def test_source_and_data_dir_exclude_each_other(sample, tmp_path, capsys):

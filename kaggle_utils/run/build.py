@@ -73,8 +73,8 @@ class Training(NamedTuple):
     schedule: object
 
 
-def build_training(config: TrainConfig, plan: Plan, model, variables, *, mesh=None) -> Training:
-    """Task, optimizer (frozen parts), compiled steps and the initial state of a resolved config."""
+def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None) -> Training:
+    """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config."""
     from .. import surgery
     from ..train import StepConfig, create_train_state, make_optimizer, make_steps, warmup_cosine
 
@@ -88,7 +88,7 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, mesh=No
     tx = make_optimizer(schedule, weight_decay=config.optim.weight_decay, clip_norm=config.optim.clip_norm,
                         frozen=frozen)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=plan.mean, std=plan.std,
-                             task=make_task(config), ema_decay=config.optim.ema_decay or 0.999,
+                             task=task or make_task(config), ema_decay=config.optim.ema_decay or 0.999,
                              tta_flip=config.task.tta, **device_augmentation(config))
     trained = surgery.freeze_batchnorm(model, list(config.model.freeze)) if config.model.freeze else model
     steps = make_steps(trained, tx, step_config, mode=config.loop.mode, mesh=mesh)
@@ -131,9 +131,20 @@ def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int):
                         skip_errors=config.data.skip_errors, crop=train_transform(config, data.stored_size))
 
 
+def fit_settings(config: TrainConfig, plan: Plan):
+    """The loop's settings of a resolved config: its intervals, monitor and length on this machine."""
+    from ..train import FitSettings
+
+    loop = config.loop
+    return FitSettings(steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, log_every=loop.log_every,
+                       eval_every=loop.eval_every, checkpoint_every=loop.checkpoint_every,
+                       keep=loop.keep_checkpoints, monitor=loop.monitor, monitor_mode=loop.monitor_mode,
+                       min_delta=loop.min_delta, patience=loop.patience)
+
+
 def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
             resume: bool = False, progress: bool = True, hooks=(), writers=()):
-    """The loop over ``data`` with the config's intervals, monitor and writers (TensorBoard in ``out_dir``)."""
+    """The loop over ``data`` with the config's settings and writers (TensorBoard in ``out_dir``)."""
     from ..data import load_dataset
     from ..train import TensorBoardWriter, fit
 
@@ -150,10 +161,6 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
     writers = list(writers)
     if out_dir is not None and config.loop.tensorboard and jax.process_index() == 0:
         writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard"))
-    loop = config.loop
-    return fit(training.steps, training.state, train_batches, steps_per_epoch=plan.steps_per_epoch,
-               total_steps=plan.total_steps, val_batches=lambda: iter(val_dataset), out_dir=out_dir,
-               monitor=loop.monitor, monitor_mode=loop.monitor_mode, min_delta=loop.min_delta,
-               patience=loop.patience, log_every=loop.log_every, eval_every=loop.eval_every,
-               checkpoint_every=loop.checkpoint_every, keep=loop.keep_checkpoints, lr_schedule=training.schedule,
-               hooks=hooks, writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress)
+    return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
+               val_batches=lambda: iter(val_dataset), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
+               writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress)

@@ -108,23 +108,27 @@ def _check_values(config: TrainConfig) -> None:
         raise ConfigError(f"--model: {err}") from None
 
 
-def check_config(config: TrainConfig) -> None:
-    """Every check that needs no data: values, model name, monitor against the task's metrics."""
+def check_config(config: TrainConfig, task=None) -> None:
+    """Every check that needs no data: values, model name, monitor against the metrics of ``task``.
+
+    ``task`` (default: the config's) may be a user's task with metrics of its own, which are
+    then as good a ``--monitor`` as the built-in ones.
+    """
     from ..train import history_columns
 
     _check_values(config)
-    columns = history_columns(make_task(config))
+    columns = history_columns(task or make_task(config))
     if config.loop.monitor not in columns:
         raise ConfigError(f"--monitor {config.loop.monitor!r} is not a metric of --task {config.task.task}; "
                           f"choose one of {', '.join(c for c in columns[2:] if c not in ('img_per_s', 'seconds'))}")
 
 
-def resolve(config: TrainConfig, data: RunData) -> tuple[TrainConfig, Plan]:
+def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig, Plan]:
     """``config`` with nothing left open for this machine and data, and the numbers it implies."""
     from ..efficientnet import pretrained_cfg
     from ..surgery import padded_width
 
-    check_config(config)
+    check_config(config, task)
     image_size = config.model.image_size or data.stored_size
     if config.data.crop_pct is not None and not 0 < config.data.crop_pct <= 1:
         raise ConfigError(f"--crop-pct {config.data.crop_pct}: must be in (0, 1]")

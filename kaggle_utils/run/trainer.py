@@ -1,0 +1,125 @@
+"""``train(config, out)``: one whole run into a folder; the job, notebook 04 and any runner of several runs call it.
+
+In the spirit of the Flax ImageNet example's ``train_and_evaluate(config, workdir)``. Every
+check that can refuse the run (values, data, labels, test ids, model, weights, frozen parts,
+monitor, the output folder's own run) runs before anything in ``out`` is written or removed:
+a refused ``--overwrite`` leaves the previous run whole. Then the loop, then the test split
+predicted by the best checkpoint. What a caller does around it (flags, words, pictures) is
+presentation.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from .. import checkpoint, outdir
+from ..config import TrainConfig
+from .build import build_model, build_training, eval_transform, fit_run, initial_variables
+from .data import RunData, data_root, open_data
+from .resolve import Plan, check_config, resolve
+from .saved import write_config
+
+__all__ = ["RunResult", "predict_test_split", "train"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What a run did: its resolved config and plan, the loop's result, and the files it wrote."""
+
+    out: Path
+    config: TrainConfig  # resolved: what config.json records
+    plan: Plan
+    fit: object  # kaggle_utils.train.FitResult: history, best row, stop reason, final host state
+    steps: object  # the compiled kaggle_utils.train.Steps, for more evaluation or prediction in-process
+    submission: Path | None = None  # None without a test split
+    test_ids: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> dict | None:
+        return self.fit.best
+
+    @property
+    def history(self) -> list[dict]:
+        return self.fit.history
+
+
+def _owned(out: Path):
+    """The lock on ``out`` (process 0; the others write nothing)."""
+    return outdir.owned(out) if jax.process_index() == 0 else contextlib.nullcontext(out)
+
+
+def _deterministic_input() -> None:
+    # tf.data's parallel map/interleave otherwise return shuffled records in a timing-dependent
+    # order; with op determinism the seeded order is reproduced exactly, which resume needs.
+    from ..data import tensorflow_on_host
+
+    tensorflow_on_host().config.experimental.enable_op_determinism()
+
+
+def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = (), writers: Sequence = (),
+          data: RunData | None = None, resume: bool = False, overwrite: bool = False,
+          progress: bool = True) -> RunResult:
+    """Trains ``config`` into the folder ``out`` and predicts its test split; see the module docstring.
+
+    ``task``: a :class:`~kaggle_utils.train.Task` instead of the config's (e.g. with
+    ``with_metric``: its metrics can then be the ``monitor``). ``data``: a :class:`RunData`
+    already opened (``open_data``) for this config, so its checks are not repeated.
+    ``hooks`` and ``writers`` as for :func:`~kaggle_utils.train.fit`.
+    """
+    check_config(config, task)
+    out = Path(out)
+    main = jax.process_index() == 0
+    with _owned(out), (contextlib.nullcontext(data.root) if data is not None else data_root(config, out)) as root:
+        data = data if data is not None else open_data(config, root)
+        resolved, plan = resolve(config, data, task)
+        model = build_model(resolved)
+        training = build_training(resolved, plan, model, initial_variables(resolved, model), task=task)
+        if main:  # every check passed: only now may the folder change
+            outdir.prepare(out, resolved, resume=resume, overwrite=overwrite)
+            checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
+        if resolved.data.deterministic:
+            _deterministic_input()
+        if main:
+            print(plan.describe(resolved))
+            write_config(out, resolved, plan, given=config)
+        result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
+                         writers=writers)
+        if not data.splits["test"]:
+            return RunResult(out, resolved, plan, result, training.steps)
+        path, ids = predict_test_split(training.steps, _best_variables(out, result), data.splits["test"], resolved,
+                                       batch_size=plan.global_batch, stored_size=data.stored_size,
+                                       out_path=out / "submission.csv")
+    return RunResult(out, resolved, plan, result, training.steps, path, tuple(str(i) for i in ids))
+
+
+def _best_variables(out: Path, result) -> dict:
+    """The best checkpoint's variables on every process (only process 0 has the file)."""
+    final = result.state.variables()
+    if result.best is None:
+        return final
+    if jax.process_index() == 0:
+        variables = checkpoint.load(out / "best.msgpack", target=final)
+    else:
+        variables = jax.tree.map(np.zeros_like, final)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        variables = multihost_utils.broadcast_one_to_all(variables)
+    return variables
+
+
+def predict_test_split(steps, variables, files, config: TrainConfig, *, batch_size: int, stored_size: int,
+                       out_path: str | Path) -> tuple[Path, np.ndarray]:
+    """``submission.csv`` of a test split as ``config`` evaluates (its crop) and names (columns, class names)."""
+    from ..inference import predict_split
+
+    path, ids, _ = predict_split(steps, variables, files, image_size=stored_size,
+                                 crop=eval_transform(config, stored_size), batch_size=batch_size, out_path=out_path,
+                                 columns=(config.data.id_column, config.data.label_column),
+                                 class_names=config.data.class_names)
+    return path, ids
