@@ -79,6 +79,78 @@ def test_an_unknown_parameter_name_is_refused_by_path():
         assign_lr_groups({"params": {"conv_stem": params["conv_stem"]}})
 
 
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny model's params and the gradients of one batch."""
+    model = create_model("test_efficientnet", num_classes=10)
+    variables = init_variables(model, sample(), seed=0)
+    images = jax.random.normal(jax.random.key(1), (4, 16, 16, 3))
+    labels = jax.nn.one_hot(jnp.arange(4) % 10, 10)
+
+    @jax.jit
+    def grads_of(params):
+        def loss(p):
+            logits, _ = model.apply({**variables, "params": p}, images, mutable=["batch_stats"])
+            return optax.softmax_cross_entropy(logits, labels).mean()
+        return jax.grad(loss)(params)
+
+    params = variables["params"]
+    return params, grads_of(params), assign_lr_groups(params, layer_decay=DECAY, head_lr_mult=HEAD)
+
+
+def first_update(tx, grads, params):
+    return jax.jit(tx.update)(grads, tx.init(params), params)[0]
+
+
+def test_each_group_moves_at_its_own_rate(trained):
+    params, grads, groups = trained
+    tx = make_optimizer(LR, weight_decay=0.0, clip_norm=None, lr_multipliers=groups)
+    updates = first_update(tx, grads, params)
+    multiplier = groups.per_leaf()
+    for path, u in flatten(updates).items():
+        g, m = np.asarray(flatten(grads)[path]), flatten(multiplier)[path]
+        np.testing.assert_allclose(np.asarray(u), -LR * m * g / (np.abs(g) + EPS), rtol=1e-5, atol=1e-12,
+                                   err_msg=path)
+
+    # the issue's statement, as one number: a stage's kernel moves at its share of the classifier's rate
+    def typical(path):
+        u, g = np.abs(np.asarray(flatten(updates)[path])), np.abs(np.asarray(flatten(grads)[path]))
+        return np.median(u[g > 1e-4])
+
+    ratio = typical("blocks_1_0/conv_exp/kernel") / typical("classifier/kernel")
+    assert ratio == pytest.approx(groups.multipliers["stage1"] / HEAD, rel=1e-3)
+    assert ratio < 0.05  # 0.5**4 / 10: the test can tell a scaled update from an unscaled one
+
+
+def test_weight_decay_is_scaled_with_the_rate(trained):
+    """With zero gradients the update is the decay alone: lr x multiplier x wd x p, on kernels only."""
+    params, _, groups = trained
+    wd = 0.1
+    tx = make_optimizer(LR, weight_decay=wd, clip_norm=None, lr_multipliers=groups)
+    updates = first_update(tx, jax.tree.map(jnp.zeros_like, params), params)
+    expected = jax.tree.map(lambda p, m: -LR * m * wd * p * (p.ndim > 1), params, groups.per_leaf())
+    for path, u in flatten(updates).items():
+        np.testing.assert_allclose(np.asarray(u), np.asarray(flatten(expected)[path]), rtol=1e-6, atol=1e-12,
+                                   err_msg=path)
+
+
+def test_frozen_leaves_stay_still_with_lr_groups(trained):
+    params, grads, groups = trained
+    tx = make_optimizer(LR, weight_decay=0.05, clip_norm=1.0, frozen=["^conv_stem", "^bn1", "^blocks_0_"],
+                        lr_multipliers=groups)
+    updates = flatten(first_update(tx, grads, params))
+    frozen = [p for p in updates if p.split("/")[0] in ("conv_stem", "bn1", "blocks_0_0")]
+    assert frozen and all(not np.any(np.asarray(updates[p])) for p in frozen)
+    assert all(np.any(np.asarray(u)) for p, u in updates.items() if p not in frozen)
+
+
+def test_multipliers_that_do_not_fit_the_params_are_refused(trained):
+    params, _, _ = trained
+    tx = make_optimizer(LR, lr_multipliers={"classifier": {"kernel": 1.0}})
+    with pytest.raises(VariableTreeError, match="only in the params: blocks_0_0"):
+        tx.init(params)
+
+
 @pytest.mark.parametrize("layer_decay, head_lr_mult, flag", [
     (0.0, 1.0, "--layer-decay"), (1.5, 1.0, "--layer-decay"), (math.nan, 1.0, "--layer-decay"),
     (None, 0.0, "--head-lr-mult"), (None, -2.0, "--head-lr-mult"), (0.8, math.inf, "--head-lr-mult")])
