@@ -10,6 +10,9 @@
   clip sees the same gradient as a single-device run.
 * ``frozen`` marks leaves that must not move (a fine-tuned backbone): they get no update and
   no optimizer state (``optax.multi_transform`` with ``set_to_zero``).
+* ``lr_multipliers`` give parts of the network their own rates (layer-wise decay, a faster new
+  classifier; :mod:`.lr_groups`): each update is scaled after AdamW, outside the freezing, so
+  the optimizer state without them keeps its layout, and frozen leaves stay at zero.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import jax
 import optax
 
 from ..variable_trees import freeze_optimizer
+from .lr_groups import LrGroups, scale_by_tree
 
 __all__ = ["make_optimizer", "scaled_lr", "warmup_cosine"]
 
@@ -43,18 +47,24 @@ def _decay_mask(params) -> Any:
 
 
 def make_optimizer(schedule: optax.Schedule | float, *, weight_decay: float = 0.05, clip_norm: float | None = 1.0,
-                   b1: float = 0.9, b2: float = 0.999, frozen: Any | Callable | None = None
-                   ) -> optax.GradientTransformation:
-    """Clip -> AdamW(schedule) with weight decay on matrices/kernels only.
+                   b1: float = 0.9, b2: float = 0.999, frozen: Any | Callable | None = None,
+                   lr_multipliers: LrGroups | Any | None = None) -> optax.GradientTransformation:
+    """Clip -> AdamW(schedule) with weight decay on matrices/kernels only -> per-leaf lr multipliers.
 
     ``frozen``: path patterns, a pytree of bools over the params (True = frozen), or a
     function of the params returning one (see :func:`kaggle_utils.variable_trees.freeze_optimizer`).
+    ``lr_multipliers``: :func:`.lr_groups.assign_lr_groups`' result or a pytree of floats over the params;
+    a leaf's update (decay included, as with a per-group lr) is multiplied by its value.
     """
     parts = []
     if clip_norm is not None:
         parts.append(optax.clip_by_global_norm(clip_norm))
     parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=_decay_mask))
     tx = optax.chain(*parts)
-    if frozen is None:
+    if frozen is not None:
+        tx = freeze_optimizer(tx, frozen)
+    if lr_multipliers is None:
         return tx
-    return freeze_optimizer(tx, frozen)
+    if isinstance(lr_multipliers, LrGroups):
+        lr_multipliers = lr_multipliers.per_leaf()
+    return optax.chain(tx, scale_by_tree(lr_multipliers))
