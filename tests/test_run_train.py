@@ -13,8 +13,8 @@ from job_helpers import TEST_MODEL
 
 
 def tiny_config(sample, **changes):
-    return TrainConfig().replace(data_dir=sample.root, model=TEST_MODEL, batch_size=64, steps=4, eval_every=2,
-                                 **changes)
+    return TrainConfig().replace(**{"data_dir": sample.root, "model": TEST_MODEL, "batch_size": 64, "steps": 4,
+                                    "eval_every": 2, **changes})
 
 
 def error_rate(sums):
@@ -70,3 +70,26 @@ def test_a_refused_overwrite_leaves_the_previous_run_whole(finished_run, sample,
                   "--eval-every", "2", *flags, "--out", str(finished_run), "--overwrite", "--no-progress"])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert snapshot(finished_run) == before
+
+
+def test_layer_decay_and_head_multiplier_set_each_part_s_update_size(sample):
+    """AdamW's first update is about lr x sign(g) per element, so each group's median |update| is its rate."""
+    from kaggle_utils.data import load_dataset
+    from kaggle_utils.train.lr_groups import lr_group
+    from kaggle_utils.variable_trees import flatten
+
+    config = tiny_config(sample, layer_decay=0.5, head_lr_mult=10.0, warmup_epochs=0.0, steps=1, eval_every=None)
+    config, plan = run.resolve(config, run.open_data(config, sample.root))
+    stages = len(run.build_model(config).stages)
+    assert plan.lr_multipliers["stem"] == 0.5 ** (stages + 1) and plan.lr_multipliers["classifier"] == 10.0
+    assert "lr by group: stem " in plan.describe(config) and "classifier " in plan.describe(config)
+    model = run.build_model(config)
+    training = run.build_training(config, plan, model, run.initial_variables(config, model))
+    steps = training.steps
+    batch = next(iter(load_dataset(sample.split_dirs["train"], labeled=True, image_size=16, batch_size=64, seed=0)))
+    state, _ = steps.train(steps.put_state(training.state), steps.put_batch(batch))
+    before, after = flatten(training.state.params), flatten(steps.get(state).params)
+    for group, multiplier in plan.lr_multipliers.items():
+        moved = np.concatenate([np.abs(after[p] - before[p]).ravel() for p in before
+                                if lr_group(p) == group and before[p].ndim > 1])  # kernels: sign-like steps
+        np.testing.assert_allclose(np.median(moved), plan.peak_lr * multiplier, rtol=0.05, err_msg=group)

@@ -76,7 +76,7 @@ class Training(NamedTuple):
 def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None) -> Training:
     """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config."""
     from .. import surgery
-    from ..train import StepConfig, create_train_state, make_optimizer, make_steps, warmup_cosine
+    from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_steps, warmup_cosine
 
     schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
     frozen = None
@@ -85,8 +85,12 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
             frozen = surgery.freeze_mask(variables["params"], list(config.model.freeze))
         except surgery.SurgeryError as err:
             raise ConfigError(f"--freeze: {err}") from None
+    groups = None
+    if plan.lr_multipliers is not None:
+        groups = assign_lr_groups(variables["params"], layer_decay=config.optim.layer_decay,
+                                  head_lr_mult=config.optim.head_lr_mult)
     tx = make_optimizer(schedule, weight_decay=config.optim.weight_decay, clip_norm=config.optim.clip_norm,
-                        frozen=frozen)
+                        frozen=frozen, lr_multipliers=groups)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=plan.mean, std=plan.std,
                              task=task or make_task(config), ema_decay=config.optim.ema_decay or 0.999,
                              tta_flip=config.task.tta, **device_augmentation(config))

@@ -36,10 +36,14 @@ class Plan:
     head_width: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    lr_multipliers: dict[str, float] | None = None  # per part of the network (--layer-decay, --head-lr-mult)
 
     def describe(self, config: TrainConfig) -> str:
+        from ..train import describe_lr_groups
+
+        groups = f"; {describe_lr_groups(self.peak_lr, self.lr_multipliers)}" if self.lr_multipliers else ""
         return (f"global batch {self.global_batch} = {self.per_device_batch} per device x {self.device_count} "
-                f"device(s); peak learning rate {self.peak_lr:.3g} ({config.optim.lr:g} per 256 images); "
+                f"device(s); peak learning rate {self.peak_lr:.3g} ({config.optim.lr:g} per 256 images){groups}; "
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
                 f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes, "
                 f"{config.model.dtype}")
@@ -91,6 +95,9 @@ def _check_values(config: TrainConfig) -> None:
             raise ConfigError(f"{flag_of(name)} {getattr(config.data, name)}: must be in [0, 1]")
     if not 0 < config.data.val_fraction < 1:
         raise ConfigError(f"--val-fraction {config.data.val_fraction}: must be in (0, 1)")
+    from ..train import check_lr_group_values
+
+    check_lr_group_values(config.optim.layer_decay, config.optim.head_lr_mult)
     if config.model.freeze and not config.model.weights:
         raise ConfigError("--freeze needs --weights (freezing a randomly initialised network is a mistake)")
     if config.model.weights:
@@ -155,8 +162,20 @@ def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig,
                 steps_per_epoch=steps_per_epoch, total_steps=total, warmup_steps=warmup,
                 peak_lr=scaled_lr(config.optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
-                mean=tuple(cfg["mean"]), std=tuple(cfg["std"]))
+                mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), lr_multipliers=_lr_multipliers(config))
     return config, plan
+
+
+def _lr_multipliers(config: TrainConfig) -> dict[str, float] | None:
+    """Each part's lr multiplier, or None where the whole network learns at one rate."""
+    from ..efficientnet import create_model
+    from ..train import group_multipliers
+
+    optim = config.optim
+    if optim.layer_decay is None and optim.head_lr_mult == 1.0:
+        return None
+    stages = len(create_model(config.model.name).stages)
+    return group_multipliers(stages, layer_decay=optim.layer_decay, head_lr_mult=optim.head_lr_mult)
 
 
 def make_task(config: TrainConfig):
