@@ -1,4 +1,4 @@
-"""A conversion is reused only for the input it was made from: the converter's check.
+"""A conversion is reused only for the input it was made from: the converter's check and the run's ``OUT/data``.
 
 Each test changes the source on disk (or a setting) the way a user does between two runs, and
 checks that the old records are not taken for the new input, and that the reason is named.
@@ -10,7 +10,9 @@ import pytest
 from PIL import Image
 
 import kaggle_utils.data as kd
+from kaggle_utils.config import ConfigError, TrainConfig
 from kaggle_utils.data import convert
+from kaggle_utils.run.data import converted_source, scan_test_ids
 
 SIZE = 8
 
@@ -70,3 +72,35 @@ def test_an_edited_csv_is_a_change_though_no_image_file_is(images, tmp_path):
     assert convert.conversion_changes(out, source, image_size=SIZE) == []
     assert convert.conversion_changes(out, edited, image_size=SIZE) == [
         "the train source's ids, labels or class names changed"]
+
+
+def _run_config(images, **changes) -> TrainConfig:
+    return TrainConfig().replace(source=str(images / "train"), test_source=str(images / "test"), image_size=SIZE,
+                                 **changes)
+
+
+def test_the_runs_data_is_reconverted_when_the_source_changed_and_reused_when_not(images, tmp_path, capsys):
+    run = tmp_path / "run"
+    data = converted_source(_run_config(images), run)
+    assert "converting 8 images" in capsys.readouterr().out
+    written = {p: p.stat().st_mtime_ns for p in data.rglob("*.tfrec")}
+    converted_source(_run_config(images), run)  # e.g. --resume
+    assert capsys.readouterr().out == "" and {p: p.stat().st_mtime_ns for p in data.rglob("*.tfrec")} == written
+
+    for i in range(2):  # a class folder added, a test image added, and another validation share asked for
+        _image(images / "train" / "c" / f"c{i}.png", 150 + i)
+    _image(images / "test" / "t9.png", 250)
+    converted_source(_run_config(images, val_fraction=0.5), run)
+    log = capsys.readouterr().out
+    assert "converting 10 images" in log and "8 -> 10 images" in log and "--val-fraction changed 0.15 -> 0.5" in log
+    info = convert.read_conversion_info(data)
+    assert info["class_names"] == ["a", "b", "c"]
+    assert info["counts"]["val"] == sum(min(round(0.5 * n), n - 1) for n in (4, 4, 2))
+    test_ids = scan_test_ids(kd.list_tfrecords(data / "test"))
+    assert sorted(test_ids) == sorted(p.stem for p in (images / "test").iterdir())
+
+
+def test_a_test_image_the_conversion_skipped_is_refused(images, tmp_path):
+    (images / "test" / "t5.png").write_bytes(b"not an image")
+    with pytest.raises(ConfigError, match=r"holds 3 of the 4 images of image folder .*test \(1 unreadable"):
+        converted_source(_run_config(images, skip_errors=True), tmp_path / "run")
