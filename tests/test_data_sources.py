@@ -353,6 +353,10 @@ def test_convert_command_line_with_a_csv_and_a_tfds_source(csv_images, tiny_tfds
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert run.returncode == 0, run.stderr
     assert sum(convert.read_conversion_info(tmp_path / "tfds")["counts"].values()) == 30
+    # the dataset's files, fingerprinted in that process, are this process's: the conversion would be reused
+    tfds_train = kd.tfds_source("tiny_digits", "train", data_dir=tiny_tfds)
+    assert convert.conversion_changes(tmp_path / "tfds", tfds_train, image_size=8, shards=1) == []
+    assert convert.conversion_changes(tmp_path / "tfds", tfds_train, image_size=8) == ["--shards changed 1 -> 16"]
 
 
 def test_numpy_augmentation_runs_on_source_batches(folders):

@@ -45,6 +45,22 @@ def test_the_job_trains_from_class_folders_and_submits_the_folder_ids(tmp_path):
     assert config["data"]["class_names"] == [str(d) for d in range(10)]
 
 
+def test_a_test_image_added_after_a_run_is_in_the_next_runs_submission(tmp_path):
+    """The run's OUT/data holds the first conversion; --overwrite must not predict the old test split."""
+    for digit, i, image in _digit_images(8):  # 70 to train on, above the batch of 64
+        _save_png(tmp_path / "folders" / str(digit) / f"{digit}_{i}.png", image)
+    for digit, i, image in _digit_images(1, offset=8):
+        _save_png(tmp_path / "test" / f"t{digit}{i}.png", image)
+    args = ["train", "--source", str(tmp_path / "folders"), "--test-source", str(tmp_path / "test"), *SOURCE_ARGS]
+    finish(job_process(args, tmp_path / "run", tmp_path))
+    _save_png(tmp_path / "test" / "late.png", next(_digit_images(1, offset=9))[2])
+    log = finish(job_process([*args, "--overwrite"], tmp_path / "run", tmp_path))
+    with open(tmp_path / "run" / "submission.csv") as f:
+        ids = [row[0] for row in csv.reader(f)][1:]
+    assert sorted(ids) == sorted(p.stem for p in (tmp_path / "test").iterdir())  # late included, once
+    assert "the test source's files changed: 10 -> 11 images" in log
+
+
 def test_the_job_trains_from_a_csv_and_submits_in_its_columns_with_its_label_names(tmp_path):
     names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     train_rows, test_ids = [], []

@@ -99,6 +99,36 @@ def test_port_writes_verified_msgpack_and_manifest(tmp_path, timm_b0):
     assert np.max(np.abs(out_logits - ref)) / np.max(np.abs(ref)) < 1e-4
 
 
+def _without_counters(state_dict) -> dict:
+    """As many exported checkpoints are saved: BatchNorm without its ``num_batches_tracked`` counters."""
+    return {k: v for k, v in state_dict.items() if not k.endswith(".num_batches_tracked")}
+
+
+def test_a_checkpoint_without_batchnorm_counters_ports_its_weights(tmp_path, timm_b0):
+    state = _without_counters(timm_b0.state_dict())
+    assert len(state) < len(timm_b0.state_dict())  # the model has counters the file lacks
+    ckpt = tmp_path / "exported.pth"
+    torch.save(state, ckpt)
+    out = tmp_path / "b0.msgpack"
+    result = port(NAME, out, checkpoint_path=ckpt, verify_size=32)
+    assert result.max_rel_diff < 1e-4
+    # the file's weights, not a fresh model's: verification alone would pass on random weights too
+    loaded = load_weights(create_model(NAME), out)
+    expected = convert_timm(timm_b0, NAME)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, loaded, expected)))
+
+
+def test_a_checkpoint_missing_a_real_tensor_is_still_refused_naming_it(tmp_path, timm_b0):
+    state = _without_counters(timm_b0.state_dict())
+    del state["blocks.2.1.conv_pwl.weight"]
+    ckpt = tmp_path / "exported.pth"
+    torch.save(state, ckpt)
+    only_that = r"not a .* checkpoint.*: missing 1 \(blocks\.2\.1\.conv_pwl\.weight\)$"
+    with pytest.raises(ConversionError, match=only_that):
+        port(NAME, tmp_path / "w.msgpack", checkpoint_path=ckpt, verify_size=32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ckpt.name]
+
+
 def test_failed_verification_writes_nothing(tmp_path, timm_b0, monkeypatch):
     import importlib
 

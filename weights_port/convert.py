@@ -36,6 +36,12 @@ def flax_name(module_path: str) -> list[str]:
     return module_path.split(".") if module_path else []
 
 
+def is_batchnorm_counter(key: str) -> bool:
+    """BatchNorm's ``num_batches_tracked``: a count of training steps, no weights, so Flax has no place for it
+    and many exported checkpoints leave it out."""
+    return key.rpartition(".")[2] == "num_batches_tracked"
+
+
 def _to_numpy(value) -> np.ndarray:
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch here
         value = value.detach().cpu().float().numpy() if value.is_floating_point() else value.detach().cpu().numpy()
@@ -53,9 +59,9 @@ def convert_state_dict(state_dict: Mapping[str, Any]) -> dict:
     bn_modules = {k.rsplit(".", 1)[0] for k in state_dict if k.endswith(".running_mean") or k == "running_mean"}
     out: dict = {"params": {}, "batch_stats": {}}
     for key, tensor in state_dict.items():
-        module, _, leaf = key.rpartition(".")
-        if leaf == "num_batches_tracked":
+        if is_batchnorm_counter(key):
             continue
+        module, _, leaf = key.rpartition(".")
         value = _to_numpy(tensor)
         path = flax_name(module)
         if module in bn_modules:

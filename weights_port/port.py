@@ -19,7 +19,7 @@ import numpy as np
 from kaggle_utils import checkpoint
 from kaggle_utils.efficientnet import create_model, resolve_name
 
-from .convert import ConversionError, convert_timm
+from .convert import ConversionError, convert_timm, is_batchnorm_counter
 
 __all__ = ["OutputError", "PortResult", "VerificationError", "check_output", "load_torch_state_dict", "port",
            "timm_model", "verify"]
@@ -56,10 +56,10 @@ def check_output(out: str | Path) -> Path:
 
 
 def _fit_report(model, state: dict, limit: int = 4) -> str:
-    """The keys and shapes of ``state`` that do not fit ``model``; empty when all fit."""
+    """The keys and shapes of ``state`` that do not fit ``model``; empty when all fit (counters may be absent)."""
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(getattr(v, "shape", ())) for k, v in state.items()}
-    missing = sorted(set(want) - set(got))
+    missing = sorted(k for k in set(want) - set(got) if not is_batchnorm_counter(k))
     unexpected = sorted(set(got) - set(want))
     misshaped = [f"{k} file {got[k]} vs model {want[k]}" for k in sorted(set(got) & set(want)) if got[k] != want[k]]
     parts = [f"{title} {len(keys)} ({', '.join(keys[:limit])}{', ...' if len(keys) > limit else ''})"
@@ -117,7 +117,8 @@ def timm_model(name: str, *, checkpoint_path: str | Path | None = None, pretrain
         if problems:  # checked here: torch's own error is a page of "size mismatch" lines
             raise ConversionError(f"{checkpoint_path} is not a {name} checkpoint (another architecture or "
                                   f"variant?): {problems}")
-        model.load_state_dict(state)
+        counters = {k: v for k, v in model.state_dict().items() if is_batchnorm_counter(k) and k not in state}
+        model.load_state_dict({**state, **counters})  # strict: only the counters may come from the fresh model
         return model.eval()
     if pretrained:
         try:

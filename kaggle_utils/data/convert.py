@@ -3,8 +3,10 @@
 ``python -m kaggle_utils.data convert SRC --out DIR [--image-size N] [--val-fraction F] [--shards K]``
 writes ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` with the competition's feature keys
 (``image`` JPEG + ``class`` int64, or ``image`` + ``id`` for test) and ``DIR/class_names.json``
-(class names, the source's id / label column names, counts), which :func:`read_conversion_info`
-reads back.
+(class names, the source's id / label column names, counts, and the fingerprint of the input
+and settings it was made from, :mod:`~kaggle_utils.data.fingerprint`), which
+:func:`read_conversion_info` reads back and :func:`conversion_changes` compares with a source as
+it is now.
 
 * Images are decoded (any format, see :mod:`~kaggle_utils.data.transforms`), squashed to
   ``N`` x ``N`` (:class:`~kaggle_utils.data.transforms.Resize`) and stored as JPEGs (quality
@@ -22,6 +24,7 @@ reads back.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -30,12 +33,14 @@ import tempfile
 
 import numpy as np
 
+from .fingerprint import conversion_fingerprint, fingerprint_changes
 from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, shard_name, write_tfrecord
 from .tfrecords import DataError, count_from_name
 
-__all__ = ["INFO_FILE", "SPLITS", "convert_source", "read_conversion_info", "source_from_spec", "stratified_split"]
+__all__ = ["INFO_FILE", "SPLITS", "conversion_changes", "convert_source", "read_conversion_info", "source_from_spec",
+           "stratified_split"]
 
 SPLITS = ("train", "val", "test")
 INFO_FILE = "class_names.json"
@@ -139,6 +144,9 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
     if _existing_splits(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} already holds {', '.join(_existing_splits(out_dir))}: pass overwrite=True "
                               "(--overwrite) to replace them, or choose another --out")
+    # taken before reading: a file that changes during the conversion makes the next check redo it
+    fingerprint = conversion_fingerprint(train, test, image_size=image_size, val_fraction=val_fraction,
+                                         shards=shards, seed=seed, quality=quality, skip_errors=skip_errors)
     train_idx, val_idx = stratified_split(train.labels, val_fraction, seed)
     jobs = [("train", train, train_idx), ("val", train, val_idx)]
     if test is not None:
@@ -155,13 +163,34 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
                 counts[split] = sum(count_from_name(f) for f in files)
         info = {"class_names": train.class_names, "id_column": (test or train).id_column,
                 "label_column": train.label_column, "image_size": image_size, "counts": counts,
-                "source": train.description, "test_source": None if test is None else test.description}
+                "source": train.description, "test_source": None if test is None else test.description,
+                "fingerprint": fingerprint}
         with atomic_output_path(os.path.join(staging, INFO_FILE)) as tmp, open(tmp, "w") as f:
             json.dump(info, f, indent=1)
         _swap_in(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return info
+
+
+# what convert_source's output depends on besides its sources, with its defaults (one place for them: its signature)
+_DEFAULT_SETTINGS = {name: parameter.default for name, parameter in inspect.signature(convert_source).parameters.items()
+                     if name in ("val_fraction", "shards", "seed", "quality", "skip_errors")}
+
+
+def conversion_changes(out_dir, train: Source, test: Source | None = None, **settings) -> list[str]:
+    """Why ``out_dir`` does not hold what ``convert_source(train, out_dir, test=test, **settings)`` would
+    write now, in words (see :func:`~kaggle_utils.data.fingerprint.fingerprint_changes`); empty if it does.
+
+    Settings left out take :func:`convert_source`'s defaults, so that a caller that does not pass
+    ``shards`` compares with a conversion that did not either.
+    """
+    try:
+        info = read_conversion_info(out_dir)
+    except DataError:
+        return ["no earlier conversion"]
+    settings = {**_DEFAULT_SETTINGS, **settings}
+    return fingerprint_changes(info.get("fingerprint"), conversion_fingerprint(train, test, **settings))
 
 
 def read_conversion_info(out_dir) -> dict:

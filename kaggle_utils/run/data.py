@@ -2,7 +2,8 @@
 
 Every check the final submission depends on runs here, before any training: splits present,
 labels in ``[0, classes)`` on every labelled split, the test split's ids present, unique and as
-many as its file names promise.
+many as its file names promise, and a converted ``--source`` made from the files as they are now,
+every test image included.
 """
 from __future__ import annotations
 
@@ -36,9 +37,14 @@ SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as con
 
 
 def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
-    """``--source`` written once as competition-layout TFRecords into ``OUT/data`` (reused on resume)."""
-    from ..data import DataError
-    from ..data.convert import convert_source, read_conversion_info, source_from_spec
+    """``--source`` as competition-layout TFRecords in ``OUT/data``: converted once, redone when its input changed.
+
+    ``OUT/data`` is reused (by ``--resume``, or a run started again) only when the fingerprint it
+    records matches the sources and settings as they are now (:mod:`kaggle_utils.data.fingerprint`):
+    a class folder or test image added since, or another ``--val-fraction``, would otherwise be
+    trained or predicted on as the old conversion, with a config that says otherwise.
+    """
+    from ..data.convert import conversion_changes, convert_source, source_from_spec
 
     data = config.data
     if data.data_dir is not None:
@@ -49,24 +55,33 @@ def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
     spec = dict(image_dir=data.image_dir, id_column=data.id_column, label_column=data.label_column)
     train = source_from_spec(data.source, **spec)
     test = source_from_spec(data.test_source, labeled=False, **spec) if data.test_source else None
-    try:
-        info = read_conversion_info(target)
-    except DataError:
-        info = None
-    wanted = {"source": train.description, "test_source": None if test is None else test.description,
-              "image_size": config.model.image_size}
-    if info is not None and all(info.get(k) == v for k, v in wanted.items()):
-        return target  # this run's conversion, e.g. before a --resume
-    if jax.process_index() == 0:
-        print(f"--source {data.source}: converting {train.num_examples} images to {config.model.image_size}px "
-              f"TFRecords in {target}")
-        convert_source(train, target, image_size=config.model.image_size, val_fraction=data.val_fraction,
-                       test=test, seed=config.seed, overwrite=True, skip_errors=data.skip_errors)
-    if jax.process_count() > 1:  # the others read what process 0 wrote (a shared filesystem)
+    settings = dict(image_size=config.model.image_size, val_fraction=data.val_fraction, seed=config.seed,
+                    skip_errors=data.skip_errors)
+    if jax.process_index() == 0:  # the one that decides and writes: the others could see a half-swapped folder
+        changes = conversion_changes(target, train, test, **settings)
+        if changes:
+            print(f"--source {data.source}: converting {train.num_examples} images to {config.model.image_size}px "
+                  f"TFRecords in {target} ({'; '.join(changes)})")
+            convert_source(train, target, test=test, overwrite=True, **settings)
+    if jax.process_count() > 1:  # the others read what process 0 wrote (a shared filesystem), once it is there
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("kaggle_utils converted_source")
+    _check_test_rows(target, test)  # on every process, so that all stop together
     return target
+
+
+def _check_test_rows(target: Path, test) -> None:
+    """A submission needs a row per test image: refuses a conversion that left some out (``--skip-errors``)."""
+    from ..data.convert import read_conversion_info
+
+    if test is None:
+        return
+    converted = read_conversion_info(target)["counts"].get("test", 0)
+    if converted != test.num_examples:
+        raise ConfigError(f"{target}/test holds {converted} of the {test.num_examples} images of {test.description} "
+                          f"({test.num_examples - converted} unreadable, skipped by --skip-errors): a submission "
+                          "needs a row for each; fix or remove those files")
 
 
 @contextlib.contextmanager
