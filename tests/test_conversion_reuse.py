@@ -104,3 +104,28 @@ def test_a_test_image_the_conversion_skipped_is_refused(images, tmp_path):
     (images / "test" / "t5.png").write_bytes(b"not an image")
     with pytest.raises(ConfigError, match=r"holds 3 of the 4 images of image folder .*test \(1 unreadable"):
         converted_source(_run_config(images, skip_errors=True), tmp_path / "run")
+
+
+def test_a_refused_run_leaves_the_folders_run_and_its_data_as_they_were(images, tmp_path):
+    """RUN holds a run on source A; a run on source B into RUN is refused, and RUN/data is still A's."""
+    from kaggle_utils import run
+    from kaggle_utils.outdir import OutDirError
+    from kaggle_utils.run.data import STAGED
+
+    out = tmp_path / "run"
+    first = _run_config(images)
+    converted_source(first, out)
+    (out / "config.json").write_text(f'{{"config": {first.to_json()}}}')
+    (out / "history.csv").write_text("epoch,step\n")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    other = tmp_path / "other"
+    for c, name in enumerate("xyz"):
+        for i in range(6):
+            _image(other / name / f"{name}{i}.png", 40 * c + 5 * i)
+    second = TrainConfig().replace(source=str(other), image_size=SIZE, model="test_efficientnet", batch_size=8,
+                                   steps=1)
+    with pytest.raises(OutDirError, match="holds a run with another config"):
+        run.train(second, out, progress=False)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not (out / STAGED).exists()

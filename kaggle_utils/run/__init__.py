@@ -7,7 +7,7 @@ In the order a run uses them:
    size), every label checked against ``[0, num_classes)`` and the test split's ids checked,
    before anything trains.
 2. ``resolve``: :func:`resolve`, the config with everything left open filled in for this
-   machine and this data (classes, image size, dtype, global batch, learning rate), and the
+   machine and this data (classes, image size, precision, global batch, learning rate), and the
    :class:`Plan` of numbers derived from it (steps, warmup, peak learning rate).
 3. ``build``: :func:`build_model`, :func:`initial_variables` (a new head on ported weights
    starts at zero, so a fine-tune's first loss is ln C), :func:`build_training` (task,
@@ -20,15 +20,16 @@ In the order a run uses them:
 """
 from .build import (Training, build_model, build_training, device_augmentation, eval_transform, fit_run,
                     fit_settings, host_augment, initial_variables, train_dataset, train_transform)
-from .data import (SAMPLE, RunData, converted_source, data_root, find_splits, infer_image_size, open_data,
-                   sample_or_folder, scan_labels, scan_test_ids)
-from .resolve import DTYPES, Plan, check_config, global_batch, make_task, resolve, run_manifest
+from .data import (SAMPLE, RunData, commit_conversion, converted_source, data_root, find_splits, infer_image_size,
+                   open_data, sample_or_folder, scan_labels, scan_test_ids)
+from .resolve import Plan, check_config, global_batch, make_task, resolve, run_manifest
 from .saved import load_run, write_config
 from .trainer import RunResult, predict_test_split, train
 
 __all__ = [
-    "DTYPES", "Plan", "RunData", "RunResult", "SAMPLE", "Training", "build_model", "build_training", "check_config",
-    "converted_source", "data_root", "device_augmentation", "eval_transform", "find_splits", "fit_run", "fit_settings",
+    "Plan", "RunData", "RunResult", "SAMPLE", "Training", "build_model", "build_training", "check_config",
+    "commit_conversion", "converted_source", "data_root", "device_augmentation", "eval_transform", "find_splits",
+    "fit_run", "fit_settings",
     "global_batch", "host_augment", "infer_image_size", "initial_variables", "load_run", "make_task", "open_data",
     "predict_test_split", "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids", "train",
     "train_dataset", "train_transform", "write_config",

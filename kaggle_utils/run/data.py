@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -36,13 +37,20 @@ class RunData:
 SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it
 
 
-def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
+STAGED = ".data.staging"  # OUT/.data.staging: a conversion not yet accepted as OUT/data
+
+
+def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = False) -> Path:
     """``--source`` as competition-layout TFRecords in ``OUT/data``: converted once, redone when its input changed.
 
     ``OUT/data`` is reused (by ``--resume``, or a run started again) only when the fingerprint it
     records matches the sources and settings as they are now (:mod:`kaggle_utils.data.fingerprint`):
     a class folder or test image added since, or another ``--val-fraction``, would otherwise be
     trained or predicted on as the old conversion, with a config that says otherwise.
+
+    With ``stage`` a conversion goes to ``OUT/.data.staging`` instead and the folder returned is
+    that one: it replaces ``OUT/data`` only through :func:`commit_conversion`, once every check of
+    the run has passed, so a run refused later leaves the folder's run and its data as they were.
     """
     from ..data.convert import conversion_changes, convert_source, source_from_spec
 
@@ -51,24 +59,47 @@ def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
         raise ConfigError("--source and --data-dir exclude each other: give the records folder or the source")
     if config.model.image_size is None:
         raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
-    target = Path(out_dir) / "data"
+    target, staged = Path(out_dir) / "data", Path(out_dir) / STAGED
     spec = dict(image_dir=data.image_dir, id_column=data.id_column, label_column=data.label_column)
     train = source_from_spec(data.source, **spec)
     test = source_from_spec(data.test_source, labeled=False, **spec) if data.test_source else None
     settings = dict(image_size=config.model.image_size, val_fraction=data.val_fraction, seed=config.seed,
                     skip_errors=data.skip_errors)
     if jax.process_index() == 0:  # the one that decides and writes: the others could see a half-swapped folder
+        shutil.rmtree(staged, ignore_errors=True)  # left by a run that was refused or killed
         changes = conversion_changes(target, train, test, **settings)
         if changes:
+            written = staged if stage else target
             print(f"--source {data.source}: converting {train.num_examples} images to {config.model.image_size}px "
-                  f"TFRecords in {target} ({'; '.join(changes)})")
-            convert_source(train, target, test=test, overwrite=True, **settings)
-    if jax.process_count() > 1:  # the others read what process 0 wrote (a shared filesystem), once it is there
+                  f"TFRecords in {written} ({'; '.join(changes)})")
+            convert_source(train, written, test=test, overwrite=True, **settings)
+    _sync("kaggle_utils converted_source")  # the others read what process 0 wrote (a shared filesystem)
+    folder = staged if stage and staged.is_dir() else target
+    _check_test_rows(folder, test)  # on every process, so that all stop together
+    return folder
+
+
+def commit_conversion(data: RunData, out_dir: str | Path) -> RunData:
+    """Moves a staged conversion into ``OUT/data`` (the run was accepted); ``data`` then reads it there."""
+    target, staged = Path(out_dir) / "data", Path(out_dir) / STAGED
+    if data.root.resolve() != staged.resolve():
+        return data
+    if jax.process_index() == 0:
+        old = Path(out_dir) / ".data.replaced"
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            target.rename(old)
+        staged.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    _sync("kaggle_utils commit_conversion")
+    return dataclasses.replace(data, root=target, splits=find_splits(target))
+
+
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
-        multihost_utils.sync_global_devices("kaggle_utils converted_source")
-    _check_test_rows(target, test)  # on every process, so that all stop together
-    return target
+        multihost_utils.sync_global_devices(name)
 
 
 def _check_test_rows(target: Path, test) -> None:
@@ -86,9 +117,16 @@ def _check_test_rows(target: Path, test) -> None:
 
 @contextlib.contextmanager
 def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
-    """The folder of TFRecords a run reads: ``--data-dir``, ``--source`` converted, or the sample."""
+    """The folder of TFRecords a run reads: ``--data-dir``, ``--source`` converted (staged), or the sample.
+
+    A staged conversion that was not committed (the run was refused) is removed on the way out.
+    """
     if config.data.source is not None:
-        yield converted_source(config, out_dir)
+        try:
+            yield converted_source(config, out_dir, stage=True)
+        finally:
+            if jax.process_index() == 0:
+                shutil.rmtree(Path(out_dir) / STAGED, ignore_errors=True)
     else:
         with sample_or_folder(config) as root:
             yield root
@@ -198,8 +236,8 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
         scan_test_ids(splits["test"])
     if config.data.data_dir in (None, SAMPLE) and config.data.source is None:
         description = SAMPLE
-    else:
-        description = str(root.resolve())
+    else:  # a staged conversion is recorded where it will live once the run is accepted
+        description = str((root.parent / "data" if root.name == STAGED else root).resolve())
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
                    max_label=top, description=description, class_names=_class_names(config, root))
 

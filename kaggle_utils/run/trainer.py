@@ -20,7 +20,7 @@ import numpy as np
 from .. import checkpoint, outdir
 from ..config import TrainConfig
 from .build import build_model, build_training, eval_transform, fit_run, initial_variables
-from .data import RunData, data_root, open_data
+from .data import RunData, commit_conversion, data_root, open_data
 from .resolve import Plan, check_config, resolve
 from .saved import write_config
 
@@ -82,6 +82,7 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
         if main:  # every check passed: only now may the folder change
             outdir.prepare(out, resolved, resume=resume, overwrite=overwrite)
             checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
+        data = commit_conversion(data, out)  # a --source conversion made for this run becomes OUT/data
         if resolved.data.deterministic:
             _deterministic_input()
         if main:
