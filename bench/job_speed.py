@@ -2,7 +2,7 @@
 
     python bench/job_speed.py                        # tf_efficientnetv2_b0, digits sample at 64 px, batch 16
     python bench/job_speed.py --routes none randaugment --steps 10 --rounds 3
-    python bench/job_speed.py --size 224 --batch 128 --dtype bfloat16 --steps 20   # on a GPU
+    python bench/job_speed.py --size 224 --batch 128 --precision fp16 --steps 20   # on a T4
     python bench/job_speed.py --data-dir /kaggle/input/tpu-getting-started/tfrecords-jpeg-512x512
 
 For each ``--data.augment`` route (``none``, ``randaugment`` TF on the host, ``imgaug`` in worker
@@ -45,7 +45,7 @@ def job_config(args, route: str):
     from kaggle_utils.config import TrainConfig
 
     total = args.steps * (args.windows + 1)
-    return TrainConfig().replace(model=args.model, image_size=args.size, batch_size=args.batch, dtype=args.dtype,
+    return TrainConfig().replace(model=args.model, image_size=args.size, batch_size=args.batch, precision=args.precision,
                                  data_dir=args.data_dir, augment=route, steps=total, steps_per_epoch=total,
                                  log_every=args.steps, tensorboard=False, deterministic=not args.nondeterministic)
 
@@ -152,7 +152,7 @@ def report(result: dict, args, load_start: float) -> None:
 
     config = result["config"]
     print(f"\n{config.model.name} at {config.model.image_size}px (stored {result['stored_size']}), "
-          f"{config.model.dtype}, global batch {config.data.batch_size}, "
+          f"{config.model.precision}, global batch {config.data.batch_size}, "
           f"{'deterministic' if config.data.deterministic else 'nondeterministic'} input; "
           f"{args.rounds} rounds x {args.windows} windows x {args.steps} steps; jax {jax.__version__} ({jax.default_backend()}: "
           f"{jax.device_count()} x {jax.devices()[0].device_kind}), tensorflow {tensorflow_on_host().__version__}; "
@@ -178,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", type=int, default=None,
                         help="image side (default: 64 on the digits sample, the stored size with --data-dir)")
     parser.add_argument("--batch", type=int, default=16, help="global batch")
-    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                        help="compute dtype (default: the job's, bfloat16 on TPU, else float32)")
+    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="the job's --precision (auto: bf16 on TPU and Ampere+, fp16 on older GPUs, fp32 on CPU)")
     parser.add_argument("--data-dir", default=None, help="TFRecords in the competition layout (default: the sample)")
     parser.add_argument("--steps", type=int, default=6, help="steps per timed window (the job's log interval)")
     parser.add_argument("--windows", type=int, default=2, help="timed windows per route and round")

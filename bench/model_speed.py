@@ -3,7 +3,8 @@
     python bench/model_speed.py                      # CPU: tf_efficientnetv2_s, 224, batch 8, fp32
     python bench/model_speed.py --quick              # CPU, fewer rounds: a rough figure
     python bench/model_speed.py --model tf_efficientnetv2_b0 --size 128 --batch 16 --conv-impl xla
-    python bench/model_speed.py --mode gpu           # GPU: bf16 and strict fp32, batch 64
+    python bench/model_speed.py --mode gpu           # GPU: fp16, bf16 and strict fp32, batch 64
+    python bench/model_speed.py --mode gpu-fp16      # a T4: Flax fp16 + loss scaling vs timm AMP fp16
     python bench/model_speed.py --mode gpu-bf16 --batch 128 --size 300
 
 Modes (``--mode``):
@@ -13,12 +14,21 @@ Modes (``--mode``):
 * ``gpu-bf16``: each side's mixed precision, as one would train on a GPU. Flax computes in
   bfloat16 with fp32 parameters and statistics (``create_model(dtype=bfloat16)``, the kit's
   recipe); timm runs under ``torch.autocast("cuda", bfloat16)`` in ``channels_last``.
+* ``gpu-fp16``: the T4 comparison. Flax computes in float16 with fp32 parameters and dynamic
+  loss scaling (the kit's ``LossScale``: scaled loss, unscaled gradients, a finite check, a
+  skipped update on overflow, as ``--precision fp16`` trains); timm runs timm's own default,
+  ``torch.autocast("cuda", float16)`` with a ``GradScaler``, in ``channels_last``.
 * ``gpu-fp32``: true fp32 on both sides, TF32 off: JAX under
   ``jax.default_matmul_precision("highest")`` (convolutions and dots), torch with
   ``torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False``;
   timm in ``channels_last``. The eval logits' difference printed for this mode is the check
   that neither side fell back to TF32 (TF32 rounding is ~1e-3 relative, fp32 ~1e-6).
-* ``gpu``: both of the above, interleaved in one run: the one command for a lent GPU.
+* ``gpu``: all three, interleaved in one run: the one command for a lent GPU. bf16 on a GPU
+  without bf16 hardware (compute capability below 8.0) measures XLA's and torch's fallbacks.
+
+Each GPU report line also gives the fraction of the card's dense peak FLOP/s (a table of
+known cards, fp32 / fp16 / bf16) that the training step reached, from the model's FLOPs as
+XLA counts them for one forward (``surgery.count_flops``), times 3 for forward + backward.
 
 The GPU modes set ``torch.backends.cudnn.benchmark = True`` (timm's own training scripts do)
 and turn JAX's GPU memory preallocation off, since both frameworks share one device. Without
@@ -62,7 +72,13 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import torch  # noqa: E402  (before anything that could pull tensorflow in: see tests/conftest.py)
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
-MODES = {"cpu": ("fp32",), "gpu": ("bf16", "fp32"), "gpu-bf16": ("bf16",), "gpu-fp32": ("fp32",)}
+MODES = {"cpu": ("fp32",), "gpu": ("fp16", "bf16", "fp32"), "gpu-fp16": ("fp16",), "gpu-bf16": ("bf16",),
+         "gpu-fp32": ("fp32",)}
+# dense peak TFLOP/s by card (the vendors' datasheets): fp32 without TF32, fp16 and bf16 on tensor cores
+PEAK_TFLOPS = {"T4": {"fp32": 8.1, "fp16": 65.0}, "P100": {"fp32": 9.3, "fp16": 18.7},
+               "V100": {"fp32": 15.7, "fp16": 125.0}, "A100": {"fp32": 19.5, "fp16": 312.0, "bf16": 312.0},
+               "L4": {"fp32": 30.3, "fp16": 121.0, "bf16": 121.0},
+               "H100": {"fp32": 67.0, "fp16": 989.0, "bf16": 989.0}, "H200": {"fp32": 67.0, "fp16": 989.0, "bf16": 989.0}}
 DEFAULTS = {  # (batch, rounds, iters, warmup) per kind of mode; --quick: (rounds, iters)
     "cpu": {"batch": 8, "rounds": 7, "iters": 3, "warmup": 2, "quick": (3, 2)},
     "gpu": {"batch": 64, "rounds": 5, "iters": 20, "warmup": 5, "quick": (3, 10)},
@@ -75,16 +91,18 @@ def flax_cases(name: str, timm_model, images, labels, conv_impl: str, precision:
     """``{"eval": fn, "train": fn, "logits": eval logits}``; each fn queues one batch and returns its output.
 
     ``precision``: ``"fp32"`` (on a GPU with every conv and dot at ``"highest"`` precision, no
-    TF32) or ``"bf16"`` (bfloat16 compute, fp32 parameters and BN statistics).
+    TF32), ``"bf16"`` (bfloat16 compute, fp32 parameters and BN statistics) or ``"fp16"`` (float16
+    compute with the kit's dynamic loss scale).
     """
     import jax
     import jax.numpy as jnp
     import optax
 
     from kaggle_utils.efficientnet import create_model
+    from kaggle_utils.precision import LossScale, Precision, all_finite
     from weights_port.convert import convert_timm
 
-    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    dtype = Precision(precision).compute_dtype
     model = create_model(name, num_classes=timm_model.num_classes, conv_impl=conv_impl, dtype=dtype)
     variables = jax.tree.map(jnp.asarray, convert_timm(timm_model, name))
     x = jnp.asarray(images.transpose(0, 2, 3, 1))
@@ -97,20 +115,28 @@ def flax_cases(name: str, timm_model, images, labels, conv_impl: str, precision:
 
     evaluate = jax.jit(model.apply)
 
-    def loss_fn(params, batch_stats):
+    def loss_fn(params, batch_stats, factor):
         logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, x, mutable=["batch_stats"])
         loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y).mean()
-        return loss, updates["batch_stats"]
+        return loss * factor, (loss, updates["batch_stats"])
 
     def train_step(state):
-        params, batch_stats, opt_state = state
-        (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch_stats)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), batch_stats, opt_state), loss
+        params, batch_stats, opt_state, loss_scale = state
+        factor = 1.0 if loss_scale is None else loss_scale.scale
+        (_, (loss, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch_stats, factor)
+        grads = jax.tree.map(lambda g: g / factor, grads)
+        updates, new_opt = tx.update(grads, opt_state, params)
+        new = (optax.apply_updates(params, updates), new_stats, new_opt)
+        if loss_scale is not None:  # an overflowing step changes nothing but the scale
+            finite = all_finite(grads)
+            new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, (params, batch_stats, opt_state))
+            loss_scale = loss_scale.update(finite)
+        return (*new, loss_scale), loss
 
     train_step = jax.jit(train_step, donate_argnums=0)
     params, batch_stats = jax.tree.map(jnp.copy, (variables["params"], variables["batch_stats"]))
-    state = [(params, batch_stats, tx.init(params))]  # donated each step: a copy, eval keeps `variables`
+    loss_scale = LossScale.create() if Precision(precision).loss_scaling else None
+    state = [(params, batch_stats, tx.init(params), loss_scale)]  # donated each step: eval keeps `variables`
 
     def run_eval():
         with exact():
@@ -129,8 +155,9 @@ def timm_cases(timm_model, images, labels, *, device: str = "cpu", precision: st
                train_layout=torch.contiguous_format) -> dict:
     """``{"eval": NCHW fn, "eval_cl": channels_last fn, "train": fn, "logits"}`` on ``device``.
 
-    On CUDA ``precision`` is ``"bf16"`` (autocast) or ``"fp32"`` (TF32 off, set on every call:
-    the flags are global and the cases of both precisions are interleaved).
+    On CUDA ``precision`` is ``"bf16"`` (autocast), ``"fp16"`` (autocast + ``GradScaler``, timm's
+    default AMP) or ``"fp32"`` (TF32 off, set on every call: the flags are global and the cases
+    of all precisions are interleaved).
     """
     cuda = device == "cuda"
     x = torch.from_numpy(images).to(device)
@@ -140,13 +167,15 @@ def timm_cases(timm_model, images, labels, *, device: str = "cpu", precision: st
     eval_cl = copy.deepcopy(timm_model).to(device, memory_format=torch.channels_last).eval()
     train_model = copy.deepcopy(timm_model).to(device, memory_format=train_layout).train()
     optimizer = torch.optim.AdamW(train_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    scaler = torch.amp.GradScaler("cuda", enabled=cuda and precision == "fp16")
     x_train = x.contiguous(memory_format=train_layout)
 
     def precision_of_call():
         if not cuda:
             return contextlib.nullcontext()
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision != "fp32"
-        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16")
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        return torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None)
 
     def run_eval(model, inp):
         with torch.no_grad(), precision_of_call():
@@ -157,8 +186,9 @@ def timm_cases(timm_model, images, labels, *, device: str = "cpu", precision: st
         with precision_of_call():
             logits = train_model(x_train)
         loss = torch.nn.functional.cross_entropy(logits.float(), y)
-        loss.backward()
-        optimizer.step()
+        scaler.scale(loss).backward()  # a pass-through when the scaler is disabled
+        scaler.step(optimizer)
+        scaler.update()
         return loss
 
     logits = run_eval(eval_cl if cuda else eval_model, x_cl if cuda else x).float().cpu().numpy()
@@ -226,6 +256,32 @@ def gpu_cases(args, timm_model, images, labels):
     return cases, pairs, diffs
 
 
+def _train_flops_per_image(name: str, timm_model, size: int) -> float | None:
+    """3x one forward's FLOPs as XLA counts them (backward ~ 2x forward); None where XLA gives no count."""
+    import jax
+    import jax.numpy as jnp
+
+    from kaggle_utils.efficientnet import create_model
+    from kaggle_utils.surgery import count_flops
+    from kaggle_utils.variable_trees import VariableTreeError
+    from weights_port.convert import convert_timm
+
+    model = create_model(name, num_classes=timm_model.num_classes)
+    variables = jax.tree.map(jnp.asarray, convert_timm(timm_model, name))
+    try:
+        return 3 * count_flops(model, variables, jnp.zeros((1, size, size, 3), jnp.float32))
+    except VariableTreeError:
+        return None
+
+
+def peak_tflops(device_kind: str, precision: str) -> float | None:
+    """The card's dense peak for ``precision`` from :data:`PEAK_TFLOPS` (None: card or precision unknown)."""
+    for card, peaks in PEAK_TFLOPS.items():
+        if card in device_kind:
+            return peaks.get(precision)
+    return None
+
+
 def run(args) -> dict:
     import numpy as np
     import timm
@@ -247,7 +303,8 @@ def run(args) -> dict:
     for _ in range(args.rounds):
         for case, (fn, finish) in cases.items():
             runs[case].append(timed_run(fn, args.batch, args.iters, finish))
-    return {"runs": runs, "pairs": pairs, "logit_diffs": diffs, "setup_s": setup_s}
+    flops = None if args.mode == "cpu" else _train_flops_per_image(args.model, timm_model, args.size)
+    return {"runs": runs, "pairs": pairs, "logit_diffs": diffs, "setup_s": setup_s, "train_flops": flops}
 
 
 def _median(runs: list[dict], key: str) -> float:
@@ -276,7 +333,9 @@ def device_description(mode: str) -> str:
 
     device = jax.devices()[0]
     runtime = getattr(device.client, "platform_version", "").strip()  # e.g. the CUDA runtime JAX loaded
-    return f"GPU {torch.cuda.get_device_name(0)} (torch) / {device.device_kind} (jax; {runtime})"
+    capability = ".".join(map(str, torch.cuda.get_device_capability(0)))
+    return (f"GPU {torch.cuda.get_device_name(0)}, compute capability {capability} (torch) / {device.device_kind} "
+            f"(jax; {runtime})")
 
 
 def versions() -> str:
@@ -306,6 +365,19 @@ def report(result: dict, args) -> None:
     print("|---|---|---|---|---|")
     for label, flax, timm_case in result["pairs"]:
         print(_ratio_row(label, runs, flax, timm_case))
+    flops = result["train_flops"]
+    if flops:
+        import jax
+
+        kind = jax.devices()[0].device_kind
+        for label, flax, timm_case in result["pairs"]:
+            precision = label.split()[0]
+            peak = peak_tflops(kind, precision)
+            if "train" in label and peak:
+                reached = {side: _median(runs[case], "img/s") * flops / 1e12 / peak
+                           for side, case in (("Flax", flax), ("timm", timm_case))}
+                print(f"{label}: {flops / 1e9:.1f} GFLOPs per image; of {kind}'s {peak:g} TFLOP/s {precision} peak: "
+                      + ", ".join(f"{side} {share:.1%}" for side, share in reached.items()))
     print("\nraw images/s per round: "
           + "; ".join(f"{c}: " + " ".join(f"{r['img/s']:.2f}" for r in rs) for c, rs in runs.items()))
     print("\n| case | CPU user ms / call | CPU system ms / call | minor page faults / call |  (medians)")
@@ -338,9 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "channels_last\n"
                                             "  gpu-fp32  fp32 with TF32 off on both sides (JAX precision "
                                             "'highest'; torch allow_tf32 False)\n"
-                                            "  gpu       gpu-bf16 and gpu-fp32 interleaved in one run")
+                                            "  gpu-fp16  Flax fp16 + loss scaling vs timm AMP fp16 + GradScaler + "
+                                            "channels_last (the T4 comparison)\n"
+                                            "  gpu       gpu-fp16, gpu-bf16 and gpu-fp32 interleaved in one run")
     parser.add_argument("--mode", default="cpu", choices=tuple(MODES),
-                        help="cpu | gpu (bf16 and fp32) | gpu-bf16 | gpu-fp32 (default: cpu)")
+                        help="cpu | gpu (fp16, bf16 and fp32) | gpu-fp16 | gpu-bf16 | gpu-fp32 (default: cpu)")
     parser.add_argument("--model", default="tf_efficientnetv2_s", help="timm name of a registered variant")
     parser.add_argument("--size", type=int, default=224, help="input height = width")
     parser.add_argument("--batch", type=int, default=None, help="images per call (default 8 on cpu, 64 on gpu)")

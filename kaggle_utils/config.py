@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import types
 import typing
 from typing import Any
@@ -34,6 +35,11 @@ def _field(default, help: str, **metadata):
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
+# fields renamed since: old name -> (new name, old value -> new value); an old run's config.json, an old
+# notebook's replace(dtype=...) and the old flag (with a deprecation line, see add_config_flags) still work
+_ALIASES = {"dtype": ("precision", {None: "auto", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"})}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     name: str = _field("tf_efficientnetv2_b0", "registered EfficientNet name (see kaggle_utils.efficientnet)",
@@ -43,8 +49,11 @@ class ModelConfig:
     freeze: tuple[str, ...] = _field((), "with --weights: regex of parameter paths to keep frozen (repeatable)")
     num_classes: int | None = _field(None, "number of classes (default: from the data)")
     image_size: int | None = _field(None, "image side the model sees (default: the stored size of the data)")
-    dtype: str | None = _field(None, "compute dtype (default bfloat16 on TPU, else float32)",
-                               choices=("float32", "bfloat16"))
+    precision: str = _field("auto", "compute precision: auto (bf16 on TPU and on GPUs of compute capability 8.0+, "
+                                    "fp16 with loss scaling on older GPUs such as the T4, fp32 on CPU) | fp32 | bf16 "
+                                    "| fp16; weights, optimizer state and BatchNorm statistics stay fp32",
+                            choices=("auto", "fp32", "bf16", "fp16"),
+                            alias="dtype")
     drop_rate: float = _field(0.2, "dropout before the classifier")
     drop_path_rate: float = _field(0.1, "stochastic depth rate")
     sync_bn: bool = _field(True, "BatchNorm statistics over the global batch")
@@ -147,6 +156,8 @@ class TrainConfig:
         top: dict[str, Any] = {}
         for name, value in changes.items():
             key = name.replace("-", "_")
+            if key in _ALIASES:  # an old name, e.g. dtype="bfloat16" of a notebook written before precision
+                key, value = _ALIASES[key][0], _ALIASES[key][1].get(value, value)
             if key not in fields:
                 raise ConfigError(f"{type(self).__name__} has no field {name!r}; fields: {', '.join(sorted(fields))}")
             section, field = fields[key]
@@ -239,6 +250,25 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
                 if "choices" in field.metadata:
                     kwargs["choices"] = field.metadata["choices"]
             group.add_argument(flag_of(name), **kwargs)
+            if "alias" in field.metadata:
+                alias = field.metadata["alias"]
+                mapping = {old: new for old, new in _ALIASES[alias][1].items() if old is not None}
+                group.add_argument(flag_of(alias), dest=name, default=argparse.SUPPRESS, choices=sorted(mapping),
+                                   action=_DeprecatedAlias, mapping=mapping, new_flag=flag_of(name),
+                                   help=f"deprecated: {flag_of(name)} ({', '.join(f'{k} = {v}' for k, v in mapping.items())})")
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old flag that still works: its value is translated to the new flag's, with one line saying so."""
+
+    def __init__(self, option_strings, dest, *, mapping: dict, new_flag: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.mapping, self.new_flag = mapping, new_flag
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        new = self.mapping[value]
+        print(f"{option_string} {value} is deprecated: it means {self.new_flag} {new}", file=sys.stderr)
+        setattr(namespace, self.dest, new)
 
 
 def config_from_args(args: argparse.Namespace, cls: type = None) -> TrainConfig:
@@ -269,11 +299,16 @@ def resume_may_change(name: str, cls: type = None) -> bool:
     return bool(_flag_table(cls or TrainConfig)[name][1].metadata.get("resume_may_change"))
 
 
+
+
 def _from_dict(cls, data: dict, where: str):
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a JSON object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
+    for old, (new, values) in _ALIASES.items():
+        if old in data and old not in names and new in names and new not in data and data[old] in values:
+            data = {**{k: v for k, v in data.items() if k != old}, new: values[data[old]]}
+    hints = typing.get_type_hints(cls)
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"{where} has fields this version of {cls.__name__} does not know: {', '.join(unknown)}")

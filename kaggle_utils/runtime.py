@@ -10,7 +10,7 @@ checks that the README and every notebook hold it verbatim). Then::
 
     RT.platform          "tpu" | "gpu" | "cpu"
     RT.smoke             True: tiny model, small images, few steps (CI / nbmake)
-    RT.model, RT.image_size, RT.dtype, RT.per_device_batch, RT.global_batch, RT.epochs, RT.steps_per_epoch
+    RT.model, RT.image_size, RT.precision, RT.per_device_batch, RT.global_batch, RT.epochs, RT.steps_per_epoch
     RT.data_dir          folder with train/ val/ test/ TFRecords, or None (then use
                          kaggle_utils.data.make_sample_dataset(dir, image_size=RT.image_size))
     RT.weights           ported weights (.msgpack + manifest) of RT.model, or None
@@ -29,8 +29,8 @@ Choices, and why:
 * TensorFlow is only for tf.data on the host: :func:`setup` hides the accelerators from it on a
   TPU or GPU (after JAX has claimed them), and importing this module imports neither
   TensorFlow nor torch. Versions are read from package metadata, not by importing.
-* bf16 compute on TPU only (the MXU is bf16-native; T4/P100 GPUs are not), 16 images per
-  device with at least 64 per step (:func:`global_batch`); the train job uses the same rules.
+* The precision is the job's ``--precision auto`` (:func:`kaggle_utils.precision.choose_precision`),
+  16 images per device with at least 64 per step (:func:`global_batch`): the job's rules.
 """
 from __future__ import annotations
 
@@ -47,24 +47,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
-__all__ = [
-    "BOOTSTRAP",
-    "Defaults",
-    "Runtime",
-    "RuntimeSetupError",
-    "current_platform",
-    "default_dtype",
-    "defaults",
-    "detect",
-    "find_competition_data",
-    "find_kit",
-    "find_weights",
-    "global_batch",
-    "internet_available",
-    "kaggle_root",
-    "setup",
-    "smoke_override",
-]
+__all__ = ["BOOTSTRAP", "Defaults", "Runtime", "RuntimeSetupError", "current_platform", "defaults", "detect",
+           "find_competition_data", "find_kit", "find_weights", "global_batch", "internet_available", "kaggle_root",
+           "setup", "smoke_override"]
 
 ROOT_ENV = "KAGGLE_UTILS_ROOT"
 SMOKE_ENV = "KAGGLE_UTILS_SMOKE"
@@ -109,35 +94,33 @@ class Defaults:
     model: str
     image_size: int
     per_device_batch: int
-    dtype: str
     epochs: int
     steps_per_epoch: int | None = None  # None: a full pass over the training data
 
 
 _PLATFORM_DEFAULTS = {
     # v5e-8: 16 GiB HBM per chip holds V2-M at 512 px, 16 images, bf16
-    "tpu": Defaults("tf_efficientnetv2_m", 512, DEFAULT_PER_DEVICE_BATCH, "bfloat16", epochs=12),
-    # T4 / P100 (16 GiB, no fast bf16): V2-S at the competition's 331 px
-    "gpu": Defaults("tf_efficientnetv2_s", 331, DEFAULT_PER_DEVICE_BATCH, "float32", epochs=8),
+    "tpu": Defaults("tf_efficientnetv2_m", 512, DEFAULT_PER_DEVICE_BATCH, epochs=12),
+    # T4 / P100 (16 GiB): V2-S at the competition's 331 px
+    "gpu": Defaults("tf_efficientnetv2_s", 331, DEFAULT_PER_DEVICE_BATCH, epochs=8),
     # a Kaggle CPU session with the data: smallest model and images, still the real data
-    "cpu": Defaults("tf_efficientnetv2_b0", 192, DEFAULT_PER_DEVICE_BATCH, "float32", epochs=2),
+    "cpu": Defaults("tf_efficientnetv2_b0", 192, DEFAULT_PER_DEVICE_BATCH, epochs=2),
 }
 # smoke: the same code path in seconds per step on a CPU (32 px = the embedded digits sample), on timm's
 # minimal EfficientNet (every block type, one block per stage), which compiles in seconds
-_SMOKE = Defaults("test_efficientnet", 32, 8, "float32", epochs=2, steps_per_epoch=3)
-
-
-def default_dtype(platform: str) -> str:
-    """Compute dtype: bfloat16 on TPU, float32 elsewhere."""
-    return "bfloat16" if platform == "tpu" else "float32"
+_SMOKE = Defaults("test_efficientnet", 32, 8, epochs=2, steps_per_epoch=3)
 
 
 def defaults(platform: str, *, smoke: bool = False) -> Defaults:
-    """The :class:`Defaults` for ``"tpu"`` / ``"gpu"`` / ``"cpu"``, or the smoke size (dtype still per platform)."""
+    """The :class:`Defaults` for ``"tpu"`` / ``"gpu"`` / ``"cpu"``, or the smoke size.
+
+    The precision is not among them: it depends on the device itself (a T4 and an A100 are both
+    "gpu"), so :func:`detect` asks :func:`kaggle_utils.precision.choose_precision`, as the job does.
+    """
     if platform not in _PLATFORM_DEFAULTS:
         raise ValueError(f"unknown platform {platform!r}: expected one of {sorted(_PLATFORM_DEFAULTS)}")
     if smoke:
-        return dataclasses.replace(_SMOKE, dtype=default_dtype(platform))
+        return _SMOKE
     return _PLATFORM_DEFAULTS[platform]
 
 
@@ -322,7 +305,8 @@ class Runtime:
     smoke_reason: str
     model: str
     image_size: int
-    dtype: str
+    precision: str  # fp32 | bf16 | fp16: what the job's --precision auto picks on this device
+    precision_reason: str
     per_device_batch: int
     epochs: int
     steps_per_epoch: int | None
@@ -331,6 +315,10 @@ class Runtime:
     kit: Path
     kit_source: str
     out_dir: Path
+
+    @property
+    def dtype(self) -> str:  # RT.dtype of notebooks written before RT.precision
+        return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[self.precision]
 
     @property
     def global_batch(self) -> int:
@@ -358,8 +346,9 @@ class Runtime:
             f"  versions  {shown}",
             f"            {tf_note}",
             f"  smoke     {smoke}",
-            f"  defaults  {self.model} at {self.image_size}px, {self.dtype}, batch {self.per_device_batch}/device "
+            f"  defaults  {self.model} at {self.image_size}px, batch {self.per_device_batch}/device "
             f"-> {self.global_batch} per step, {self.epochs} epoch(s){steps}",
+            f"  precision {self.precision} ({self.precision_reason})",
             f"  data      {data}",
             f"  weights   {self.weights or f'none found for {self.model}'}",
             f"  kit       {self.kit} ({self.kit_source})",
@@ -378,9 +367,12 @@ def detect(*, model: str | None = None, image_size: int | None = None, smoke: bo
     """
     import jax
 
+    from .precision import choose_precision
+
     root = kaggle_root(root)
     platform = current_platform()
     devices = jax.devices()
+    precision, precision_reason = choose_precision("auto", devices[0])
     base = defaults(platform)
     found = find_competition_data(image_size or base.image_size, root)
     forced = smoke if smoke is not None else smoke_override()
@@ -405,7 +397,8 @@ def detect(*, model: str | None = None, image_size: int | None = None, smoke: bo
     return Runtime(
         platform=platform, device_count=len(devices), device_kind=devices[0].device_kind,
         process_count=jax.process_count(), versions=MappingProxyType(_versions()), on_kaggle=on_kaggle,
-        smoke=is_smoke, smoke_reason=reason, model=name, image_size=size, dtype=chosen.dtype,
+        smoke=is_smoke, smoke_reason=reason, model=name, image_size=size,
+        precision=precision.name, precision_reason=precision_reason,
         per_device_batch=chosen.per_device_batch, epochs=chosen.epochs, steps_per_epoch=chosen.steps_per_epoch,
         data_dir=found[0] if found is not None else None, weights=weights[0] if weights else None,
         kit=kit, kit_source=_kit_source(kit, root),

@@ -55,7 +55,7 @@ def test_model_speed_help_lists_every_mode_without_cuda():
     done = subprocess.run([sys.executable, str(BENCH / "model_speed.py"), "--help"], capture_output=True,
                           text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    for text in ("--mode {cpu,gpu,gpu-bf16,gpu-fp32}", "AMP bf16 + channels_last", "TF32 off on both sides",
+    for text in ("--mode {cpu,gpu,gpu-fp16,gpu-bf16,gpu-fp32}", "AMP bf16 + channels_last", "TF32 off on both sides",
                  "--batch", "--size", "--model"):
         assert text in done.stdout
     assert "tensorflow" not in done.stderr.lower()
@@ -67,7 +67,7 @@ def test_model_speed_mode_defaults_and_given_flags(model_speed, monkeypatch):
     assert (cpu.mode, cpu.batch, cpu.rounds, cpu.iters, cpu.warmup) == ("cpu", 8, 7, 3, 2)
     gpu = model_speed.parse_args(["--mode", "gpu"])
     assert (gpu.batch, gpu.rounds, gpu.iters, gpu.warmup) == (64, 5, 20, 5)
-    assert model_speed.MODES["gpu"] == ("bf16", "fp32")
+    assert model_speed.MODES["gpu"] == ("fp16", "bf16", "fp32")
     quick = model_speed.parse_args(["--mode", "gpu-bf16", "--quick", "--batch", "128", "--size", "300"])
     assert (quick.batch, quick.size, quick.rounds, quick.iters) == (128, 300, 3, 10)
     assert model_speed.parse_args(["--quick"]).iters == 2
@@ -79,6 +79,22 @@ def test_model_speed_refuses_bad_numbers_naming_the_flags(model_speed, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "--batch 0:" in err and "Traceback" not in err
+
+
+def test_model_speed_fp16_flax_side_trains_with_the_kits_loss_scale(model_speed):
+    """The T4 comparison's Flax side runs anywhere (slowly on a CPU); timm's GradScaler needs CUDA."""
+    import numpy as np
+    import timm
+
+    timm_model = timm.create_model("test_efficientnet", pretrained=False, drop_rate=0.0, drop_path_rate=0.0)
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((8, 3, 32, 32), dtype=np.float32)  # at 16 px x 2 its last BatchNorms see 2 values
+    labels = rng.integers(0, 1000, 8).astype(np.int32)
+    cases = model_speed.flax_cases("test_efficientnet", timm_model, images, labels, "auto", "fp16")
+    losses = [float(cases["train"]()) for _ in range(3)]
+    assert all(np.isfinite(losses)) and losses[2] < losses[1] < losses[0], losses  # it trains, in float16
+    assert model_speed.peak_tflops("Tesla T4", "fp16") == 65.0 and model_speed.peak_tflops("Tesla T4", "bf16") is None
+    assert model_speed.peak_tflops("some future card", "fp16") is None
 
 
 @pytest.mark.parametrize("missing", ["torch", "jax"])

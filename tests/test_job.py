@@ -251,7 +251,7 @@ def _fake_run_checkpoint(path, config):
                     manifest=run.run_manifest(config, plan))
 
 
-CONFIG = TrainConfig().replace(num_classes=10, image_size=16, dtype="float32", head_multiple=1, drop_rate=0.0,
+CONFIG = TrainConfig().replace(num_classes=10, image_size=16, precision="fp32", head_multiple=1, drop_rate=0.0,
                                drop_path_rate=0.0)
 
 

@@ -143,7 +143,7 @@ def test_cpu_without_data_is_smoke_sized(tmp_path):
     assert rt.image_size < full.image_size and rt.image_size <= 64  # small images
     assert rt.steps_per_epoch is not None and rt.steps_per_epoch * rt.epochs <= 10  # few steps
     assert parameter_count(rt.model) < parameter_count(full.model) / 10  # a tiny network
-    assert rt.dtype == "float32" and rt.global_batch % rt.device_count == 0
+    assert rt.precision == "fp32" and rt.dtype == "float32" and rt.global_batch % rt.device_count == 0
     assert rt.on_kaggle and rt.out_dir == tmp_path / "working"
 
 
@@ -209,7 +209,7 @@ def test_report_names_machine_versions_sizes_and_inputs(tmp_path):
     rt = runtime.detect(root=tmp_path)
     report = str(rt)
     for expected in (f"cpu: {jax.device_count()} x", f"jax {jax.__version__}", "smoke     off", str(data), str(weights),
-                     str(REPO), f"{rt.global_batch} per step", rt.model, rt.dtype):
+                     str(REPO), f"{rt.global_batch} per step", rt.model, f"precision fp32 ({rt.precision_reason})"):
         assert expected in report, (expected, report)
 
 
@@ -224,17 +224,15 @@ def test_setup_hides_the_accelerator_from_tensorflow_only_on_accelerators(tmp_pa
     monkeypatch.setattr(runtime, "current_platform", lambda: "gpu")
     rt = runtime.setup(root=tmp_path, quiet=True)
     assert calls == [1] and rt.platform == "gpu" and not rt.smoke
-    assert (rt.model, rt.dtype) == (runtime.defaults("gpu").model, "float32")
+    assert rt.model == runtime.defaults("gpu").model
+    assert rt.precision == "fp32"  # the device itself is still a CPU: the precision follows the device
     assert capsys.readouterr().out == ""
 
 
-def test_batch_and_dtype_rules_are_shared_with_the_job():
+def test_batch_rules_are_shared_with_the_job():  # the precision's: test_precision
     # 16 per device, at least 64 images, a multiple of the device count
     assert [runtime.global_batch(n) for n in (1, 2, 3, 8, 16)] == [64, 64, 66, 128, 256]
     assert runtime.global_batch(8, per_device=2) == 64
-    assert runtime.default_dtype("tpu") == "bfloat16"
-    assert {p: runtime.defaults(p).dtype for p in ("tpu", "gpu", "cpu")} == {
-        p: runtime.default_dtype(p) for p in ("tpu", "gpu", "cpu")}
     assert run.global_batch(TrainConfig()) == runtime.global_batch(jax.device_count())
     assert run.global_batch(TrainConfig().replace(batch_per_device=2)) == 2 * jax.device_count()
     with pytest.raises(ValueError, match="unknown platform"):

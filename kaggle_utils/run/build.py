@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from ..config import ConfigError, TrainConfig
+from ..precision import Precision
 from .data import RunData
-from .resolve import DTYPES, Plan, make_task, run_manifest
+from .resolve import Plan, make_task, run_manifest
 
 def build_model(config: TrainConfig):
     """The module a run trains: the variant with a classifier of ``head_width`` outputs."""
@@ -20,7 +21,7 @@ def build_model(config: TrainConfig):
 
     model = config.model
     return create_model(model.name, num_classes=padded_width(model.num_classes, model.head_multiple or 1),
-                        dtype=DTYPES[model.dtype], drop_rate=model.drop_rate, drop_path_rate=model.drop_path_rate,
+                        dtype=Precision(model.precision).compute_dtype, drop_rate=model.drop_rate, drop_path_rate=model.drop_path_rate,
                         bn_axis_name=AXIS if model.sync_bn else None)
 
 
@@ -96,7 +97,8 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
                              tta_flip=config.task.tta, **device_augmentation(config))
     trained = surgery.freeze_batchnorm(model, list(config.model.freeze)) if config.model.freeze else model
     steps = make_steps(trained, tx, step_config, mode=config.loop.mode, mesh=mesh)
-    state = jax.device_get(create_train_state(variables, tx, seed=config.seed, ema=config.optim.ema_decay > 0))
+    state = jax.device_get(create_train_state(variables, tx, seed=config.seed, ema=config.optim.ema_decay > 0,
+                                              loss_scale=Precision(config.model.precision).loss_scaling))
     return Training(model, steps, state, schedule)
 
 

@@ -10,14 +10,11 @@ import math
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 from .. import runtime
+from ..precision import Precision, choose_precision
 from ..config import ConfigError, TrainConfig, flag_of
 from .data import RunData
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
 
 SCRATCH_LR, FINETUNE_LR = 1e-2, 2e-3  # AdamW peak per 256 images
 
@@ -37,6 +34,7 @@ class Plan:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     lr_multipliers: dict[str, float] | None = None  # per part of the network (--layer-decay, --head-lr-mult)
+    precision_reason: str = ""  # why --precision is what it is on this machine
 
     def describe(self, config: TrainConfig) -> str:
         from ..train import describe_lr_groups
@@ -45,8 +43,8 @@ class Plan:
         return (f"global batch {self.global_batch} = {self.per_device_batch} per device x {self.device_count} "
                 f"device(s); peak learning rate {self.peak_lr:.3g} ({config.optim.lr:g} per 256 images){groups}; "
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
-                f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes, "
-                f"{config.model.dtype}")
+                f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
+                f"{Precision(config.model.precision).describe()} ({self.precision_reason})")
 
 
 def global_batch(config: TrainConfig) -> int:
@@ -140,12 +138,13 @@ def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig,
     if config.data.crop_pct is not None and not 0 < config.data.crop_pct <= 1:
         raise ConfigError(f"--crop-pct {config.data.crop_pct}: must be in (0, 1]")
     platform = runtime.current_platform()
+    precision, precision_reason = choose_precision(config.model.precision)
     if data.class_names and len(data.class_names) <= data.max_label:
         raise ConfigError(f"--class-names names {len(data.class_names)} classes but the data holds label "
                           f"{data.max_label}")
     config = config.replace(
         data_dir=data.description, class_names=data.class_names, num_classes=config.model.num_classes or data.max_label + 1, image_size=image_size,
-        dtype=config.model.dtype or runtime.default_dtype(platform), batch_size=global_batch(config),
+        precision=precision.name, batch_size=global_batch(config),
         batch_per_device=None, lr=config.optim.lr or (FINETUNE_LR if config.model.weights else SCRATCH_LR),
         head_multiple=config.model.head_multiple or (128 if platform == "tpu" else 1),
         weights=str(Path(config.model.weights).resolve()) if config.model.weights else None)
@@ -162,7 +161,8 @@ def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig,
                 steps_per_epoch=steps_per_epoch, total_steps=total, warmup_steps=warmup,
                 peak_lr=scaled_lr(config.optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
-                mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), lr_multipliers=_lr_multipliers(config))
+                mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), lr_multipliers=_lr_multipliers(config),
+                precision_reason=precision_reason)
     return config, plan
 
 

@@ -49,9 +49,13 @@ __all__ = ["TIMING_COLUMNS", "FitResult", "FitSettings", "Hook", "TrainingDiverg
 TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
 
 
-def history_columns(task: Task) -> tuple[str, ...]:
+LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
+
+
+def history_columns(task: Task, *, loss_scaling: bool = False) -> tuple[str, ...]:
     return ("epoch", "step", *(f"train_{m}" for m in task.metric_names(full=False)),
-            *(f"val_{m}" for m in task.metric_names(full=True)), "lr", *TIMING_COLUMNS)
+            *(f"val_{m}" for m in task.metric_names(full=True)), "lr",
+            *(LOSS_SCALE_COLUMNS if loss_scaling else ()), *TIMING_COLUMNS)
 
 
 
@@ -218,7 +222,7 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], set
     goes into the JSON written beside each checkpoint.
     """
     task = steps.config.task
-    columns = history_columns(task)
+    columns = history_columns(task, loss_scaling=state.loss_scale is not None)
     watch = _make_monitor(settings, columns)
     loop = _Loop(steps, task, columns, watch, settings, train_batches, val_batches, _as_hooks(hooks), list(writers),
                  out_dir=Path(out_dir) if out_dir is not None else None, manifest=dict(manifest or {}),
@@ -306,7 +310,7 @@ class _Loop:
             step += 1
             bar.update(1)
             if step % self.log_every == 0 or step == end:
-                self._log(step, epoch, bar, clock)
+                self._log(dev_state, step, epoch, bar, clock)
             evaluate_now = (step % self.eval_every == 0) if self.eval_every else step == end
             evaluate_now = evaluate_now or step == self.total_steps
             save_now = evaluate_now or bool(self.checkpoint_every and step % self.checkpoint_every == 0)
@@ -328,16 +332,23 @@ class _Loop:
         return dev_state, host_state, step
 
     # ---- actions
-    def _log(self, step: int, epoch: int, bar, clock) -> None:
+    def _log(self, dev_state, step: int, epoch: int, bar, clock) -> None:
         host = self.steps.get(self.window)  # the one device -> host sync of the window
         sums, optim = host["task"], host["optim"]
         _check_finite(float(sums["loss_sum"]), "training loss", epoch=epoch, step=step)
         seconds = max(time.perf_counter() - clock["log"], 1e-9)
         running = self.task.finish(sums, full=False)
-        n = max(int(optim["steps"]), 1)
-        scalars = {**{f"train/{k}": v for k, v in running.items()}, "lr": self._lr(step),
-                   **{k: float(v) / n for k, v in optim.items() if k != "steps"},
+        n = max(int(optim["steps"]), 1)  # the steps applied (fp16 loss scaling may skip some)
+        scalars = {**{f"train/{k}": v for k, v in running.items()},
+                   **{k: float(v) / n for k, v in optim.items() if k not in ("steps", "skipped")},
                    "train/img_per_s": int(sums["count"]) / seconds}
+        skipped = 0
+        if dev_state.loss_scale is not None:
+            scale = self.steps.get(dev_state.loss_scale)
+            skipped = int(scale.skipped)
+            scalars.update(loss_scale=float(scale.scale), skipped_steps=skipped)
+            _check_loss_scale(scale, epoch=epoch, step=step)
+        scalars["lr"] = self._lr(step - skipped)
         bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}",
                         img_s=f"{scalars['train/img_per_s']:.0f}")
         self._emit(step, scalars)
@@ -364,7 +375,11 @@ class _Loop:
             row.update({f"val_{k}": v for k, v in val.items()})
             self._emit(step, {**{f"val/{k}": v for k, v in val.items()},
                               "val/img_per_s": int(sums["count"]) / (time.perf_counter() - started)})
-        row["lr"] = self._lr(step)
+        skipped = 0
+        if host_state.loss_scale is not None:
+            skipped = int(host_state.loss_scale.skipped)
+            row.update(loss_scale=float(host_state.loss_scale.scale), skipped_steps=skipped)
+        row["lr"] = self._lr(step - skipped)  # the schedule counts applied steps only
         row["seconds"] = time.perf_counter() - clock["row"]
         clock["row"] = time.perf_counter()
         self.pending = None
@@ -407,6 +422,18 @@ def _check_finite(value: float, what: str, *, epoch: int, step: int) -> None:
     if not math.isfinite(value):
         raise TrainingDiverged(f"{what} became {value} in epoch {epoch} (by step {step}); stopped before writing "
                                "anything, so the checkpoints hold the last good state")
+
+
+def _check_loss_scale(scale, *, epoch: int, step: int) -> None:
+    """fp16 overflows that scaling cannot fix: a skipped step is normal, a run of them is divergence."""
+    from ..precision import MAX_SKIPS_IN_ROW, MIN_SCALE
+
+    in_row, value = int(scale.skipped_in_row), float(scale.scale)
+    if in_row >= MAX_SKIPS_IN_ROW or (in_row and value <= MIN_SCALE):
+        raise TrainingDiverged(
+            f"fp16 gradients overflowed {in_row} step(s) in a row by step {step} (epoch {epoch}), loss scale {value:g}"
+            f"{' (its floor)' if value <= MIN_SCALE else ''}: loss scaling cannot fix this; skipped steps change "
+            "nothing, so the checkpoints hold the last good state (try --precision bf16 or fp32, or a lower --lr)")
 
 
 def _format_row(row: dict, monitor: str, improved: bool) -> str:

@@ -33,7 +33,7 @@ from .. import checkpoint
 __all__ = ["CHECKPOINT_PATTERN", "load_last", "previous_checkpoints", "save_best", "save_last", "write_reports"]
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.msgpack$")
-_INT_COLUMNS = ("epoch", "step")
+_INT_COLUMNS = ("epoch", "step", "skipped_steps")
 
 
 def _json_safe(value):
@@ -123,6 +123,8 @@ def load_last(path: str | Path, template, columns: Sequence[str]) -> tuple[Any, 
     for key in ("state", "history"):
         if key not in raw:
             raise checkpoint.CheckpointError(f"{path} is not a training checkpoint (no {key!r} entry)")
+    if "loss_scale" not in raw["state"]:  # written before states could keep fp16's loss scale
+        raw["state"]["loss_scale"] = None
     checkpoint.check_tree(raw["state"], serialization.to_state_dict(template), what=f"training state in {path}")
     state = serialization.from_state_dict(template, raw["state"])
     state = jax.tree.map(lambda v, t: np.asarray(v, np.asarray(t).dtype), state, template)

@@ -10,6 +10,8 @@ passed to the step functions separately.
 * ``rng`` never changes: the dropout key of a step is derived from ``(rng, step, replica)``,
   so a resumed run draws exactly the keys the uninterrupted one would have.
 * ``ema_params`` is ``None`` unless an exponential moving average of the weights is wanted.
+* ``loss_scale`` is ``None`` unless gradients are computed in fp16 (:mod:`kaggle_utils.precision`): the
+  dynamic scale and its counters live here, so a resumed run continues with the same scale.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import optax
 from flax import struct
 
 from .. import variable_trees
+from ..precision import LossScale
 
 __all__ = ["TrainState", "create_train_state", "inference_state", "init_variables"]
 
@@ -33,6 +36,7 @@ class TrainState:
     opt_state: Any
     rng: jax.Array
     ema_params: Any = None
+    loss_scale: Any = None  # precision.LossScale with fp16 compute
 
     def variables(self, *, ema: bool = True) -> dict:
         """Model variables for evaluation: the EMA weights when the state keeps them."""
@@ -46,8 +50,11 @@ def _fp32(tree):
 
 
 def create_train_state(variables: dict, tx: optax.GradientTransformation, *, seed: int = 0,
-                       ema: bool = False) -> TrainState:
-    """A fresh state from model variables (``params`` and optional ``batch_stats``), kept fp32."""
+                       ema: bool = False, loss_scale: bool = False) -> TrainState:
+    """A fresh state from model variables (``params`` and optional ``batch_stats``), kept fp32.
+
+    ``loss_scale``: keep fp16's dynamic loss scale (:class:`~kaggle_utils.precision.LossScale`).
+    """
     if "params" not in variables:
         raise KeyError(f"variables need a 'params' collection; got {sorted(variables)}")
     params = _fp32(variables["params"])
@@ -58,6 +65,7 @@ def create_train_state(variables: dict, tx: optax.GradientTransformation, *, see
         opt_state=tx.init(params),
         rng=jax.random.key_data(jax.random.key(seed)),
         ema_params=jax.tree.map(jnp.copy, params) if ema else None,
+        loss_scale=LossScale.create() if loss_scale else None,
     )
 
 
@@ -74,5 +82,6 @@ def init_variables(model, image_size: int, *, seed: int = 0, channels: int = 3) 
     The job's shorthand for :func:`kaggle_utils.variable_trees.init_variables` (jitted init with an
     ``rbg`` key, which compiles an EfficientNet's few hundred initialisers faster on CPU: bench/README.md).
     """
-    variables = variable_trees.init_variables(model, jax.ShapeDtypeStruct((1, image_size, image_size, channels), jnp.float32), seed=seed)
+    shape = jax.ShapeDtypeStruct((1, image_size, image_size, channels), jnp.float32)
+    variables = variable_trees.init_variables(model, shape, seed=seed)
     return {k: v for k, v in variables.items() if k in ("params", "batch_stats")}

@@ -36,6 +36,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ..parallel import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
+from ..precision import all_finite
 from .state import TrainState
 from .tasks import SoftmaxClassification, Task
 
@@ -94,9 +95,11 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
                config: StepConfig) -> tuple[TrainState, dict]:
     """One optimizer step on one replica's shard; returns the new state and two groups of figures.
 
-    ``{"task": the task's summed statistics, "optim": grad_norm, param_norm, steps}``: the loop
-    finishes the first with the task and averages the second over ``steps``, with no name of one
-    group ever read as the other's.
+    ``{"task": the task's summed statistics, "optim": grad_norm, param_norm, steps, ...}``: the
+    loop finishes the first with the task and averages the second over ``steps``, with no name
+    of one group ever read as the other's. With fp16 loss scaling (``state.loss_scale``) a step
+    whose gradients overflow is skipped (:mod:`kaggle_utils.precision` says what that leaves unchanged): it
+    adds nothing to either group but ``optim["skipped"]``.
     """
     dropout_key, augment_key, mix_key = jax.random.split(replica_key(state.rng, state.step), 3)
     images, labels, mask = batch["image"], batch["label"], batch["mask"]
@@ -107,17 +110,19 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
     if config.mix is not None:
         images, targets = config.mix(mix_key, images, targets, mask)
     count = lax.psum(jnp.sum(mask, dtype=jnp.int32), AXIS)
+    scale = 1.0 if state.loss_scale is None else state.loss_scale.scale
 
     def loss_fn(params):
         variables = {"params": params, "batch_stats": state.batch_stats}
         logits, updates = model.apply(variables, images, mutable=["batch_stats"], rngs={"dropout": dropout_key})
         logits = _class_logits(logits, config)
         losses = config.task.loss(logits, targets)
-        return jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(count, 1), (logits, losses,
-                                                                                updates.get("batch_stats", {}))
+        loss = jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(count, 1)
+        return loss * scale, (logits, losses, updates.get("batch_stats", {}))
 
     (_, (logits, losses, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     grads = lax.psum(grads, AXIS)  # sum of per-replica sums / global count = global mean
+    grads = jax.tree.map(lambda g: g / scale, grads) if state.loss_scale is not None else grads
     batch_stats = lax.pmean(batch_stats, AXIS)  # already equal with synchronised BN; averages otherwise
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -130,9 +135,14 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
     task_sums = lax.psum(config.task.metric_sums(logits, labels if config.mix is None else targets, mask,
                                                  full=False, losses=losses), AXIS)
     optim = {"grad_norm": _global_norm(grads), "param_norm": _global_norm(params), "steps": jnp.ones((), jnp.int32)}
-    new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state,
-                              ema_params=ema)
-    return new_state, {"task": task_sums, "optim": optim}
+    stepped = state.replace(params=params, batch_stats=batch_stats, opt_state=opt_state, ema_params=ema)
+    if state.loss_scale is not None:
+        finite = all_finite(grads)  # the summed gradients: the same verdict on every replica
+        stepped = jax.tree.map(lambda new, old: jnp.where(finite, new, old), stepped, state)
+        stepped = stepped.replace(loss_scale=state.loss_scale.update(finite))
+        task_sums, optim = jax.tree.map(lambda v: jnp.where(finite, v, jnp.zeros_like(v)), (task_sums, optim))
+        optim.update(loss_scale=jnp.where(finite, scale, 0.0), skipped=(~finite).astype(jnp.int32))
+    return stepped.replace(step=state.step + 1), {"task": task_sums, "optim": optim}
 
 
 def eval_step(state: TrainState, batch: dict, *, model, config: StepConfig) -> dict:

@@ -1,0 +1,123 @@
+"""The precision a run computes in, chosen from the device, and fp16's dynamic loss scaling.
+
+* ``fp32``: everything in float32 (CPUs; and where a result must not depend on rounding).
+* ``bf16``: convolutions and matmuls in bfloat16; parameters, optimizer state, BatchNorm
+  statistics and the loss stay float32. bf16 has fp32's exponent range, so no loss scaling.
+  Right on TPUs and on GPUs of compute capability 8.0 or more (Ampere on), which have bf16
+  hardware. Older GPUs have none: XLA computes bf16 convolutions there in fp32 and converts
+  around them, slower than fp32 itself.
+* ``fp16``: the same split with float16, for GPUs with fp16 tensor cores but no bf16 (Turing's
+  T4, Volta's V100; the P100 has fast fp16 arithmetic). fp16's range is small (max 65504,
+  normal min 6e-5), so gradients are computed for ``loss x scale`` and divided by the scale in
+  fp32 afterwards: small gradients no longer flush to zero. The scale is dynamic, with the
+  semantics of PyTorch's ``GradScaler`` and Flax's ``DynamicScale``: x2 after
+  ``GROWTH_INTERVAL`` finite steps in a row, x0.5 and the step skipped when any gradient is
+  inf or NaN (on any replica: the check reads the summed gradients).
+
+A skipped step changes nothing an optimizer step would: parameters, optimizer state (so the
+learning-rate schedule, which optax reads from the optimizer's own step count, does not
+advance, nor Adam's bias correction), EMA weights and BatchNorm statistics (computed from the
+overflowed forward pass) all keep their values. ``TrainState.step`` does advance: it counts
+the batches consumed, and the data order, the dropout keys and resume are functions of it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+__all__ = ["GROWTH_INTERVAL", "INITIAL_SCALE", "MAX_SKIPS_IN_ROW", "MIN_SCALE", "PRECISIONS", "LossScale",
+           "Precision", "all_finite", "choose_precision"]
+
+INITIAL_SCALE = 2.0 ** 15  # Flax's DynamicScale; GradScaler starts at 2^16 and halves on the first overflow
+GROWTH_INTERVAL = 2000  # finite steps in a row before the scale doubles (both libraries' default)
+MIN_SCALE = 1.0  # below 1 a scale cannot help: the overflow is in the forward pass, not in small gradients
+MAX_SKIPS_IN_ROW = 25  # more consecutive overflows than halvings from 2^15 to 1 (15): the run diverged
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """One of :data:`PRECISIONS`: the model's compute dtype, and whether gradients need loss scaling."""
+
+    name: str
+
+    def __post_init__(self):
+        if self.name not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.name!r}")
+
+    @property
+    def compute_dtype(self) -> Any:
+        return _DTYPES[self.name]
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self.name == "fp16"
+
+    def describe(self) -> str:
+        return {"fp32": "fp32", "bf16": "bf16 compute, fp32 weights",
+                "fp16": "fp16 + loss scaling, fp32 weights"}[self.name]
+
+
+def _gpu_compute_capability(device) -> float | None:
+    value = getattr(device, "compute_capability", None)
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def choose_precision(requested: str = "auto", device=None) -> tuple[Precision, str]:
+    """``(precision, why)`` for ``requested`` ("auto" or a name) on ``device`` (default: the first one).
+
+    ``why`` is the line the job's plan prints, e.g. "Tesla T4, compute 7.5, no bf16 hardware".
+    """
+    device = jax.devices()[0] if device is None else device
+    kind = getattr(device, "device_kind", device.platform)
+    if requested != "auto":
+        return Precision(requested), f"asked for ({kind})"
+    if device.platform == "tpu":
+        return Precision("bf16"), f"{kind}: bf16 matrix units"
+    if device.platform == "gpu":
+        capability = _gpu_compute_capability(device)
+        if capability is not None and capability >= 8.0:
+            return Precision("bf16"), f"{kind}, compute {capability:g}: bf16 hardware"
+        shown = f"compute {capability:g}" if capability is not None else "compute capability unknown"
+        return Precision("fp16"), f"{kind}, {shown}, no bf16 hardware"
+    return Precision("fp32"), f"{kind}: no fast half precision"
+
+
+@struct.dataclass
+class LossScale:
+    """fp16's dynamic loss scale, part of the training state (so resume restores it exactly)."""
+
+    scale: jax.Array  # float32
+    good_steps: jax.Array  # finite steps since the last change of scale
+    skipped: jax.Array  # steps skipped since the run began
+    skipped_in_row: jax.Array  # consecutive skipped steps up to now
+
+    @classmethod
+    def create(cls, initial: float = INITIAL_SCALE) -> "LossScale":
+        def zero():  # one buffer per field: a donated state may not hold one array twice
+            return jnp.zeros((), jnp.int32)
+
+        return cls(scale=jnp.asarray(initial, jnp.float32), good_steps=zero(), skipped=zero(), skipped_in_row=zero())
+
+    def update(self, finite: jax.Array) -> "LossScale":
+        """The scale after a step whose gradients were ``finite`` (a scalar bool)."""
+        grow = finite & (self.good_steps + 1 >= GROWTH_INTERVAL)
+        scale = jnp.where(finite, jnp.where(grow, self.scale * 2.0, self.scale),
+                          jnp.maximum(self.scale * 0.5, MIN_SCALE))
+        one = jnp.ones((), jnp.int32)
+        return LossScale(scale=scale, good_steps=jnp.where(finite & ~grow, self.good_steps + one, 0),
+                         skipped=self.skipped + jnp.where(finite, 0, one),
+                         skipped_in_row=jnp.where(finite, 0, self.skipped_in_row + one))
+
+
+def all_finite(tree) -> jax.Array:
+    """True when every element of every leaf is finite (one fused reduction)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
