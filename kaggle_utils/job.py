@@ -1,14 +1,18 @@
-"""``python -m kaggle_utils train | predict``: the run of :mod:`kaggle_utils.run` from a command line.
+"""``python -m kaggle_utils train | predict | report``: the run of :mod:`kaggle_utils.run` from a command line.
 
 ``train``: the flags are :class:`~kaggle_utils.config.TrainConfig`'s fields (``--help`` lists
 them by section); TFRecords in the competition layout (``--data-dir DIR/{train,val,test}``;
 without it the embedded digits sample) -> ``OUT/`` ``config.json``, ``best.msgpack``,
-``last.msgpack``, ``metrics.json``, ``history.csv``, ``tensorboard/`` and, with a test split,
-``submission.csv`` predicted by the best checkpoint. It is :func:`kaggle_utils.run.train` with
-flags in and words out; notebook 04 calls the same function.
+``last.msgpack``, ``metrics.json``, ``history.csv``, ``tensorboard/``, ``curves.png``,
+``per_class.csv``, ``val_counts.json`` and, with a test split, ``submission.csv`` predicted by
+the best checkpoint; it ends with a summary block (best score, time, files, the next command).
+It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 calls the same function.
 
 ``predict``: any run folder or checkpoint the kit wrote (:func:`~kaggle_utils.run.load_run`)
 + ``DIR/test`` -> ``OUT/submission.csv``.
+
+``report OUT``: ``curves.png`` and ``per_class.csv`` drawn again from a run folder's files (or
+each ``foldK/`` of a CV folder), with no model and no data (:mod:`kaggle_utils.report`).
 
 Every check on the input (values, model, monitor, splits, labels, test ids, batch vs devices,
 weights vs model, output folder vs another run) runs before the first step.
@@ -16,6 +20,7 @@ weights vs model, output folder vs another run) runs before the first step.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import jax
@@ -23,7 +28,7 @@ import jax
 from . import checkpoint, run
 from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
 
-__all__ = ["build_parser", "main", "predict_command", "train_command"]
+__all__ = ["build_parser", "main", "predict_command", "report_command", "train_command"]
 
 
 def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
@@ -49,6 +54,9 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     predict.add_argument("--tta", action=argparse.BooleanOptionalAction, help="flip TTA (default: the run's)")
     predict.add_argument("--mode", choices=("jit", "pmap"), default="jit")
     predict.add_argument("--no-progress", dest="progress", action="store_false")
+
+    report = commands.add_parser("report", help="draw curves.png and per_class.csv again for a run or CV folder")
+    report.add_argument("out", help="a run folder, or a CV folder of fold0/, fold1/, ... run folders")
     return parser
 
 
@@ -57,14 +65,18 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
 
 def train_command(args, config_cls: type = TrainConfig) -> dict:
     """Runs ``train`` (:func:`kaggle_utils.run.train`); returns a summary (best row, files written)."""
+    from . import report
+
+    started = time.perf_counter()
     result = run.train(config_from_args(args, config_cls), args.out, resume=args.resume, overwrite=args.overwrite,
                        progress=args.progress)
     summary = {"best": result.best, "stop_reason": result.fit.stop_reason, "out": str(result.out)}
     if result.submission is not None:
         summary["submission"] = str(result.submission)
-        if jax.process_index() == 0:
-            print(f"wrote {result.submission}: {len(result.test_ids)} rows "
-                  f"(best at step {result.best and result.best['step']})")
+    if jax.process_index() == 0:
+        steps = report.next_lines(result.out, data_dir=result.config.data.data_dir,
+                                  submission=result.submission is not None)
+        print("\n".join(report.summary_lines(result.out, wall_s=time.perf_counter() - started, next_steps=steps)))
     return summary
 
 
@@ -92,6 +104,18 @@ def predict_command(args) -> dict:
     return {"submission": str(path), "rows": len(ids)}
 
 
+# --------------------------------------------------------------------------- report
+
+
+def report_command(args) -> list[str]:
+    """Runs ``report OUT`` (:func:`kaggle_utils.report.report_command`); prints and returns its lines."""
+    from . import report
+
+    lines = report.report_command(args.out)
+    print("\n".join(lines))
+    return lines
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -99,7 +123,7 @@ def main(argv=None) -> int:
     from .train import MetricError, TrainingDiverged, WriterError
 
     try:
-        train_command(args) if args.command == "train" else predict_command(args)
+        {"train": train_command, "predict": predict_command, "report": report_command}[args.command](args)
     except DataError as err:
         parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n"
                        f"(--skip-errors skips unreadable records, counts them and names them in the log)\n")

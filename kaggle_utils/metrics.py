@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["accuracy", "confusion_counts", "confusion_matrix", "macro_f1", "per_class_f1", "summarize"]
+__all__ = ["accuracy", "confusion_counts", "confusion_matrix", "macro_f1", "per_class_f1", "precision_recall",
+           "summarize"]
 
 
 def confusion_counts(labels: jax.Array, preds: jax.Array, num_classes: int, mask: jax.Array) -> jax.Array:
@@ -51,6 +52,16 @@ def per_class_f1(confusion) -> np.ndarray:
     tp = np.diag(confusion)
     denom = confusion.sum(0) + confusion.sum(1)  # (TP + FP) + (TP + FN)
     return np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
+
+
+def precision_recall(confusion) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class precision TP / (TP + FP) and recall TP / (TP + FN); 0 where the denominator is 0
+    (scikit-learn's ``zero_division=0``), so a class never predicted reads as 0, not as missing."""
+    confusion = np.asarray(confusion, np.float64)
+    tp = np.diag(confusion)
+    predicted, actual = confusion.sum(0), confusion.sum(1)
+    return (np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0),
+            np.divide(tp, actual, out=np.zeros_like(tp), where=actual > 0))
 
 
 def macro_f1(confusion) -> float:

@@ -27,7 +27,7 @@ __all__ = ["LOCK_NAME", "OUTPUTS", "OutDirError", "owned", "prepare"]
 
 LOCK_NAME = ".kaggle_utils.lock"
 OUTPUTS = ("config.json", "best.msgpack", "best.json", "last.msgpack", "last.json", "metrics.json", "history.csv",
-           "submission.csv")
+           "submission.csv", "val_counts.json", "per_class.csv", "curves.png")  # the last three: kaggle_utils.report
 
 
 class OutDirError(ConfigError):

@@ -15,7 +15,7 @@ import numpy as np
 
 from .augment_workers import ProcessPoolAugmenter, check_augmented
 from .imgaug_compat import import_imgaug_augmenters
-from .tfhost import tensorflow_on_host
+from .tfhost import parallel_map, tensorflow_on_host
 from .tfrecords import RecordProblem
 
 __all__ = ["ImgaugRandAugment", "apply_batch_augment", "decode_and_augment_batches"]
@@ -72,7 +72,7 @@ def apply_batch_augment(batches, fn: Callable[[np.ndarray], np.ndarray], *, num_
         out = tf.ensure_shape(tf.py_function(call, [images], tf.uint8), images.shape)
         return {**batch, "image": out}
 
-    return batches.map(augment_batch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
+    return parallel_map(batches, augment_batch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
 
 
 def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_size: int,
@@ -106,7 +106,7 @@ def decode_and_augment_batches(batches, pool: ProcessPoolAugmenter, *, image_siz
         return {**rest, "image": tf.ensure_shape(images, jpegs.shape.concatenate(image_shape)),
                 "mask": tf.ensure_shape(mask, jpegs.shape)}
 
-    return batches.map(decode_batch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
+    return parallel_map(batches, decode_batch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
 
 
 def _errors_passed_to(on_error: Callable[[BaseException], None] | None):

@@ -19,7 +19,7 @@ import numpy as np
 from .augment import resolve_augment
 from .numpy_augment import apply_batch_augment, decode_and_augment_batches
 from . import jpeg_check
-from .tfhost import tensorflow_on_host
+from .tfhost import parallel_map, tensorflow_on_host
 from .sources import Source
 from .tfrecords import (
     DEFAULT_SHUFFLE_BUFFER,
@@ -293,10 +293,10 @@ def _map_examples(records, to_example, *, seeded: bool, seed: int | None, ordere
     """``records.map(to_example)`` in parallel; ``seeded``: each record also gets a stateless seed pair."""
     tf = tensorflow_on_host()
     if not seeded:
-        return records.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+        return parallel_map(records, to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-    return tf.data.Dataset.zip(records, seeds).map(lambda record, image_seed: to_example(*record, image_seed),
-                                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+    return parallel_map(tf.data.Dataset.zip(records, seeds), lambda record, image_seed: to_example(*record, image_seed),
+                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
 
 
 def _batch_examples(examples, *, batch_size, drop_remainder, ordered, plan, problems, decode_in_workers,

@@ -9,7 +9,7 @@ import os
 import threading
 import warnings
 
-__all__ = ["tensorflow_on_host"]
+__all__ = ["parallel_map", "tensorflow_on_host"]
 
 _tf_module = None
 _tf_lock = threading.Lock()
@@ -41,3 +41,28 @@ def tensorflow_on_host():
                             stacklevel=2)
             _tf_module = tf
         return _tf_module
+
+
+def parallel_map(dataset, fn, *, num_parallel_calls, deterministic=None):
+    """``dataset.map(fn)`` in parallel, or a plain sequential map while TF's op determinism is on.
+
+    Why: every pipeline of the kit holds a ``tf.py_function`` (bad-record reports, worker
+    batches), and with op determinism on (the job's ``--deterministic``, for exact resume)
+    tf.data's ``make_deterministic`` rewrite then turns every parallel map into a sequential
+    ``MapDataset`` anyway. TensorFlow 2.21's rewrite keeps the parallel op's
+    ``use_unbounded_threadpool`` attribute, which the sequential op lacks, and logs an ``E0000
+    ... NodeDef mentions attribute use_unbounded_threadpool`` line per iterator. Building the
+    sequential map here is the same pipeline (same records, order and pixels) without that line.
+    """
+    if _op_determinism_enabled():
+        return dataset.map(fn)
+    return dataset.map(fn, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
+
+
+def _op_determinism_enabled() -> bool:
+    tensorflow_on_host()
+    try:  # not in tf.config's public API (only enable_op_determinism is); present since TF 2.9
+        from tensorflow.python.framework.config import is_op_determinism_enabled
+    except ImportError:  # a parallel map then: the rewrite makes it sequential, with its log line
+        return False
+    return bool(is_op_determinism_enabled())

@@ -4,8 +4,9 @@ In the spirit of the Flax ImageNet example's ``train_and_evaluate(config, workdi
 check that can refuse the run (values, data, labels, test ids, model, weights, frozen parts,
 monitor, the output folder's own run) runs before anything in ``out`` is written or removed:
 a refused ``--overwrite`` leaves the previous run whole. Then the loop, then the test split
-predicted by the best checkpoint. What a caller does around it (flags, words, pictures) is
-presentation.
+predicted by the best checkpoint. The folder's pictures and tables (``curves.png``,
+``per_class.csv``) come from :mod:`kaggle_utils.report`, called once at the end; what a caller
+does around it (flags, words) is presentation.
 """
 from __future__ import annotations
 
@@ -90,9 +91,14 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
             write_config(out, resolved, plan, given=config)
         result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
                          writers=writers)
+        best = _best_variables(out, result)
+        # ---- reporting (presentation, above run/: a lazy import): val_counts.json, curves.png, per_class.csv
+        from ..report import finish_run
+        finish_run(out, resolved, plan, data, training.steps, best)
+        # ----
         if not data.splits["test"]:
             return RunResult(out, resolved, plan, result, training.steps)
-        path, ids = predict_test_split(training.steps, _best_variables(out, result), data.splits["test"], resolved,
+        path, ids = predict_test_split(training.steps, best, data.splits["test"], resolved,
                                        batch_size=plan.global_batch, stored_size=data.stored_size,
                                        out_path=out / "submission.csv")
     return RunResult(out, resolved, plan, result, training.steps, path, tuple(str(i) for i in ids))

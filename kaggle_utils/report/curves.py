@@ -1,0 +1,70 @@
+"""``curves.png``: loss, the task's scores and the learning rate against the step, from ``metrics.json``.
+
+Drawn with matplotlib's object interface on an Agg canvas, never ``pyplot``: a run inside a
+notebook must not switch the notebook's backend or open a window, and a terminal run has no
+display. matplotlib is on every Kaggle image; where it is missing the caller gets a
+:class:`ModuleNotFoundError` and says so in one line.
+"""
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Sequence
+
+from .. import checkpoint
+
+__all__ = ["CURVES_FILE", "write_curves"]
+
+CURVES_FILE = "curves.png"
+
+
+def _series(history: Sequence[dict], column: str) -> list[float]:
+    """A column with JSON's ``null`` (a non-finite value) back as NaN, so the line shows a gap."""
+    return [math.nan if row.get(column) is None else float(row[column]) for row in history]
+
+
+def _score_columns(history: Sequence[dict]) -> list[str]:
+    """Every accuracy-like column: train_acc and the validation metrics other than the loss."""
+    columns = list(history[0]) if history else []
+    return [c for c in columns if c == "train_acc" or (c.startswith("val_") and "loss" not in c and c != "val_count")]
+
+
+def write_curves(out: str | Path, report: dict, *, title: str | None = None) -> Path:
+    """``OUT/curves.png`` from a ``metrics.json`` record (its history rows and best row)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    history = report.get("history") or []
+    steps = [row["step"] for row in history]
+    style = "o-" if len(history) < 30 else "-"
+    figure = Figure(figsize=(15, 4.2))
+    FigureCanvasAgg(figure)
+    loss_ax, score_ax, lr_ax = figure.subplots(1, 3)
+    for column in ("train_loss", "val_loss"):
+        if history and column in history[0]:
+            loss_ax.plot(steps, _series(history, column), style, label=column, markersize=3)
+    for column in _score_columns(history):
+        score_ax.plot(steps, _series(history, column), style, label=column, markersize=3)
+    if history and "lr" in history[0]:
+        lr_ax.plot(steps, _series(history, "lr"), style, color="C2", markersize=3)
+    best = report.get("best")
+    for ax, name in ((loss_ax, "loss"), (score_ax, "accuracy / F1"), (lr_ax, "learning rate")):
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if best:
+            ax.axvline(best["step"], color="grey", linestyle="--", linewidth=1)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    monitor = report.get("monitor")
+    if best and monitor and best.get(monitor) is not None:
+        title = f"{title + ': ' if title else ''}best {monitor} {best[monitor]:.4g} at step {best['step']} (dashed)"
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    path = Path(out) / CURVES_FILE
+    checkpoint.atomic_write_bytes(path, buffer.getvalue())
+    return path

@@ -1,0 +1,125 @@
+"""``per_class.csv`` and the counts it is made from (``val_counts.json``), with no model and no data.
+
+Why a counts file: the figures of a class (precision, recall, F1, which class it is taken for)
+all follow from the best checkpoint's validation counts, a ``[C, C]`` confusion matrix for a
+single-label task, or per-class TP / FP / FN for a multi-label one. The run stores those counts
+once, so ``python -m kaggle_utils report OUT`` rebuilds the table at any time, for any run,
+without loading the model or the data again.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .. import checkpoint
+from ..metrics import per_class_f1, precision_recall
+
+__all__ = ["COUNTS_FILE", "PER_CLASS_FILE", "confusion_rows", "counts_record", "multilabel_rows", "read_counts",
+           "write_counts", "write_per_class", "write_per_class_from_counts"]
+
+COUNTS_FILE = "val_counts.json"
+PER_CLASS_FILE = "per_class.csv"
+_COLUMNS = ("class", "name", "support", "precision", "recall", "f1", "predicted", "most_confused_with",
+            "most_confused_count")
+
+
+def _names(class_names: Sequence[str], num_classes: int) -> list[str]:
+    """The run's class names, or the class indices as text (a run of integer labels has none)."""
+    return list(class_names) if len(class_names) == num_classes else [str(i) for i in range(num_classes)]
+
+
+def counts_record(sums: Mapping[str, np.ndarray], class_names: Sequence[str], best: Mapping | None) -> dict | None:
+    """What ``val_counts.json`` holds, from an evaluation's summed statistics; None if the task sums
+    neither a confusion matrix nor per-class TP / FP / FN (a custom task)."""
+    where = {"step": best.get("step"), "epoch": best.get("epoch")} if best else {}
+    if "confusion" in sums:
+        confusion = np.asarray(sums["confusion"], np.int64)
+        return {**where, "count": int(sums["count"]), "class_names": _names(class_names, len(confusion)),
+                "confusion": confusion.tolist()}
+    if all(k in sums for k in ("tp", "fp", "fn")):
+        tp = np.asarray(sums["tp"], np.int64)
+        return {**where, "count": int(sums["count"]), "class_names": _names(class_names, len(tp)),
+                **{k: np.asarray(sums[k], np.int64).tolist() for k in ("tp", "fp", "fn")}}
+    return None
+
+
+def write_counts(out: Path, record: dict) -> Path:
+    path = Path(out) / COUNTS_FILE
+    checkpoint.atomic_write_text(path, json.dumps(record) + "\n")
+    return path
+
+
+def read_counts(out: Path) -> dict | None:
+    """The stored counts, or None when the run has none (a run from before they were stored)."""
+    path = Path(out) / COUNTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as err:
+        raise checkpoint.CheckpointError(f"{path} is not valid JSON ({err})") from None
+    if not isinstance(record, dict) or not ({"confusion"} <= set(record) or {"tp", "fp", "fn"} <= set(record)):
+        raise checkpoint.CheckpointError(f"{path} holds neither 'confusion' nor 'tp'/'fp'/'fn' counts")
+    return record
+
+
+def confusion_rows(confusion, class_names: Sequence[str] = ()) -> list[dict]:
+    """One row per class of a ``[C, C]`` confusion matrix (rows: true class, columns: predicted).
+
+    ``most_confused_with``: the other class this class's images were most often predicted as
+    (the first on a tie), empty when none was mistaken.
+    """
+    confusion = np.asarray(confusion, np.int64)
+    names = _names(class_names, len(confusion))
+    precision, recall = precision_recall(confusion)
+    f1 = per_class_f1(confusion)
+    mistakes = confusion - np.diag(np.diag(confusion))
+    rows = []
+    for c, name in enumerate(names):
+        other = int(np.argmax(mistakes[c]))
+        taken = int(mistakes[c, other])
+        rows.append({"class": c, "name": name, "support": int(confusion[c].sum()), "precision": precision[c],
+                     "recall": recall[c], "f1": f1[c], "predicted": int(confusion[:, c].sum()),
+                     "most_confused_with": names[other] if taken else "", "most_confused_count": taken})
+    return rows
+
+
+def multilabel_rows(tp, fp, fn, class_names: Sequence[str] = ()) -> list[dict]:
+    """One row per class of a multi-label task: each class is its own yes/no decision, so there
+    is no "taken for another class" column."""
+    tp, fp, fn = (np.asarray(v, np.float64) for v in (tp, fp, fn))
+    names = _names(class_names, len(tp))
+    precision = np.divide(tp, tp + fp, out=np.zeros_like(tp), where=tp + fp > 0)
+    recall = np.divide(tp, tp + fn, out=np.zeros_like(tp), where=tp + fn > 0)
+    f1 = np.divide(2 * tp, 2 * tp + fp + fn, out=np.zeros_like(tp), where=2 * tp + fp + fn > 0)
+    return [{"class": c, "name": name, "support": int(tp[c] + fn[c]), "precision": precision[c],
+             "recall": recall[c], "f1": f1[c], "predicted": int(tp[c] + fp[c])} for c, name in enumerate(names)]
+
+
+def _write_rows(out: Path, rows: list[dict], columns: Sequence[str]) -> Path:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()})
+    path = Path(out) / PER_CLASS_FILE
+    checkpoint.atomic_write_text(path, text.getvalue())
+    return path
+
+
+def write_per_class(out: Path, confusion, class_names: Sequence[str] = ()) -> Path:
+    """``OUT/per_class.csv`` of a single-label task's confusion matrix."""
+    return _write_rows(out, confusion_rows(confusion, class_names), _COLUMNS)
+
+
+def write_per_class_from_counts(out: Path, record: dict) -> Path:
+    """``OUT/per_class.csv`` from a ``val_counts.json`` record, single- or multi-label."""
+    names = record.get("class_names", ())
+    if "confusion" in record:
+        return write_per_class(out, record["confusion"], names)
+    return _write_rows(out, multilabel_rows(record["tp"], record["fp"], record["fn"], names), _COLUMNS[:7])
