@@ -65,9 +65,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename in (None, tmp):  # name the file the user knows, not the temp
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise
 
 
