@@ -4,9 +4,13 @@ import errno
 import json
 import os
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from kaggle_utils import checkpoint, job, run
+from kaggle_utils.config import TrainConfig
+from kaggle_utils.data import write_split
 
 from fs_helpers import read_only_folder
 from job_helpers import TEST_MODEL
@@ -84,3 +88,69 @@ def test_a_full_disk_mid_run_is_one_line_and_the_last_checkpoint_loads(sample, t
     assert f"{out}/last.msgpack (step {step}) is intact: free space, then the same command with --resume" in line
     assert "state" in checkpoint.load(out / "last.msgpack")
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+# --------------------------------------------------------------------------- values and data the run cannot use
+
+
+def _records(root, train_labels, val_labels, test_ids=None):
+    images = np.zeros((len(train_labels), 16, 16, 3), np.uint8)
+    write_split(root / "train", images, labels=train_labels)
+    write_split(root / "val", images[:len(val_labels)], labels=val_labels)
+    if test_ids is not None:
+        (root / "test").mkdir()
+        if test_ids:
+            write_split(root / "test", images[:len(test_ids)], ids=test_ids)
+    return root
+
+
+def _class_folders(root, per_class):
+    for name, count in per_class.items():
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(root / name / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--monitor", "val_loss", "--monitor-mode", "max"],
+     "--monitor val_loss --monitor-mode max: lower val_loss is better, so max would keep the worst epoch"),
+    (["--monitor", "val_acc", "--monitor-mode", "min"],
+     "--monitor val_acc --monitor-mode min: higher val_acc is better"),
+    (["--class-names", "cat", "--class-names", "dog", "--class-names", "cat"], "--class-names repeats 'cat'"),
+    (["--task", "multilabel"], "--task multilabel needs several labels per image"),
+])
+def test_values_no_run_can_use_are_refused_before_the_folder_is_made(tmp_path, capsys, monkeypatch, flags, message):
+    monkeypatch.setattr(run, "open_data", _no_work)
+    code, err = run_main(["train", *flags, "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_user_metrics_may_be_monitored_either_way(tmp_path, monkeypatch):
+    from kaggle_utils.run.resolve import check_config
+    from kaggle_utils.train import make_task
+
+    task = make_task("softmax").with_metric("error", lambda sums: 1.0)
+    check_config(TrainConfig().replace(monitor="val_error", monitor_mode="min"), task)
+
+
+@pytest.mark.parametrize("layout, message", [
+    (dict(train_labels=[0] * 8, val_labels=[0] * 4), "the train and val splits hold one class only (label 0)"),
+    (dict(train_labels=[0, 1] * 4, val_labels=[0, 1], test_ids=[]), "has a test/ folder with no TFRecords"),
+])
+def test_data_a_run_would_waste_itself_on_is_refused(tmp_path, capsys, monkeypatch, layout, message):
+    monkeypatch.setattr(run, "build_training", _no_work)
+    data = _records(tmp_path / "data", **layout)
+    code, err = run_main(["train", "--data-dir", str(data), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_source_too_small_for_a_val_split_names_val_fraction_not_data_dir(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(run, "open_data", _no_work)
+    source = _class_folders(tmp_path / "src", {"a": 1, "b": 1})
+    code, err = run_main(["train", "--source", str(source), "--image-size", "16", "--out", str(tmp_path / "out")],
+                         capsys)
+    assert code == 2 and "--val-fraction 0.15 gives no validation image" in err and "--data-dir" not in err, err
+    assert not (tmp_path / "out").exists()
