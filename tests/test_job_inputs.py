@@ -154,3 +154,45 @@ def test_a_source_too_small_for_a_val_split_names_val_fraction_not_data_dir(tmp_
                          capsys)
     assert code == 2 and "--val-fraction 0.15 gives no validation image" in err and "--data-dir" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- sources read as the files say
+
+
+def test_images_in_a_class_folders_sub_folders_are_read_like_torchvisions_image_folder(tmp_path):
+    from kaggle_utils.data import class_folders
+
+    root = _class_folders(tmp_path / "src", {"a": 2, "b": 1})
+    _class_folders(root / "a", {"extra": 2})  # a/extra/0.png, a/extra/1.png
+    source = class_folders(root)
+    assert sorted(source.ids) == ["a/0", "a/1", "a/extra/0", "a/extra/1", "b/0"]
+    assert [int(source.labels[source.ids.index(i)]) for i in ("a/extra/0", "b/0")] == [0, 1]
+
+
+def _csv(path, rows):
+    path.write_text("id,label\n" + "".join(f"{i},{label}\n" for i, label in rows))
+    return path
+
+
+@pytest.mark.parametrize("image_id", ["../outside", "OUTSIDE_ABS"])
+def test_a_csv_id_reaching_outside_the_image_folder_is_refused(tmp_path, image_id):
+    from kaggle_utils.data import DataError, csv_source
+
+    _class_folders(tmp_path, {"images": 1})
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "outside.png")
+    image_id = str(tmp_path / "outside") if image_id == "OUTSIDE_ABS" else image_id
+    table = _csv(tmp_path / "train.csv", [("0", "cat"), (image_id, "dog")])
+    with pytest.raises(DataError, match=rf"train.csv, line 3, column 'id': id '{image_id}' points outside the image "
+                                        rf"folder"):
+        csv_source(table, tmp_path / "images", id_column="id", label_column="label")
+
+
+def test_a_nan_label_is_a_missing_value_not_a_class(tmp_path):
+    from kaggle_utils.data import DataError, csv_source
+
+    _class_folders(tmp_path, {"images": 2})
+    table = _csv(tmp_path / "train.csv", [("0", "cat"), ("1", "nan")])
+    with pytest.raises(DataError, match=r"line 3, column 'label': label 'nan' is a missing value"):
+        csv_source(table, tmp_path / "images", id_column="id", label_column="label")
+    named = csv_source(table, tmp_path / "images", id_column="id", label_column="label", class_names=["cat", "nan"])
+    assert named.labels.tolist() == [0, 1]  # a class the user named so is one
