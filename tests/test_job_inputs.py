@@ -196,3 +196,35 @@ def test_a_nan_label_is_a_missing_value_not_a_class(tmp_path):
         csv_source(table, tmp_path / "images", id_column="id", label_column="label")
     named = csv_source(table, tmp_path / "images", id_column="id", label_column="label", class_names=["cat", "nan"])
     assert named.labels.tolist() == [0, 1]  # a class the user named so is one
+
+
+# --------------------------------------------------------------------------- files that differ from their manifest
+
+
+def _saved_then_changed(tmp_path):
+    """Ported-like weights of the test model, changed after their manifest was written."""
+    import jax
+    from kaggle_utils.efficientnet import create_model
+    from kaggle_utils.variable_trees import init_variables
+
+    path = tmp_path / "weights.msgpack"
+    variables = init_variables(create_model(TEST_MODEL), jax.ShapeDtypeStruct((1, 16, 16, 3), np.float32))
+    checkpoint.save(path, variables, manifest={"model": TEST_MODEL})
+    changed = jax.tree.map(lambda v: np.asarray(v) + 1, variables)
+    checkpoint.save(tmp_path / "other.msgpack", changed)
+    (tmp_path / "other.msgpack").replace(path)
+    return path
+
+
+def test_a_checkpoint_that_differs_from_its_manifest_loads_with_a_warning(tmp_path):
+    path = _saved_then_changed(tmp_path)
+    with pytest.warns(RuntimeWarning, match=r"weights.msgpack differs from its manifest weights.json \(sha256"):
+        assert "params" in checkpoint.load(path)
+
+
+def test_weights_that_differ_from_their_manifest_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(run, "open_data", _no_work)
+    path = _saved_then_changed(tmp_path)
+    code, err = run_main(["train", "--weights", str(path), "--model", TEST_MODEL, "--out", str(tmp_path / "out")],
+                         capsys)
+    assert code == 2 and f"--weights: checkpoint {path} differs from its manifest weights.json" in err, err

@@ -109,6 +109,7 @@ def _check_values(config: TrainConfig) -> None:
 
         try:
             checkpoint.check_format(config.model.weights)
+            checkpoint.check_digest(config.model.weights)
         except checkpoint.CheckpointError as err:
             raise ConfigError(f"--weights: {err}") from None
     from ..efficientnet import resolve_name
