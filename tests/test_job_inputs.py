@@ -228,3 +228,41 @@ def test_weights_that_differ_from_their_manifest_are_refused(tmp_path, capsys, m
     code, err = run_main(["train", "--weights", str(path), "--model", TEST_MODEL, "--out", str(tmp_path / "out")],
                          capsys)
     assert code == 2 and f"--weights: checkpoint {path} differs from its manifest weights.json" in err, err
+
+
+# --------------------------------------------------------------------------- the other command lines
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tf_efficientnetv2_s", "--random", "--num-classes", "-1"], "--num-classes: -1 is not in [1, inf]"),
+    (["tf_efficientnetv2_s", "--random", "--verify-size", "0"], "--verify-size: 0 is not in [1, inf]"),
+])
+def test_porter_values_are_usage_errors(tmp_path, capsys, argv, message):
+    from weights_port.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--out", str(tmp_path / "w.msgpack")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_porter_on_a_truncated_safetensors_file_names_it(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+    from weights_port.__main__ import main
+
+    ckpt = tmp_path / "model.safetensors"
+    save_file({"conv_stem.weight": torch.zeros(8, 3, 3, 3)}, str(ckpt))
+    ckpt.write_bytes(ckpt.read_bytes()[:-100])
+    assert main([TEST_MODEL, "--checkpoint", str(ckpt), "--out", str(tmp_path / "w.msgpack")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read {ckpt} as a safetensors file" in err and not (tmp_path / "w.msgpack").exists()
+
+
+def test_convert_quality_outside_1_to_100_is_a_usage_error(tmp_path, capsys):
+    from kaggle_utils.data.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", str(tmp_path), "--quality", "150", "--out", str(tmp_path / "records")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--quality: 150 is not in [1, 100]" in err, err
