@@ -266,3 +266,16 @@ def test_convert_quality_outside_1_to_100_is_a_usage_error(tmp_path, capsys):
         main(["convert", str(tmp_path), "--quality", "150", "--out", str(tmp_path / "records")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--quality: 150 is not in [1, 100]" in err, err
+
+
+@pytest.mark.parametrize("name, content, key", [
+    ("kernel-metadata.json", {"id": "a/b", "title": "a title", "kernel_type": ["notebook"]}, "kernel_type"),
+    ("nb.ipynb", {"cells": [], "metadata": 1}, "metadata"),
+    ("nb.ipynb", {"cells": [{"cell_type": "code", "source": [1]}], "metadata": {}}, "cells[0].source"),
+])
+def test_lint_names_a_metadata_value_of_the_wrong_json_type(tmp_path, capsys, name, content, key):
+    from kaggle_utils.publish.cli import main
+
+    (tmp_path / name).write_text(json.dumps(content))
+    assert main(["lint", str(tmp_path / name)]) == 1
+    assert f"{tmp_path / name}: {key}: " in capsys.readouterr().err
