@@ -22,6 +22,7 @@ import re
 import socket
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "CheckpointError",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_digest",
     "check_format",
     "check_tree",
     "load",
@@ -65,9 +67,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename in (None, tmp):  # name the file the user knows, not the temp
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise
 
 
@@ -174,11 +178,36 @@ def check_format(path: str | os.PathLike) -> None:
     _check_head(path, head)
 
 
+def _digest_problem(path: Path, data: bytes | None = None) -> str | None:
+    """Why ``path`` is not the file its manifest describes (another sha256), or None (it is, or no digest recorded)."""
+    try:
+        recorded = json.loads(manifest_path(path).read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(recorded, str):
+        return None
+    actual = hashlib.sha256(path.read_bytes() if data is None else data).hexdigest()
+    if actual == recorded:
+        return None
+    return (f"checkpoint {path} differs from its manifest {manifest_path(path).name} (sha256 {actual[:12]}... vs "
+            f"{recorded[:12]}...): it was changed or truncated after it was written")
+
+
+def check_digest(path: str | os.PathLike) -> None:
+    """Raises :class:`CheckpointError` when ``path``'s sha256 is not the one its manifest records."""
+    problem = _digest_problem(Path(path))
+    if problem:
+        raise CheckpointError(problem)
+
+
 def _read_state_dict(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     data = path.read_bytes()
     _check_head(path, data)
+    problem = _digest_problem(path, data)
+    if problem:  # it may still load (an edited manifest), so say it and go on; --weights refuses (check_digest)
+        warnings.warn(problem, RuntimeWarning, stacklevel=3)
     try:
         state = serialization.msgpack_restore(data)
     except Exception as e:  # msgpack raises several unrelated types for damaged input

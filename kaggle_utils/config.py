@@ -21,8 +21,21 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["ConfigError", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
+__all__ = ["ConfigError", "int_in", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
            "add_config_flags", "config_from_args", "differences", "flag_of", "overrides"]
+
+
+def int_in(low: int, high: int | None = None):
+    """An argparse ``type`` for an integer in ``[low, high]``: a value no command can use is a usage error
+    naming the flag, not a traceback from deep inside the work."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is not in [{low}, {high if high is not None else 'inf'}]")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its message
+    return parse
 
 
 class ConfigError(ValueError):

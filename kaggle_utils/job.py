@@ -20,12 +20,14 @@ weights vs model, output folder vs another run) runs before the first step.
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import time
 from pathlib import Path
 
 import jax
 
-from . import checkpoint, run
+from . import checkpoint, outdir, run
 from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
 
 __all__ = ["build_parser", "main", "predict_command", "report_command", "train_command"]
@@ -88,6 +90,7 @@ def predict_command(args) -> dict:
     from .efficientnet import pretrained_cfg
     from .train import StepConfig, make_steps
 
+    outdir.check_writable(args.out)  # before the prediction, not after it
     model, variables, config = run.load_run(args.checkpoint)
     splits = run.find_splits(args.data_dir, need_labels=False)
     stored = run.infer_image_size(splits["test"]) or config.model.image_size  # any size: eval_transform resizes
@@ -116,19 +119,56 @@ def report_command(args) -> list[str]:
     return lines
 
 
+def _saved_step(out: str) -> int | None:
+    """The step ``OUT/last.msgpack`` holds, per its manifest; None before the first checkpoint."""
+    try:
+        step = json.loads((Path(out) / "last.json").read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and (Path(out) / "last.msgpack").is_file() else None
+
+
+def _what_is_kept(args, fix: str | None = None) -> str:
+    """What a stopped command leaves usable, and the command that goes on from there."""
+    then = f"{fix}, then " if fix else ""
+    if args.command != "train":
+        return f"no half-written file is left (writes are atomic): {then}run predict again"
+    step = _saved_step(args.out)
+    if step is None:
+        return f"the run stopped before its first checkpoint: {then}run the same command again"
+    return f"{args.out}/last.msgpack (step {step}) is intact: {then}the same command with --resume continues from it"
+
+
+_OS_FIXES = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EACCES: "make it writable",
+             errno.EPERM: "make it writable", errno.EROFS: "choose a writable place"}
+
+
+def _os_error_line(err: OSError, args) -> str:
+    """One line for a failed read or write: the file, the system's words, what is kept, what to do."""
+    name = errno.errorcode.get(err.errno, "")
+    where = f"{err.filename}: " if err.filename else ""
+    return f"{where}{err.strerror or err}{f' [{name}]' if name else ''}; {_what_is_kept(args, _OS_FIXES.get(err.errno))}"
+
+
 def main(argv=None) -> int:
+    """The command, with every way it can stop turned into one line and an exit code (no traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     from .data import DataError
     from .train import MetricError, TrainingDiverged, WriterError
 
+    prefix = f"{parser.prog} {args.command}"
     try:
         {"train": train_command, "predict": predict_command, "report": report_command}[args.command](args)
     except DataError as err:
         parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n"
                        f"(--skip-errors skips unreadable records, counts them and names them in the log)\n")
     except (ConfigError, checkpoint.CheckpointError, WriterError, MetricError) as err:
-        parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n")
+        parser.exit(2, f"{prefix}: error: {err}\n")
     except TrainingDiverged as err:
-        parser.exit(3, f"{parser.prog} {args.command}: {err}\n")
+        parser.exit(3, f"{prefix}: {err}\n")
+    except OSError as err:  # a full disk, a folder made read-only, a vanished mount: not a bug of the kit
+        parser.exit(2, f"{prefix}: error: {_os_error_line(err, args)}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{prefix}: interrupted; {_what_is_kept(args)}\n")
     return 0

@@ -23,7 +23,7 @@ from typing import Iterator
 
 from .config import ConfigError, TrainConfig, differences, flag_of, resume_may_change
 
-__all__ = ["LOCK_NAME", "OUTPUTS", "OutDirError", "owned", "prepare"]
+__all__ = ["LOCK_NAME", "OUTPUTS", "OutDirError", "check_writable", "owned", "prepare"]
 
 LOCK_NAME = ".kaggle_utils.lock"
 OUTPUTS = ("config.json", "best.msgpack", "best.json", "last.msgpack", "last.json", "metrics.json", "history.csv",
@@ -52,15 +52,27 @@ def _alive(pid: int, started: str | None) -> bool:
     return started is None or _start_time(pid) in (None, started)
 
 
-def _make_folder(out: Path) -> None:
+def check_writable(out: str | os.PathLike, flag: str = "--out") -> Path:
+    """Refuses a folder the results could not be written into, before any work: the file would
+    otherwise be refused only after the whole prediction or run. Creates nothing."""
+    out = Path(out)
     if out.exists() and not out.is_dir():
-        raise OutDirError(f"--out {out} is a file, not a folder: choose a folder for the run's files")
+        raise OutDirError(f"{flag} {out} is a file, not a folder: choose a folder for the output files")
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise OutDirError(f"{flag} {out} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == out else f" ({existing} is not writable)"
+        raise OutDirError(f"{flag} {out} is not writable{where}: choose a writable folder")
+    return out
+
+
+def _make_folder(out: Path) -> None:
+    check_writable(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise OutDirError(f"--out {out} cannot be created ({err.strerror or err}): choose a writable folder") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise OutDirError(f"--out {out} is not writable: choose a writable folder")
 
 
 def _holder_text(info: dict) -> str:

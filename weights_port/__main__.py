@@ -7,6 +7,7 @@ import sys
 # torch must be imported before anything that could pull in tensorflow (segfault otherwise).
 import torch  # noqa: F401
 
+from kaggle_utils.config import int_in
 from kaggle_utils.efficientnet import list_models
 
 from .convert import ConversionError
@@ -22,8 +23,8 @@ def main(argv=None) -> int:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="local timm weights (.safetensors, .pth, .bin); default: timm pretrained")
     src.add_argument("--random", action="store_true", help="port randomly initialised weights (offline demo)")
-    p.add_argument("--num-classes", type=int, default=None, help="default: the checkpoint's classifier size")
-    p.add_argument("--verify-size", type=int, default=128, help="input size of the parity check (default 128)")
+    p.add_argument("--num-classes", type=int_in(1), default=None, help="default: the checkpoint's classifier size")
+    p.add_argument("--verify-size", type=int_in(1), default=128, help="input size of the parity check (default 128)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if not args.out.endswith(".msgpack"):

@@ -87,7 +87,10 @@ def load_torch_state_dict(path: str | Path) -> dict:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        state = load_file(str(path))
+        try:
+            state = load_file(str(path))
+        except Exception as e:  # safetensors raises its own error types for a truncated or damaged file
+            raise ConversionError(f"cannot read {path} as a safetensors file (truncated or damaged?): {e}") from e
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)

@@ -121,10 +121,16 @@ class Source:
 # --------------------------------------------------------------------------------------
 # Folders
 # --------------------------------------------------------------------------------------
-def _images_in(folder: str, extensions) -> list[str]:
+def _images_in(folder: str, extensions, *, nested: bool = False) -> list[str]:
+    """The images in ``folder``; ``nested``: in its sub-folders too, as torchvision's ImageFolder reads a
+    class folder (hidden folders left out), so that no image of the class is silently dropped."""
     wanted = tuple(e.lower() for e in extensions)
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder)
-                  if f.lower().endswith(wanted) and os.path.isfile(os.path.join(folder, f)))
+    found = []
+    for here, folders, files in os.walk(folder, followlinks=True):
+        folders[:] = [d for d in folders if not d.startswith(".")] if nested else []
+        found += [os.path.join(here, f) for f in files
+                  if f.lower().endswith(wanted) and os.path.isfile(os.path.join(here, f))]
+    return sorted(found)
 
 
 def _check_folder(root: str) -> str:
@@ -143,14 +149,15 @@ def _check_unique(ids: list[str], where: list[str], what: str) -> None:
 
 
 def class_folders(root, *, extensions=IMAGE_EXTENSIONS) -> Source:
-    """``root/<class>/<image>``: one sub-folder per class, class names sorted; an empty class folder is an error."""
+    """``root/<class>/<image>``: one sub-folder per class (images in its sub-folders included), class names
+    sorted; an empty class folder is an error."""
     root = _check_folder(root)
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
     if not classes:
         raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>)")
     paths, labels = [], []
     for label, name in enumerate(classes):
-        found = _images_in(os.path.join(root, name), extensions)
+        found = _images_in(os.path.join(root, name), extensions, nested=True)
         if not found:
             raise DataError(f"class folder {os.path.join(root, name)!r} holds no images ({', '.join(extensions)})")
         paths += found
@@ -197,6 +204,19 @@ def _find_image(image_dir: str, value: str, extensions, where: str) -> str:
     raise DataError(f"{where}: image file {tried} does not exist")
 
 
+def _check_inside(image_dir: str, value: str, where: str) -> None:
+    """An id names a file in ``image_dir``: one that reaches outside it (``../x``, an absolute path) is
+    another folder's image, read as if it were this one's."""
+    root = os.path.realpath(image_dir)
+    if os.path.isabs(value) or os.path.commonpath([root, os.path.realpath(os.path.join(root, value))]) != root:
+        raise DataError(f"{where}: id {value!r} points outside the image folder {image_dir}: ids name files "
+                        "inside it (give --image-dir the folder that holds them)")
+
+
+# what a missing value becomes when a table is written by pandas or a database: never a class name
+MISSING_MARKERS = frozenset({"nan", "NaN", "NAN", "<NA>", "None", "null", "NULL"})
+
+
 def _label_kind(token: str) -> str:
     return "integer" if token.lstrip("-").isdigit() else "name"
 
@@ -210,6 +230,10 @@ def _parse_labels(rows, path: str, column: str, class_names, separator):
         found = [t.strip() for t in (row[column] or "").strip().split(separator) if t.strip()]
         if not found:
             raise DataError(f"{where}: empty label")
+        missing = [t for t in found if t in MISSING_MARKERS]
+        if missing and (class_names is None or missing[0] not in class_names):
+            raise DataError(f"{where}: label {missing[0]!r} is a missing value (pandas writes NaN as 'nan'), not a "
+                            "class: fill in the label or drop the row")
         for token in found:
             kinds.setdefault(_label_kind(token), f"line {line} ({token!r})")
         if len(kinds) > 1:
@@ -256,6 +280,7 @@ def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None 
         value = (row[id_column] or "").strip()
         if not value:
             raise DataError(f"{where}: empty id")
+        _check_inside(image_dir, value, where)
         paths.append(_find_image(image_dir, value, extensions, where))
         ids.append(value)
     _check_unique(ids, [f"line {line}" for line, _ in rows], f"{csv_path}, column {id_column!r}")
@@ -299,8 +324,9 @@ def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: st
     if download:
         builder.download_and_prepare()
     elif not builder.is_prepared():
-        raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir} (pass download=True "
-                        "where the internet is on, or prepare it there first)")
+        raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir}: prepare it once where the "
+                        f"internet is on (tfds.builder({name!r}, data_dir=...).download_and_prepare()) and attach "
+                        "that folder")
     features = builder.info.features
     if image_key not in features:
         raise DataError(f"tfds dataset {name!r} has no feature {image_key!r} (features: {', '.join(features)})")

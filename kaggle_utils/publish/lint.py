@@ -154,9 +154,11 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
     slug = _check_id(path, "id", meta["id"], problems) if "id" in meta else None
     if "title" in meta:
         _check_title(path, meta, slug, problems)
-    if "language" in meta and meta["language"] not in LANGUAGES:
+    if "language" in meta and (not isinstance(meta["language"], str) or meta["language"] not in LANGUAGES):
         problems.append(Problem(f, "language", f"{meta['language']!r} is not one of {', '.join(LANGUAGES)}"))
     kernel_type = meta.get("kernel_type")
+    if not isinstance(kernel_type, str):  # a list or object would not even be a key of CODE_SUFFIXES
+        kernel_type = None if "kernel_type" not in meta else repr(kernel_type)
     if "kernel_type" in meta and kernel_type not in CODE_SUFFIXES:
         problems.append(Problem(f, "kernel_type", f"{kernel_type!r} is not 'notebook' or 'script'"))
     for key in KERNEL_BOOLEANS:
@@ -234,6 +236,9 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
         return problems
     if not isinstance(notebook.get("cells"), list):
         return [Problem(str(path), "cells", "missing: not a Jupyter notebook")]
+    shape = _notebook_shape(notebook)
+    if shape:
+        return [Problem(str(path), key, why) for key, why in shape]
     removed = strip_pinned_image(notebook)
     stale = bootstrap.notebook_issue(notebook, fix=fix)
     fixed_stale = fix and stale is not None and bootstrap.notebook_issue(notebook) is None
@@ -245,6 +250,20 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
     if stale is not None:
         problems.append(Problem(str(path), "cells[bootstrap]", stale, fixed=fixed_stale))
     return problems
+
+
+def _notebook_shape(notebook: dict) -> list[tuple[str, str]]:
+    """The JSON types nbformat requires where the rules read: a value of another type is named, not a traceback."""
+    found = []
+    if not isinstance(notebook.get("metadata", {}), dict):
+        found.append(("metadata", f"must be a JSON object, got {type(notebook['metadata']).__name__}"))
+    for i, cell in enumerate(notebook["cells"]):
+        source = cell.get("source", "") if isinstance(cell, dict) else None
+        if not isinstance(cell, dict):
+            found.append((f"cells[{i}]", f"must be a JSON object, got {type(cell).__name__}"))
+        elif not (isinstance(source, str) or isinstance(source, list) and all(isinstance(x, str) for x in source)):
+            found.append((f"cells[{i}].source", "must be a string or a list of strings"))
+    return found
 
 
 def lint_markdown(path: str | Path) -> list[Problem]:

@@ -65,6 +65,7 @@ def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = 
     test = source_from_spec(data.test_source, labeled=False, **spec) if data.test_source else None
     settings = dict(image_size=config.model.image_size, val_fraction=data.val_fraction, seed=config.seed,
                     skip_errors=data.skip_errors)
+    _check_val_split(train, data)
     if jax.process_index() == 0:  # the one that decides and writes: the others could see a half-swapped folder
         shutil.rmtree(staged, ignore_errors=True)  # left by a run that was refused or killed
         changes = conversion_changes(target, train, test, **settings)
@@ -100,6 +101,20 @@ def _sync(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+def _check_val_split(train, data) -> None:
+    """Refuses a --source whose classes are too small for --val-fraction to give any validation image
+    (a class keeps one image for training): the run would read a records folder with no val/."""
+    from ..data.convert import stratified_split
+
+    if train.multi_label or not train.labeled:  # refused by the conversion itself, with its own words
+        return
+    if not len(stratified_split(train.labels, data.val_fraction, 0)[1]):
+        largest = int(np.bincount(train.labels).max())
+        raise ConfigError(f"--source {data.source}: --val-fraction {data.val_fraction} gives no validation image "
+                          f"(the largest of its {train.num_classes} classes has {largest} image(s), and each class "
+                          "keeps one for training): add images, or raise --val-fraction")
 
 
 def _check_test_rows(target: Path, test) -> None:
@@ -163,6 +178,9 @@ def find_splits(data_dir: str | Path, *, need_labels: bool = True) -> dict[str, 
             splits[split] = list_tfrecords(folder) if folder.is_dir() else []
         except FileNotFoundError:
             splits[split] = []
+        if split == "test" and need_labels and folder.is_dir() and not splits[split]:
+            raise ConfigError(f"--data-dir {data_dir} has a test/ folder with no TFRecords: the run would end with "
+                              f"no submission; put the test records in {folder}/, or remove the empty folder")
         if required and not splits[split]:
             raise ConfigError(f"--data-dir {data_dir} has no {split}/ split: expected TFRecords in {folder}/ "
                               f"(the competition layout: {data_dir}/{{train,val,test}}/*.tfrec)")
@@ -232,6 +250,7 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
         where = next(s for s, v in seen.items() if v.size and v.max() == top)
         raise ConfigError(f"--num-classes {config.model.num_classes} is too small: the {where} split holds label "
                           f"{top} (needs at least {top + 1})")
+    _check_classes(config, top)
     if splits["test"]:
         scan_test_ids(splits["test"])
     if config.data.data_dir in (None, SAMPLE) and config.data.source is None:
@@ -240,6 +259,14 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
         description = str((root.parent / "data" if root.name == STAGED else root).resolve())
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
                    max_label=top, description=description, class_names=_class_names(config, root))
+
+
+def _check_classes(config: TrainConfig, top: int) -> None:
+    """One class is no classification: a softmax over it has loss 0 from the first step and learns nothing."""
+    if top == 0 and (config.model.num_classes or 1) == 1:
+        raise ConfigError(f"the train and val splits hold one class only (label 0): --task {config.task.task} over one "
+                          "class learns nothing; check the data (--data-dir / --source), or pass --num-classes N "
+                          "if the other classes are only absent from these splits")
 
 
 def _class_names(config: TrainConfig, root: Path) -> tuple[str, ...]:

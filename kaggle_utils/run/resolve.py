@@ -93,6 +93,10 @@ def _check_values(config: TrainConfig) -> None:
             raise ConfigError(f"{flag_of(name)} {getattr(config.data, name)}: must be in [0, 1]")
     if not 0 < config.data.val_fraction < 1:
         raise ConfigError(f"--val-fraction {config.data.val_fraction}: must be in (0, 1)")
+    repeated = sorted({name for name in config.data.class_names if config.data.class_names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"--class-names repeats {', '.join(map(repr, repeated))}: the submission could not tell "
+                          "those classes apart; give each class its own name")
     from ..train import check_lr_group_values
 
     check_lr_group_values(config.optim.layer_decay, config.optim.head_lr_mult)
@@ -103,6 +107,7 @@ def _check_values(config: TrainConfig) -> None:
 
         try:
             checkpoint.check_format(config.model.weights)
+            checkpoint.check_digest(config.model.weights)
         except checkpoint.CheckpointError as err:
             raise ConfigError(f"--weights: {err}") from None
     from ..efficientnet import resolve_name
@@ -122,10 +127,39 @@ def check_config(config: TrainConfig, task=None) -> None:
     from ..train import history_columns
 
     _check_values(config)
-    columns = history_columns(task or make_task(config))
+    task = task or make_task(config)
+    columns = history_columns(task)
     if config.loop.monitor not in columns:
         raise ConfigError(f"--monitor {config.loop.monitor!r} is not a metric of --task {config.task.task}; "
                           f"choose one of {', '.join(c for c in columns[2:] if c not in ('img_per_s', 'seconds'))}")
+    _check_monitor_mode(config)
+    _check_single_label(task)
+
+
+def _check_monitor_mode(config: TrainConfig) -> None:
+    """A built-in metric's direction is known: the opposite --monitor-mode would keep the worst epoch.
+
+    A user's metric may go either way, so only the config's own task's columns are checked.
+    """
+    from ..train import Task, history_columns
+
+    monitor, mode = config.loop.monitor, config.loop.monitor_mode
+    if mode == "auto" or monitor not in history_columns(make_task(config)) or Task.monitor_mode(monitor) == mode:
+        return
+    better = "lower" if Task.monitor_mode(monitor) == "min" else "higher"
+    raise ConfigError(f"--monitor {monitor} --monitor-mode {mode}: {better} {monitor} is better, so {mode} would keep "
+                      f"the worst epoch; use --monitor-mode {Task.monitor_mode(monitor)} (or auto)")
+
+
+def _check_single_label(task) -> None:
+    """The job's data hold one class per record (the competition's TFRecords, a converted --source):
+    a multi-label task fails on them at the first step, after the folder was written."""
+    from ..train import MultiLabelClassification
+
+    if isinstance(task, MultiLabelClassification):
+        raise ConfigError("--task multilabel needs several labels per image, but a run reads TFRecords with one class "
+                          "per record (--data-dir, or --source converted); use --task softmax or focal, or train a "
+                          "multi-label CSV from Python (kaggle_utils.data.csv_source + load_source)")
 
 
 def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig, Plan]:
