@@ -61,11 +61,15 @@ class DataConfig:
     test_source: str | None = _field(None, "with --source: unlabeled test images (a folder or a CSV of ids)")
     image_dir: str | None = _field(None, "with a CSV --source / --test-source: the images' folder (default: the "
                                          "CSV's folder)")
-    id_column: str = _field("id", "the CSV's id column, and the submission's")
-    label_column: str = _field("label", "the CSV's label column, and the submission's")
+    test_image_dir: str | None = _field(None, "with a CSV --test-source: the test images' folder (default: "
+                                              "--image-dir, else the CSV's folder)")
+    id_column: str | None = _field(None, "the CSV's id column, and the submission's (default: the one a converted "
+                                         "records folder records, else id)")
+    label_column: str | None = _field(None, "the CSV's label column, and the submission's (default: the one a "
+                                            "converted records folder records, else label)")
     val_fraction: float = _field(0.15, "with --source: stratified share of each class held out for validation")
-    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: from --source; empty: "
-                                              "the index itself)")
+    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: those a converted records "
+                                              "folder or --source records; empty: the index itself)")
     batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
     batch_per_device: int | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
                                                 "BATCH_SIZE_PER_CORE); global = this x device count")

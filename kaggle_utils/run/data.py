@@ -31,6 +31,7 @@ class RunData:
     max_label: int
     description: str  # where the data came from, for config.json
     class_names: tuple[str, ...] = ()  # submission labels by index (empty: the index)
+    columns: tuple[str, str] = ("id", "label")  # the submission's id and label columns
 
 
 SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it
@@ -52,9 +53,9 @@ def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
     if config.model.image_size is None:
         raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
     target = Path(out_dir) / "data"
-    spec = dict(image_dir=data.image_dir, id_column=data.id_column, label_column=data.label_column)
-    train = source_from_spec(data.source, **spec)
-    test = source_from_spec(data.test_source, labeled=False, **spec) if data.test_source else None
+    columns = dict(id_column=data.id_column or "id", label_column=data.label_column or "label")
+    train = source_from_spec(data.source, image_dir=data.image_dir, **columns)
+    test = _test_source(data, columns) if data.test_source else None
     settings = dict(image_size=config.model.image_size, val_fraction=data.val_fraction, seed=config.seed,
                     skip_errors=data.skip_errors)
     if jax.process_index() == 0:  # the one that decides and writes: the others could see a half-swapped folder
@@ -69,6 +70,20 @@ def converted_source(config: TrainConfig, out_dir: str | Path) -> Path:
         multihost_utils.sync_global_devices("kaggle_utils converted_source")
     _check_test_rows(target, test)  # on every process, so that all stop together
     return target
+
+
+def _test_source(data, columns: dict):
+    """``--test-source`` as a source; a missing image says which flag names the test images' folder."""
+    from ..data.convert import source_from_spec
+    from ..data.sources import MissingImageError
+
+    image_dir = data.test_image_dir or data.image_dir
+    try:
+        return source_from_spec(data.test_source, image_dir=image_dir, labeled=False, **columns)
+    except MissingImageError as err:
+        if data.test_image_dir is not None:
+            raise
+        raise MissingImageError(f"{err} (test images in a folder of their own: give it as --test-image-dir)") from None
 
 
 def _check_test_rows(target: Path, test) -> None:
@@ -89,6 +104,9 @@ def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
     """The folder of TFRecords a run reads: ``--data-dir``, ``--source`` converted, or the sample."""
     if config.data.source is not None:
         yield converted_source(config, out_dir)
+    elif config.data.test_source is not None or config.data.test_image_dir is not None:
+        raise ConfigError("--test-source and --test-image-dir need --source (the training images); with --data-dir "
+                          "the test split is DIR/test/")
     else:
         with sample_or_folder(config) as root:
             yield root
@@ -201,13 +219,39 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
     else:
         description = str(root.resolve())
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
-                   max_label=top, description=description, class_names=_class_names(config, root))
+                   max_label=top, description=description, **submission_labels(config, root))
 
 
-def _class_names(config: TrainConfig, root: Path) -> tuple[str, ...]:
-    """The submission's label names: given, or those a conversion of ``--source`` recorded."""
-    if config.data.class_names or config.data.source is None:
-        return tuple(config.data.class_names)
-    from ..data.convert import read_conversion_info
+def named_classes(names) -> tuple[str, ...]:
+    """``names``, or () where they are only the indices ("0", "1", ...: integer labels), which name nothing."""
+    names = tuple(names)
+    return () if names == tuple(str(i) for i in range(len(names))) else names
 
-    return tuple(read_conversion_info(root)["class_names"])
+
+def submission_labels(config: TrainConfig, root: Path) -> dict:
+    """The class names and id / label columns of a run on ``root``: given, else recorded there, else the defaults.
+
+    A records folder written by a conversion (``class_names.json``) carries the source's columns
+    and class names into every run on it, so they need not be repeated as flags; a flag that
+    disagrees with the record is refused, naming both (integer labels' "0", "1", ... names may
+    be named by ``--class-names``).
+    """
+    from ..data.convert import INFO_FILE, read_conversion_info
+
+    info = read_conversion_info(root) if (root / INFO_FILE).is_file() else {}
+    where = f"{root / INFO_FILE} (written by the conversion of {info.get('source')})"
+    data = config.data
+    recorded_names = tuple(info.get("class_names") or ())
+    names = _agree("--class-names", tuple(data.class_names),
+                   named_classes(recorded_names) if data.class_names else recorded_names, where)
+    id_column = _agree("--id-column", data.id_column, info.get("id_column"), where)
+    label_column = _agree("--label-column", data.label_column, info.get("label_column"), where)
+    return {"class_names": tuple(names or ()), "columns": (id_column or "id", label_column or "label")}
+
+
+def _agree(flag: str, given, recorded, where: str):
+    if given and recorded and given != recorded:
+        show = (lambda v: ", ".join(v[:6]) + (", ..." if len(v) > 6 else "")) if isinstance(given, tuple) else repr
+        raise ConfigError(f"{flag} {show(given)} disagrees with {where}, which records {show(recorded)}: "
+                          f"leave {flag} out (the record is used) or give the same")
+    return given or recorded
