@@ -7,8 +7,9 @@ without it the embedded digits sample) -> ``OUT/`` ``config.json``, ``best.msgpa
 ``submission.csv`` predicted by the best checkpoint. It is :func:`kaggle_utils.run.train` with
 flags in and words out; notebook 04 calls the same function.
 
-``predict``: any run folder or checkpoint the kit wrote (:func:`~kaggle_utils.run.load_run`)
-+ ``DIR/test`` -> ``OUT/submission.csv``.
+``predict``: run folders, checkpoints or CV folders (:mod:`kaggle_utils.run.predict`) + test images
+(``DIR/test`` TFRecords, or an image folder or CSV) -> ``OUT/submission.csv`` and
+``OUT/probabilities.csv`` (the weighted mean of the models' probabilities).
 
 Every check on the input (values, model, monitor, splits, labels, test ids, batch vs devices,
 weights vs model, output folder vs another run) runs before the first step.
@@ -16,7 +17,6 @@ weights vs model, output folder vs another run) runs before the first step.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import jax
 
@@ -41,10 +41,19 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     add_config_flags(train, config_cls)
 
-    predict = commands.add_parser("predict", help="write submission.csv from a run")
-    predict.add_argument("--checkpoint", required=True, help="a run folder, or its best.msgpack / last.msgpack")
-    predict.add_argument("--data-dir", required=True, help="folder with a test/ split")
-    predict.add_argument("--out", required=True, help="output folder for submission.csv")
+    predict = commands.add_parser("predict", help="write submission.csv and probabilities.csv from runs")
+    predict.add_argument("--checkpoint", action="append", required=True,
+                         help="a run folder, one of its checkpoints, or a CV folder (all its fold*/ runs); repeat "
+                              "it to average several models' probabilities")
+    predict.add_argument("--weights-per-checkpoint", type=_weights, metavar="W1,W2,...",
+                         help="a weight per --checkpoint, in order (default: equal); a CV folder's folds share its "
+                              "weight")
+    test = predict.add_mutually_exclusive_group(required=True)
+    test.add_argument("--data-dir", help="TFRecords folder with a test/ split")
+    test.add_argument("--test-source", help="test images: a folder of images, or a CSV of ids (the run's id column)")
+    predict.add_argument("--test-image-dir", help="with a CSV --test-source: the images' folder (default: the CSV's "
+                                                  "folder)")
+    predict.add_argument("--out", required=True, help="output folder for submission.csv and probabilities.csv")
     predict.add_argument("--batch-size", type=int, help="global batch (default 16 per device, at least 64)")
     predict.add_argument("--tta", action=argparse.BooleanOptionalAction, help="flip TTA (default: the run's)")
     predict.add_argument("--mode", choices=("jit", "pmap"), default="jit")
@@ -71,25 +80,33 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
 # --------------------------------------------------------------------------- predict
 
 
-def predict_command(args) -> dict:
-    from .config import DataConfig
-    from .efficientnet import pretrained_cfg
-    from .train import StepConfig, make_steps
+def _weights(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 0.7,0.3)") from None
 
-    model, variables, config = run.load_run(args.checkpoint)
-    splits = run.find_splits(args.data_dir, need_labels=False)
-    stored = run.infer_image_size(splits["test"]) or config.model.image_size  # any size: eval_transform resizes
-    run.scan_test_ids(splits["test"])
+
+def predict_command(args) -> dict:
+    """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); returns the files written and the row count."""
+    from .config import DataConfig
+
+    members = run.load_members(args.checkpoint, args.weights_per_checkpoint)
+    source = None
+    if args.test_source is not None:
+        from .data.convert import source_from_spec
+
+        source = source_from_spec(args.test_source, image_dir=args.test_image_dir, labeled=False,
+                                  id_column=members[0].config.data.id_column or "id")
+    elif args.test_image_dir is not None:
+        raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
-    cfg = pretrained_cfg(config.model.name)
-    step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
-                             task=run.make_task(config), tta_flip=config.task.tta if args.tta is None else args.tta)
-    steps = make_steps(model, None, step_config, mode=args.mode)
-    path, ids = run.predict_test_split(steps, variables, splits["test"], config, batch_size=batch,
-                                       stored_size=stored, out_path=Path(args.out) / "submission.csv")
+    with run.open_test_split(data_dir=args.data_dir, source=source) as records:
+        ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
+    submission, probabilities = run.write_predictions(args.out, ids, probs, members[0].config)
     if jax.process_index() == 0:
-        print(f"wrote {path}: {len(ids)} rows")
-    return {"submission": str(path), "rows": len(ids)}
+        print(f"wrote {submission} and {probabilities}: {len(ids)} rows, the mean of {len(members)} model(s)")
+    return {"submission": str(submission), "probabilities": str(probabilities), "rows": len(ids)}
 
 
 def main(argv=None) -> int:
@@ -101,8 +118,9 @@ def main(argv=None) -> int:
     try:
         train_command(args) if args.command == "train" else predict_command(args)
     except DataError as err:
-        parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n"
-                       f"(--skip-errors skips unreadable records, counts them and names them in the log)\n")
+        hint = ("(--skip-errors skips unreadable records, counts them and names them in the log)\n"
+                if err.skippable and args.command == "train" else "")
+        parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n{hint}")
     except (ConfigError, checkpoint.CheckpointError, WriterError, MetricError) as err:
         parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n")
     except TrainingDiverged as err:
