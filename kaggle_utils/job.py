@@ -91,6 +91,8 @@ def predict_command(args) -> dict:
     """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); returns the files written and the row count."""
     from .config import DataConfig
 
+    if args.test_image_dir is not None and args.test_source is None:
+        raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     members = run.load_members(args.checkpoint, args.weights_per_checkpoint)
     source = None
     if args.test_source is not None:
@@ -98,8 +100,6 @@ def predict_command(args) -> dict:
 
         source = source_from_spec(args.test_source, image_dir=args.test_image_dir, labeled=False,
                                   id_column=members[0].config.data.id_column or "id")
-    elif args.test_image_dir is not None:
-        raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
     with run.open_test_split(data_dir=args.data_dir, source=source) as records:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
