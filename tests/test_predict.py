@@ -74,6 +74,16 @@ def test_predict_averages_runs_and_a_cv_folder_s_folds_with_the_weights_given(tw
     assert [r[0] for r in rows] == ids and [int(r[1]) for r in rows] == list(got.argmax(1))
 
 
+def test_models_of_other_sizes_each_predict_at_their_own_crop(two_runs, sample, tmp_path):
+    """A run at 24 px (the 16 px records resized) blends with one at 16 px: each reads the test split its own way."""
+    run.train(tiny_config(data_dir=sample.root, image_size=24), tmp_path / "c24", progress=False)
+    _, ids, a = probabilities(two_runs / "a" / "probabilities.csv")
+    c = probabilities(tmp_path / "c24" / "probabilities.csv")[2]
+    assert job.main(["predict", "--checkpoint", str(two_runs / "a"), "--checkpoint", str(tmp_path / "c24"),
+                     "--data-dir", sample.root, "--out", str(tmp_path / "pred")]) == 0
+    np.testing.assert_allclose(probabilities(tmp_path / "pred" / "probabilities.csv")[2], (a + c) / 2, atol=2e-6)
+
+
 def test_checkpoints_whose_classes_disagree_are_refused_naming_both(two_runs, sample, tmp_path, capsys):
     other = tmp_path / "named"
     shutil.copytree(two_runs / "b", other)
