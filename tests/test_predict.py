@@ -1,4 +1,7 @@
-"""``predict``: ensembles of runs and CV folds, probabilities.csv, any test source; a converted folder's labels (issue 24)."""
+"""``predict``: ensembles of runs and CV folds, probabilities.csv, any test source; a converted folder's labels.
+
+Issue 24: predict could not ensemble or read images; a converted folder's columns and class names were lost.
+"""
 import csv
 import json
 import shutil
@@ -123,7 +126,8 @@ def kaggle_layout(tmp_path_factory):
     train_rows, test_ids = [], []
     for digit in range(10):
         for i, image in enumerate(digits.images[digits.target == digit][:12]):
-            pixels = np.repeat(np.kron((image * 255 / 16).astype(np.uint8), np.ones((2, 2), np.uint8))[..., None], 3, -1)
+            big = np.kron((image * 255 / 16).astype(np.uint8), np.ones((2, 2), np.uint8))  # 8 -> 16 px
+            pixels = np.repeat(big[..., None], 3, -1)
             if i < 10:
                 _save_png(root / "train_images" / f"a{digit}_{i}.png", pixels)
                 train_rows.append(f"a{digit}_{i},{NAMES[digit]}")
@@ -156,7 +160,8 @@ def test_a_converted_folder_s_columns_and_class_names_reach_the_submission(recor
     assert {r[1] for r in rows} <= set(NAMES)
     assert probabilities(records_run / "probabilities.csv")[0] == ["image_id", *CLASSES]
     recorded = json.loads((records_run / "config.json").read_text())["config"]["data"]
-    assert (recorded["id_column"], recorded["label_column"], recorded["class_names"]) == ("image_id", "texture", CLASSES)
+    assert (recorded["id_column"], recorded["label_column"]) == ("image_id", "texture")
+    assert recorded["class_names"] == CLASSES
 
 
 def test_flags_that_disagree_with_the_converted_folder_are_refused_naming_both(records_run, kaggle_layout, tmp_path):

@@ -34,7 +34,8 @@ import numpy as np
 
 from .tfrecords import DataError
 
-__all__ = ["IMAGE_EXTENSIONS", "MissingImageError", "Source", "class_folders", "csv_source", "image_folder", "tfds_source"]
+__all__ = ["IMAGE_EXTENSIONS", "MissingImageError", "Source", "class_folders", "csv_source", "image_folder",
+           "tfds_source"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 

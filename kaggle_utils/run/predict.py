@@ -146,7 +146,7 @@ def open_test_split(*, data_dir: str | Path | None = None, source=None) -> Itera
 
 def predict_member(steps, variables, files: list[str], config: TrainConfig, *, batch_size: int,
                    stored_size: int) -> tuple[list[str], np.ndarray]:
-    """(ids, probabilities) of a test split as ``config`` evaluates it (its crop of images stored at ``stored_size``)."""
+    """(ids, probabilities) of a test split as ``config`` evaluates it: its crop of images stored at ``stored_size``."""
     from ..inference import predict_records
 
     return predict_records(steps, variables, files, image_size=stored_size, batch_size=batch_size,
