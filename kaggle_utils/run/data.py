@@ -250,6 +250,7 @@ def submission_labels(config: TrainConfig, root: Path) -> dict:
 
 
 def _agree(flag: str, given, recorded, where: str):
+    """The given value, else the recorded one; both and different: the submission would be mislabelled, refused."""
     if given and recorded and given != recorded:
         show = (lambda v: ", ".join(v[:6]) + (", ..." if len(v) > 6 else "")) if isinstance(given, tuple) else repr
         raise ConfigError(f"{flag} {show(given)} disagrees with {where}, which records {show(recorded)}: "
