@@ -21,8 +21,8 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["ConfigError", "int_in", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
-           "add_config_flags", "config_from_args", "differences", "flag_of", "overrides"]
+__all__ = ["ConfigError", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
+           "add_config_flags", "config_from_args", "differences", "flag_of", "int_in", "overrides"]
 
 
 def int_in(low: int, high: int | None = None):
@@ -83,11 +83,15 @@ class DataConfig:
     test_source: str | None = _field(None, "with --source: unlabeled test images (a folder or a CSV of ids)")
     image_dir: str | None = _field(None, "with a CSV --source / --test-source: the images' folder (default: the "
                                          "CSV's folder)")
-    id_column: str = _field("id", "the CSV's id column, and the submission's")
-    label_column: str = _field("label", "the CSV's label column, and the submission's")
+    test_image_dir: str | None = _field(None, "with a CSV --test-source: the test images' folder (default: "
+                                              "--image-dir, else the CSV's folder)")
+    id_column: str | None = _field(None, "the CSV's id column, and the submission's (default: the one a converted "
+                                         "records folder records, else id)")
+    label_column: str | None = _field(None, "the CSV's label column, and the submission's (default: the one a "
+                                            "converted records folder records, else label)")
     val_fraction: float = _field(0.15, "with --source: stratified share of each class held out for validation")
-    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: from --source; empty: "
-                                              "the index itself)")
+    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: those a converted records "
+                                              "folder or --source records; empty: the index itself)")
     batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
     batch_per_device: int | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
                                                 "BATCH_SIZE_PER_CORE); global = this x device count")
@@ -266,9 +270,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
             if "alias" in field.metadata:
                 alias = field.metadata["alias"]
                 mapping = {old: new for old, new in _ALIASES[alias][1].items() if old is not None}
+                meaning = ", ".join(f"{old} = {new}" for old, new in mapping.items())
                 group.add_argument(flag_of(alias), dest=name, default=argparse.SUPPRESS, choices=sorted(mapping),
                                    action=_DeprecatedAlias, mapping=mapping, new_flag=flag_of(name),
-                                   help=f"deprecated: {flag_of(name)} ({', '.join(f'{k} = {v}' for k, v in mapping.items())})")
+                                   help=f"deprecated: {flag_of(name)} ({meaning})")
 
 
 class _DeprecatedAlias(argparse.Action):

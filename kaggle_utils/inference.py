@@ -1,4 +1,4 @@
-"""Predict an unlabeled split in file order and write ``submission.csv`` (``id,label``).
+"""Predict an unlabeled split in file order; write ``submission.csv`` and ``probabilities.csv`` from the result.
 
 Every process reads the whole split in order and keeps its own rows of each global batch
 (:func:`~kaggle_utils.parallel.local_rows`); the predict step gathers the probabilities of
@@ -12,7 +12,6 @@ import io
 from pathlib import Path
 from typing import Iterable, Sequence
 
-import jax
 import numpy as np
 
 from . import checkpoint
@@ -20,7 +19,7 @@ from .parallel import local_rows
 from .train.state import TrainState, inference_state
 from .train.steps import Steps
 
-__all__ = ["predict", "predict_split", "write_submission"]
+__all__ = ["predict", "predict_records", "write_probabilities", "write_submission"]
 
 
 def predict(steps: Steps, variables: dict | TrainState, batches: Iterable[dict], *, prefetch: int = 2
@@ -65,10 +64,29 @@ def write_submission(path: str | Path, ids: Sequence, labels: Sequence[int], *,
     return Path(path)
 
 
-def predict_split(steps: Steps, variables: dict | TrainState, filenames, *, image_size: int, batch_size: int,
-                  out_path: str | Path, columns: tuple[str, str] = ("id", "label"),
-                  class_names: Sequence[str] = (), crop=None) -> tuple[Path, np.ndarray, np.ndarray]:
-    """Predicts the TFRecords ``filenames`` (test split) and writes the submission on process 0.
+def write_probabilities(path: str | Path, ids: Sequence, probs: np.ndarray, *, id_column: str = "id",
+                        class_names: Sequence[str] = ()) -> Path:
+    """Atomic CSV: ``id_column`` then one column per class (its name, else its index), a row per id: for blending.
+
+    Each value is the shortest decimal that reads back as the same float32.
+    """
+    probs = np.asarray(probs, np.float32)
+    if probs.ndim != 2 or len(ids) != len(probs):
+        raise ValueError(f"{len(ids)} ids but probabilities of shape {probs.shape}")
+    names = list(class_names) or [str(i) for i in range(probs.shape[1])]
+    if len(names) != probs.shape[1]:
+        raise ValueError(f"{len(names)} class names for {probs.shape[1]} probability columns")
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow([id_column, *names])
+    writer.writerows([_text(i), *map(str, row)] for i, row in zip(ids, probs))
+    checkpoint.atomic_write_text(path, text.getvalue())
+    return Path(path)
+
+
+def predict_records(steps: Steps, variables: dict | TrainState, filenames, *, image_size: int, batch_size: int,
+                    crop=None) -> tuple[list[str], np.ndarray]:
+    """(ids, probabilities ``[N, C]``) of the TFRecords ``filenames`` (a test split), in file order.
 
     ``batch_size`` is the global batch. The number of predicted rows is checked against
     ``count_data_items`` (the counts in the file names) and ids must be unique, so a
@@ -90,7 +108,4 @@ def predict_split(steps: Steps, variables: dict | TrainState, filenames, *, imag
     if len(set(texts)) != len(texts):
         dupes = sorted({t for t in texts if texts.count(t) > 1})[:5]
         raise ValueError(f"test ids repeat (e.g. {dupes}): refusing to write an ambiguous submission")
-    out_path = Path(out_path)
-    if jax.process_index() == 0:
-        write_submission(out_path, texts, probs.argmax(-1), columns=columns, class_names=class_names)
-    return out_path, ids, probs
+    return texts, probs

@@ -8,8 +8,9 @@ without it the embedded digits sample) -> ``OUT/`` ``config.json``, ``best.msgpa
 the best checkpoint; it ends with a summary block (best score, time, files, the next command).
 It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 calls the same function.
 
-``predict``: any run folder or checkpoint the kit wrote (:func:`~kaggle_utils.run.load_run`)
-+ ``DIR/test`` -> ``OUT/submission.csv``.
+``predict``: run folders, checkpoints or CV folders (:mod:`kaggle_utils.run.predict`) + test images
+(``DIR/test`` TFRecords, or an image folder or CSV) -> ``OUT/submission.csv`` and
+``OUT/probabilities.csv`` (the weighted mean of the models' probabilities).
 
 ``report OUT``: ``curves.png`` and ``per_class.csv`` drawn again from a run folder's files (or
 each ``foldK/`` of a CV folder), with no model and no data (:mod:`kaggle_utils.report`).
@@ -48,10 +49,19 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     add_config_flags(train, config_cls)
 
-    predict = commands.add_parser("predict", help="write submission.csv from a run")
-    predict.add_argument("--checkpoint", required=True, help="a run folder, or its best.msgpack / last.msgpack")
-    predict.add_argument("--data-dir", required=True, help="folder with a test/ split")
-    predict.add_argument("--out", required=True, help="output folder for submission.csv")
+    predict = commands.add_parser("predict", help="write submission.csv and probabilities.csv from runs")
+    predict.add_argument("--checkpoint", action="append", required=True,
+                         help="a run folder, one of its checkpoints, or a CV folder (all its fold*/ runs); repeat "
+                              "it to average several models' probabilities")
+    predict.add_argument("--weights-per-checkpoint", type=_weights, metavar="W1,W2,...",
+                         help="a weight per --checkpoint, in order (default: equal); a CV folder's folds share its "
+                              "weight")
+    test = predict.add_mutually_exclusive_group(required=True)
+    test.add_argument("--data-dir", help="TFRecords folder with a test/ split")
+    test.add_argument("--test-source", help="test images: a folder of images, or a CSV of ids (the run's id column)")
+    predict.add_argument("--test-image-dir", help="with a CSV --test-source: the images' folder (default: the CSV's "
+                                                  "folder)")
+    predict.add_argument("--out", required=True, help="output folder for submission.csv and probabilities.csv")
     predict.add_argument("--batch-size", type=int, help="global batch (default 16 per device, at least 64)")
     predict.add_argument("--tta", action=argparse.BooleanOptionalAction, help="flip TTA (default: the run's)")
     predict.add_argument("--mode", choices=("jit", "pmap"), default="jit")
@@ -85,26 +95,34 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
 # --------------------------------------------------------------------------- predict
 
 
-def predict_command(args) -> dict:
-    from .config import DataConfig
-    from .efficientnet import pretrained_cfg
-    from .train import StepConfig, make_steps
+def _weights(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 0.7,0.3)") from None
 
+
+def predict_command(args) -> dict:
+    """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); returns the files written and the row count."""
+    from .config import DataConfig
+
+    if args.test_image_dir is not None and args.test_source is None:
+        raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     outdir.check_writable(args.out)  # before the prediction, not after it
-    model, variables, config = run.load_run(args.checkpoint)
-    splits = run.find_splits(args.data_dir, need_labels=False)
-    stored = run.infer_image_size(splits["test"]) or config.model.image_size  # any size: eval_transform resizes
-    run.scan_test_ids(splits["test"])
+    members = run.load_members(args.checkpoint, args.weights_per_checkpoint)
+    source = None
+    if args.test_source is not None:
+        from .data.convert import source_from_spec
+
+        source = source_from_spec(args.test_source, image_dir=args.test_image_dir, labeled=False,
+                                  id_column=members[0].config.data.id_column or "id")
     batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
-    cfg = pretrained_cfg(config.model.name)
-    step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
-                             task=run.make_task(config), tta_flip=config.task.tta if args.tta is None else args.tta)
-    steps = make_steps(model, None, step_config, mode=args.mode)
-    path, ids = run.predict_test_split(steps, variables, splits["test"], config, batch_size=batch,
-                                       stored_size=stored, out_path=Path(args.out) / "submission.csv")
+    with run.open_test_split(data_dir=args.data_dir, source=source) as records:
+        ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
+    submission, probabilities = run.write_predictions(args.out, ids, probs, members[0].config)
     if jax.process_index() == 0:
-        print(f"wrote {path}: {len(ids)} rows")
-    return {"submission": str(path), "rows": len(ids)}
+        print(f"wrote {submission} and {probabilities}: {len(ids)} rows, the mean of {len(members)} model(s)")
+    return {"submission": str(submission), "probabilities": str(probabilities), "rows": len(ids)}
 
 
 # --------------------------------------------------------------------------- report
@@ -147,7 +165,8 @@ def _os_error_line(err: OSError, args) -> str:
     """One line for a failed read or write: the file, the system's words, what is kept, what to do."""
     name = errno.errorcode.get(err.errno, "")
     where = f"{err.filename}: " if err.filename else ""
-    return f"{where}{err.strerror or err}{f' [{name}]' if name else ''}; {_what_is_kept(args, _OS_FIXES.get(err.errno))}"
+    code = f" [{name}]" if name else ""
+    return f"{where}{err.strerror or err}{code}; {_what_is_kept(args, _OS_FIXES.get(err.errno))}"
 
 
 def main(argv=None) -> int:
@@ -161,8 +180,9 @@ def main(argv=None) -> int:
     try:
         {"train": train_command, "predict": predict_command, "report": report_command}[args.command](args)
     except DataError as err:
-        parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n"
-                       f"(--skip-errors skips unreadable records, counts them and names them in the log)\n")
+        hint = ("(--skip-errors skips unreadable records, counts them and names them in the log)\n"
+                if err.skippable and args.command == "train" else "")
+        parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n{hint}")
     except (ConfigError, checkpoint.CheckpointError, WriterError, MetricError) as err:
         parser.exit(2, f"{prefix}: error: {err}\n")
     except TrainingDiverged as err:

@@ -15,6 +15,7 @@ from .sample import SampleDataset, make_sample_dataset
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfrecord_writer import encode_jpeg, serialize_example, shard_name, write_split, write_tfrecord
 from .tfrecords import (
+    BadRecordError,
     DataError,
     NoTFRecordsError,
     RecordProblem,
@@ -31,7 +32,8 @@ from .tfrecords import (
 from .transforms import CenterCrop, RandomResizedCrop, Resize
 
 __all__ = [
-    "AugmentWorkerError", "DataError", "FLOWER_NUM_CLASSES", "HostDataset", "ImgaugRandAugment", "NoTFRecordsError",
+    "AugmentWorkerError", "BadRecordError", "DataError", "FLOWER_NUM_CLASSES", "HostDataset", "ImgaugRandAugment",
+    "NoTFRecordsError",
     "ProcessPoolAugmenter", "RANDAUGMENT_OPS", "RandAugment", "RecordProblem", "SampleDataset",
     "apply_batch_augment", "augment_images", "check_tfrecords", "count_data_items", "count_from_name",
     "count_records", "decode_example", "default_worker_count", "encode_jpeg", "flower_class_names",

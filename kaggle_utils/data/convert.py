@@ -24,6 +24,7 @@ it is now.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -39,8 +40,8 @@ from .sources import Source, class_folders, csv_source, image_folder, tfds_sourc
 from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, shard_name, write_tfrecord
 from .tfrecords import DataError, count_from_name
 
-__all__ = ["INFO_FILE", "SPLITS", "conversion_changes", "convert_source", "read_conversion_info", "source_from_spec",
-           "stratified_split"]
+__all__ = ["INFO_FILE", "SPLITS", "conversion_changes", "convert_source", "convert_test_split", "read_conversion_info",
+           "source_from_spec", "stratified_split"]
 
 SPLITS = ("train", "val", "test")
 INFO_FILE = "class_names.json"
@@ -51,19 +52,21 @@ def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_
                      tfds_data_dir=None, labeled: bool = True, class_names: list[str] | None = None) -> Source:
     """``tfds:NAME[:SPLIT]``, a ``.csv`` (images in ``image_dir``, default the CSV's folder), or a folder.
 
-    A folder is class folders when ``labeled``, else a flat folder of test images.
+    A folder is class folders when ``labeled``, else a flat folder of test images. A folder or
+    tfds source has no columns of its own: it takes ``id_column`` / ``label_column`` as the
+    submission's, so that the conversion records the columns the user asked for.
     """
-    if spec.startswith("tfds:"):
-        name, _, split = spec[len("tfds:"):].partition(":")
-        return tfds_source(name, split or ("train" if labeled else "test"), data_dir=tfds_data_dir,
-                           label_key="label" if labeled else None)
+    label_column = label_column if labeled else None
     if spec.lower().endswith(".csv"):
         folder = image_dir if image_dir is not None else os.path.dirname(os.path.abspath(spec))
-        return csv_source(spec, folder, id_column=id_column, label_column=label_column if labeled else None,
-                          class_names=class_names)
-    if labeled:
-        return class_folders(spec)
-    return image_folder(spec, id_column=id_column, class_names=class_names)
+        return csv_source(spec, folder, id_column=id_column, label_column=label_column, class_names=class_names)
+    if spec.startswith("tfds:"):
+        name, _, split = spec[len("tfds:"):].partition(":")
+        source = tfds_source(name, split or ("train" if labeled else "test"), data_dir=tfds_data_dir,
+                             label_key="label" if labeled else None)
+    else:
+        source = class_folders(spec) if labeled else image_folder(spec, class_names=class_names)
+    return dataclasses.replace(source, id_column=id_column, label_column=label_column)
 
 
 def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -171,6 +174,21 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return info
+
+
+def convert_test_split(test: Source, out_dir, *, image_size: int, quality: int = 95) -> list[str]:
+    """``test`` alone as ``out_dir/test/`` TFRecords, stored as :func:`convert_source` stores a run's test split.
+
+    For predicting a source with a trained run: its images then reach the model through the same
+    resize, JPEG and crop as the test split of a run on that source. An image that does not decode
+    stops it (a submission needs its row).
+    """
+    if test.labeled:
+        raise DataError(f"the test source {test.description} has labels: give an unlabeled folder or CSV")
+    folder = os.path.join(os.fspath(out_dir), "test")
+    os.makedirs(folder, exist_ok=True)
+    return _write_split(test, np.arange(test.num_examples), folder, image_size=image_size, shards=1, quality=quality,
+                        skip_errors=False)
 
 
 # what convert_source's output depends on besides its sources, with its defaults (one place for them: its signature)

@@ -23,6 +23,7 @@ from .tfhost import parallel_map, tensorflow_on_host
 from .sources import Source
 from .tfrecords import (
     DEFAULT_SHUFFLE_BUFFER,
+    BadRecordError,
     DataError,
     RecordProblem,
     _decode_without_raising,
@@ -147,7 +148,7 @@ class HostDataset:
             return self._problems.first_error
         found = check_tfrecords(self.filenames, labeled=self.labeled, image_size=self.image_size, max_problems=1)
         if found:
-            return DataError(f"{found[0]} (pass skip_errors=True to skip bad records)")
+            return BadRecordError(f"{found[0]} (pass skip_errors=True to skip bad records)")
         return DataError(f"reading {len(self.filenames)} TFRecord file(s) failed: {type(err).__name__}: "
                          f"{_op_message(err)}")
 

@@ -34,7 +34,8 @@ import numpy as np
 
 from .tfrecords import DataError
 
-__all__ = ["IMAGE_EXTENSIONS", "Source", "class_folders", "csv_source", "image_folder", "tfds_source"]
+__all__ = ["IMAGE_EXTENSIONS", "MissingImageError", "Source", "class_folders", "csv_source", "image_folder",
+           "tfds_source"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 
@@ -193,15 +194,22 @@ def _read_csv(path: str, columns: list[str]) -> list[tuple[int, dict]]:
         return [(reader.line_num, row) for row in reader]
 
 
+class MissingImageError(DataError):
+    """A CSV row whose image file is not in the image folder (often: the wrong folder given)."""
+
+
 def _find_image(image_dir: str, value: str, extensions, where: str) -> str:
-    candidates = [os.path.join(image_dir, value)]
-    if not value.lower().endswith(tuple(extensions)):
-        candidates = [candidates[0] + e for e in extensions] + [candidates[0] + e.upper() for e in extensions]
+    """The file a CSV id names: ``image_dir/value`` as is, or with one of ``extensions`` when it has none."""
+    base = os.path.join(image_dir, value)
+    if value.lower().endswith(tuple(extensions)):
+        candidates, tried = [base], ""
+    else:
+        candidates = [base + e for e in extensions] + [base + e.upper() for e in extensions]
+        tried = f" with any of the extensions {', '.join(extensions)} (or upper case)"
     for path in candidates:
         if os.path.isfile(path):
             return path
-    tried = candidates[0] if len(candidates) == 1 else f"{candidates[0]}{{{','.join(extensions)}}}"
-    raise DataError(f"{where}: image file {tried} does not exist")
+    raise MissingImageError(f"{where}: no image file {base}{tried}")
 
 
 def _check_inside(image_dir: str, value: str, where: str) -> None:

@@ -42,6 +42,7 @@ from .tfhost import tensorflow_on_host
 from .transforms import first_success
 
 __all__ = [
+    "BadRecordError",
     "DataError",
     "NoTFRecordsError",
     "RecordProblem",
@@ -64,7 +65,19 @@ _MAX_SKIPPED_KEPT = 100
 
 
 class DataError(ValueError):
-    """Bad input data: the message names the file (and record) and what is wrong."""
+    """Bad input data: the message names the file (and record) and what is wrong.
+
+    ``skippable``: whether ``skip_errors`` (``--skip-errors``) would get past it, so that a
+    command line offers that flag only where it is the fix (not for a missing file or column).
+    """
+
+    skippable = False
+
+
+class BadRecordError(DataError):
+    """One record or image that does not decode (or is corrupt): ``skip_errors`` leaves such records out."""
+
+    skippable = True
 
 
 class NoTFRecordsError(DataError, FileNotFoundError):
@@ -344,7 +357,7 @@ class _ProblemLog:
     def add(self, item: RecordProblem) -> bool:
         """Counts ``item`` (skipping) or keeps it as the error to raise; ``False``: leave the record out."""
         if not self.skip:
-            self.record_error(DataError(f"{item} (pass skip_errors=True to skip bad records)"))
+            self.record_error(BadRecordError(f"{item} (pass skip_errors=True to skip bad records)"))
             return False
         with self._lock:
             self.num_skipped += 1

@@ -15,22 +15,27 @@ In the order a run uses them:
    the config's intervals, crops, TensorBoard, files in ``out_dir``) over :func:`train_dataset`.
 4. ``saved``: :func:`write_config` and :func:`load_run`, ``(model, variables, config)`` back from
    any run folder or checkpoint the kit wrote, for ``predict``, notebooks and users.
+5. ``predict``: checkpoints (runs, CV folders' folds) + test images -> ids and mean probabilities
+   (:func:`load_members`, :func:`open_test_split`, :func:`predict_ensemble`), and
+   :func:`write_predictions` (``submission.csv``, ``probabilities.csv``), which a run uses too.
 
 :func:`train` (``trainer``) is all of it in order, into one folder: what the job and notebook 04 call.
 """
 from .build import (Training, build_model, build_training, device_augmentation, eval_transform, fit_run,
                     fit_settings, host_augment, initial_variables, train_dataset, train_transform)
 from .data import (SAMPLE, RunData, commit_conversion, converted_source, data_root, find_splits, infer_image_size,
-                   open_data, sample_or_folder, scan_labels, scan_test_ids)
+                   named_classes, open_data, sample_or_folder, scan_labels, scan_test_ids, submission_labels)
+from .predict import Member, expand_checkpoint, load_members, open_test_split, predict_ensemble, write_predictions
 from .resolve import Plan, check_config, global_batch, make_task, resolve, run_manifest
 from .saved import load_run, write_config
 from .trainer import RunResult, predict_test_split, train
 
 __all__ = [
-    "Plan", "RunData", "RunResult", "SAMPLE", "Training", "build_model", "build_training", "check_config",
-    "commit_conversion", "converted_source", "data_root", "device_augmentation", "eval_transform", "find_splits",
-    "fit_run", "fit_settings",
-    "global_batch", "host_augment", "infer_image_size", "initial_variables", "load_run", "make_task", "open_data",
-    "predict_test_split", "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids", "train",
-    "train_dataset", "train_transform", "write_config",
+    "Member", "Plan", "RunData", "RunResult", "SAMPLE", "Training", "build_model", "build_training",
+    "check_config", "commit_conversion", "converted_source", "data_root", "device_augmentation", "eval_transform",
+    "expand_checkpoint",
+    "find_splits", "fit_run", "fit_settings", "global_batch", "host_augment", "infer_image_size", "initial_variables",
+    "load_members", "load_run", "make_task", "named_classes", "open_data", "open_test_split", "predict_ensemble",
+    "predict_test_split", "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids",
+    "submission_labels", "train", "train_dataset", "train_transform", "write_config", "write_predictions",
 ]

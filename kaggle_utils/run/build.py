@@ -21,7 +21,8 @@ def build_model(config: TrainConfig):
 
     model = config.model
     return create_model(model.name, num_classes=padded_width(model.num_classes, model.head_multiple or 1),
-                        dtype=Precision(model.precision).compute_dtype, drop_rate=model.drop_rate, drop_path_rate=model.drop_path_rate,
+                        dtype=Precision(model.precision).compute_dtype, drop_rate=model.drop_rate,
+                        drop_path_rate=model.drop_path_rate,
                         bn_axis_name=AXIS if model.sync_bn else None)
 
 

@@ -32,6 +32,7 @@ class RunData:
     max_label: int
     description: str  # where the data came from, for config.json
     class_names: tuple[str, ...] = ()  # submission labels by index (empty: the index)
+    columns: tuple[str, str] = ("id", "label")  # the submission's id and label columns
 
 
 SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it
@@ -60,9 +61,9 @@ def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = 
     if config.model.image_size is None:
         raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
     target, staged = Path(out_dir) / "data", Path(out_dir) / STAGED
-    spec = dict(image_dir=data.image_dir, id_column=data.id_column, label_column=data.label_column)
-    train = source_from_spec(data.source, **spec)
-    test = source_from_spec(data.test_source, labeled=False, **spec) if data.test_source else None
+    columns = dict(id_column=data.id_column or "id", label_column=data.label_column or "label")
+    train = source_from_spec(data.source, image_dir=data.image_dir, **columns)
+    test = _test_source(data, columns) if data.test_source else None
     settings = dict(image_size=config.model.image_size, val_fraction=data.val_fraction, seed=config.seed,
                     skip_errors=data.skip_errors)
     _check_val_split(train, data)
@@ -117,6 +118,20 @@ def _check_val_split(train, data) -> None:
                           "keeps one for training): add images, or raise --val-fraction")
 
 
+def _test_source(data, columns: dict):
+    """``--test-source`` as a source; a missing image says which flag names the test images' folder."""
+    from ..data.convert import source_from_spec
+    from ..data.sources import MissingImageError
+
+    image_dir = data.test_image_dir or data.image_dir
+    try:
+        return source_from_spec(data.test_source, image_dir=image_dir, labeled=False, **columns)
+    except MissingImageError as err:
+        if data.test_image_dir is not None:
+            raise
+        raise MissingImageError(f"{err} (test images in a folder of their own: give it as --test-image-dir)") from None
+
+
 def _check_test_rows(target: Path, test) -> None:
     """A submission needs a row per test image: refuses a conversion that left some out (``--skip-errors``)."""
     from ..data.convert import read_conversion_info
@@ -142,6 +157,9 @@ def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
         finally:
             if jax.process_index() == 0:
                 shutil.rmtree(Path(out_dir) / STAGED, ignore_errors=True)
+    elif config.data.test_source is not None or config.data.test_image_dir is not None:
+        raise ConfigError("--test-source and --test-image-dir need --source (the training images); with --data-dir "
+                          "the test split is DIR/test/")
     else:
         with sample_or_folder(config) as root:
             yield root
@@ -258,7 +276,7 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
     else:  # a staged conversion is recorded where it will live once the run is accepted
         description = str((root.parent / "data" if root.name == STAGED else root).resolve())
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
-                   max_label=top, description=description, class_names=_class_names(config, root))
+                   max_label=top, description=description, **submission_labels(config, root))
 
 
 def _check_classes(config: TrainConfig, top: int) -> None:
@@ -269,10 +287,37 @@ def _check_classes(config: TrainConfig, top: int) -> None:
                           "if the other classes are only absent from these splits")
 
 
-def _class_names(config: TrainConfig, root: Path) -> tuple[str, ...]:
-    """The submission's label names: given, or those a conversion of ``--source`` recorded."""
-    if config.data.class_names or config.data.source is None:
-        return tuple(config.data.class_names)
-    from ..data.convert import read_conversion_info
+def named_classes(names) -> tuple[str, ...]:
+    """``names``, or () where they are only the indices ("0", "1", ...: integer labels), which name nothing."""
+    names = tuple(names)
+    return () if names == tuple(str(i) for i in range(len(names))) else names
 
-    return tuple(read_conversion_info(root)["class_names"])
+
+def submission_labels(config: TrainConfig, root: Path) -> dict:
+    """The class names and id / label columns of a run on ``root``: given, else recorded there, else the defaults.
+
+    A records folder written by a conversion (``class_names.json``) carries the source's columns
+    and class names into every run on it, so they need not be repeated as flags; a flag that
+    disagrees with the record is refused, naming both (integer labels' "0", "1", ... names may
+    be named by ``--class-names``).
+    """
+    from ..data.convert import INFO_FILE, read_conversion_info
+
+    info = read_conversion_info(root) if (root / INFO_FILE).is_file() else {}
+    where = f"{root / INFO_FILE} (written by the conversion of {info.get('source')})"
+    data = config.data
+    recorded_names = tuple(info.get("class_names") or ())
+    names = _agree("--class-names", tuple(data.class_names),
+                   named_classes(recorded_names) if data.class_names else recorded_names, where)
+    id_column = _agree("--id-column", data.id_column, info.get("id_column"), where)
+    label_column = _agree("--label-column", data.label_column, info.get("label_column"), where)
+    return {"class_names": tuple(names or ()), "columns": (id_column or "id", label_column or "label")}
+
+
+def _agree(flag: str, given, recorded, where: str):
+    """The given value, else the recorded one; both and different: the submission would be mislabelled, refused."""
+    if given and recorded and given != recorded:
+        show = (lambda v: ", ".join(v[:6]) + (", ..." if len(v) > 6 else "")) if isinstance(given, tuple) else repr
+        raise ConfigError(f"{flag} {show(given)} disagrees with {where}, which records {show(recorded)}: "
+                          f"leave {flag} out (the record is used) or give the same")
+    return given or recorded

@@ -177,8 +177,9 @@ def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig,
         raise ConfigError(f"--class-names names {len(data.class_names)} classes but the data holds label "
                           f"{data.max_label}")
     config = config.replace(
-        data_dir=data.description, class_names=data.class_names, num_classes=config.model.num_classes or data.max_label + 1, image_size=image_size,
-        precision=precision.name, batch_size=global_batch(config),
+        data_dir=data.description, class_names=data.class_names, id_column=data.columns[0],
+        label_column=data.columns[1], num_classes=config.model.num_classes or data.max_label + 1,
+        image_size=image_size, precision=precision.name, batch_size=global_batch(config),
         batch_per_device=None, lr=config.optim.lr or (FINETUNE_LR if config.model.weights else SCRATCH_LR),
         head_multiple=config.model.head_multiple or (128 if platform == "tpu" else 1),
         weights=str(Path(config.model.weights).resolve()) if config.model.weights else None)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import checkpoint, outdir
 from ..config import TrainConfig
-from .build import build_model, build_training, eval_transform, fit_run, initial_variables
+from .build import build_model, build_training, fit_run, initial_variables
 from .data import RunData, commit_conversion, data_root, open_data
 from .resolve import Plan, check_config, resolve
 from .saved import write_config
@@ -100,7 +100,7 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
             return RunResult(out, resolved, plan, result, training.steps)
         path, ids = predict_test_split(training.steps, best, data.splits["test"], resolved,
                                        batch_size=plan.global_batch, stored_size=data.stored_size,
-                                       out_path=out / "submission.csv")
+                                       out_dir=out)
     return RunResult(out, resolved, plan, result, training.steps, path, tuple(str(i) for i in ids))
 
 
@@ -121,12 +121,10 @@ def _best_variables(out: Path, result) -> dict:
 
 
 def predict_test_split(steps, variables, files, config: TrainConfig, *, batch_size: int, stored_size: int,
-                       out_path: str | Path) -> tuple[Path, np.ndarray]:
-    """``submission.csv`` of a test split as ``config`` evaluates (its crop) and names (columns, class names)."""
-    from ..inference import predict_split
+                       out_dir: str | Path) -> tuple[Path, list[str]]:
+    """``out_dir/submission.csv`` and ``probabilities.csv`` of a test split as ``config`` evaluates and names it."""
+    from .predict import predict_member, write_predictions
 
-    path, ids, _ = predict_split(steps, variables, files, image_size=stored_size,
-                                 crop=eval_transform(config, stored_size), batch_size=batch_size, out_path=out_path,
-                                 columns=(config.data.id_column, config.data.label_column),
-                                 class_names=config.data.class_names)
+    ids, probs = predict_member(steps, variables, files, config, batch_size=batch_size, stored_size=stored_size)
+    path, _ = write_predictions(out_dir, ids, probs, config)
     return path, ids
