@@ -152,6 +152,9 @@ class LoopConfig:
     patience: int | None = _field(None, "stop after this many evaluations without improvement")
     tensorboard: bool = _field(True, "write TensorBoard event files to OUT/tensorboard", resume_may_change=True)
     mode: str = _field("jit", "jit (jit + shard_map) or pmap", choices=("jit", "pmap"), resume_may_change=True)
+    compile_cache: str | None = _field(None, "folder of JAX's persistent compilation cache, to keep between sessions "
+                                             "so a resumed or repeated run does not compile again (default: "
+                                             "OUT/jax_cache)", resume_may_change=True)
 
 
 SECTIONS = ("model", "data", "optim", "task", "loop")

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import struct
 
 __all__ = ["GROWTH_INTERVAL", "INITIAL_SCALE", "MAX_SKIPS_IN_ROW", "MIN_SCALE", "PRECISIONS", "LossScale",
-           "Precision", "all_finite", "choose_precision"]
+           "Precision", "all_finite", "choose_precision", "overflow_verdict"]
 
 INITIAL_SCALE = 2.0 ** 15  # Flax's DynamicScale; GradScaler starts at 2^16 and halves on the first overflow
 GROWTH_INTERVAL = 2000  # finite steps in a row before the scale doubles (both libraries' default)
@@ -116,6 +116,15 @@ class LossScale:
         return LossScale(scale=scale, good_steps=jnp.where(finite & ~grow, self.good_steps + one, 0),
                          skipped=self.skipped + jnp.where(finite, 0, one),
                          skipped_in_row=jnp.where(finite, 0, self.skipped_in_row + one))
+
+
+def overflow_verdict(scale: LossScale) -> str | None:
+    """Why scaling cannot fix these overflows (a host ``LossScale``), or None while skips are normal."""
+    in_row, value = int(scale.skipped_in_row), float(scale.scale)
+    if in_row >= MAX_SKIPS_IN_ROW or (in_row and value <= MIN_SCALE):
+        floor = " (its floor)" if value <= MIN_SCALE else ""
+        return f"fp16 gradients overflowed {in_row} step(s) in a row, loss scale {value:g}{floor}"
+    return None
 
 
 def all_finite(tree) -> jax.Array:

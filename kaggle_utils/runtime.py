@@ -407,13 +407,16 @@ def detect(*, model: str | None = None, image_size: int | None = None, smoke: bo
 
 def setup(*, model: str | None = None, image_size: int | None = None, smoke: bool | None = None,
           root: str | os.PathLike | None = None, quiet: bool = False) -> Runtime:
-    """:func:`detect`, then keep TensorFlow off the accelerator, make ``out_dir`` and print the report.
+    """:func:`detect`, then the compilation cache, TensorFlow off the accelerator, ``out_dir`` and the report.
 
     On a TPU or GPU, TensorFlow (when installed) is imported here with the accelerators hidden
     from it, after JAX has claimed them: a later ``import tensorflow`` anywhere in the notebook
     gets that host-only instance. On a CPU it is left unimported (it costs seconds).
     """
+    from . import compilation
+
     runtime = detect(model=model, image_size=image_size, smoke=smoke, root=root)
+    compilation.enable_cache(runtime.out_dir / "jax_cache")  # kept with the outputs: a restart compiles nothing
     if runtime.platform != "cpu" and runtime.versions.get("tensorflow"):
         from .data import tfrecords
 

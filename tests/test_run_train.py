@@ -35,6 +35,7 @@ def test_a_user_task_metric_is_a_column_and_can_be_monitored(sample, tmp_path):
     assert result.best["val_error"] == min(errors)
     report = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert report["monitor"] == "val_error" and report["best"]["step"] == result.best["step"]
+    assert report["compile_s"] > 0  # the run's own compiling, reported apart from its steps
     assert result.submission == tmp_path / "run" / "submission.csv"
     assert len(result.test_ids) == len(sample.test_labels)
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from .. import checkpoint, outdir
+from .. import checkpoint, compilation, outdir
 from ..config import TrainConfig
 from .build import build_model, build_training, fit_run, initial_variables
 from .data import RunData, commit_conversion, data_root, open_data
@@ -83,6 +83,7 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
         if main:  # every check passed: only now may the folder change
             outdir.prepare(out, resolved, resume=resume, overwrite=overwrite)
             checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
+        compilation.enable_cache(resolved.loop.compile_cache or out / "jax_cache")
         data = commit_conversion(data, out)  # a --source conversion made for this run becomes OUT/data
         if resolved.data.deterministic:
             _deterministic_input()

@@ -36,9 +36,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.std import tqdm  # tqdm.write: one line between whatever bars are showing
 
+from .. import compilation
 from ..parallel import local_rows
+from ..precision import overflow_verdict
 from . import run_dir
 from .progress import progress_bar
+from .settings import TIMING_COLUMNS, FitSettings, make_monitor
 from .steps import Steps
 from .tasks import Task
 from .writers import close_writers
@@ -46,7 +49,6 @@ from .writers import close_writers
 __all__ = ["TIMING_COLUMNS", "FitResult", "FitSettings", "Hook", "TrainingDiverged", "evaluate", "fit",
            "history_columns"]
 
-TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
 
 
 LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
@@ -124,93 +126,6 @@ def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = 2,
     return steps.get(total)
 
 
-@dataclasses.dataclass(frozen=True)
-class FitSettings:
-    """When :func:`fit` does what, and what it watches: the loop's part of a run's config.
-
-    Give ``epochs`` (of ``steps_per_epoch`` steps) or ``total_steps`` (the last epoch may be
-    shorter); ``total_steps`` is filled in from ``epochs``. Every value is checked here, so a
-    bad setting is refused before anything is compiled or trained.
-    """
-
-    steps_per_epoch: int
-    epochs: int | None = None
-    total_steps: int | None = None
-    log_every: int = 20
-    eval_every: int | None = None
-    checkpoint_every: int | None = None
-    keep: int = 1
-    monitor: str = "val_f1"
-    monitor_mode: str = "auto"
-    min_delta: float = 0.0
-    patience: int | None = None
-
-    def __post_init__(self):
-        if (self.epochs is None) == (self.total_steps is None):
-            raise ValueError("give exactly one of epochs or total_steps")
-        _check_positive(steps_per_epoch=self.steps_per_epoch, epochs=self.epochs, total_steps=self.total_steps,
-                        log_every=self.log_every, eval_every=self.eval_every,
-                        checkpoint_every=self.checkpoint_every, keep=self.keep)
-        if self.monitor_mode not in ("auto", "min", "max"):
-            raise ValueError(f"monitor_mode must be auto, min or max, got {self.monitor_mode!r}")
-        if self.min_delta < 0 or not math.isfinite(self.min_delta):
-            raise ValueError(f"min_delta must be a finite number >= 0, got {self.min_delta}")
-        if self.patience is not None and self.patience < 1:
-            raise ValueError(f"patience must be >= 1 evaluation, got {self.patience}")
-        if self.total_steps is None:
-            object.__setattr__(self, "total_steps", self.epochs * self.steps_per_epoch)
-
-
-@dataclasses.dataclass
-class _Monitor:
-    name: str
-    mode: str
-    min_delta: float
-    patience: int | None
-
-    def improves(self, row: dict, best: dict | None) -> bool:
-        """Better than the best so far by more than ``min_delta``; NaN never is."""
-        value = row[self.name]
-        if not math.isfinite(value):
-            return False
-        if best is None:
-            return True
-        delta = value - best[self.name]
-        return delta < -self.min_delta if self.mode == "min" else delta > self.min_delta
-
-    def best_row(self, history: list[dict]) -> dict | None:
-        best = None
-        for row in history:
-            if self.improves(row, best):
-                best = row
-        return best
-
-    def early_stop(self, history: list[dict], best: dict | None) -> str | None:
-        """The reason to stop once ``patience`` evaluations have passed since the best one."""
-        if self.patience is None or best is None or not history:
-            return None
-        since = sum(1 for row in history if row["step"] > best["step"])
-        if since < self.patience:
-            return None
-        return (f"early stopping after epoch {history[-1]['epoch']} (step {history[-1]['step']}): {self.name} did "
-                f"not improve for {self.patience} evaluation(s) (best {best[self.name]:.4f} at step {best['step']})")
-
-
-def _check_positive(**values) -> None:
-    for name, value in values.items():
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
-
-
-def _make_monitor(settings: FitSettings, columns) -> _Monitor:
-    monitor = settings.monitor
-    if monitor not in columns:
-        raise ValueError(f"monitor {monitor!r} is not a history column of this task; choose one of "
-                         f"{', '.join(c for c in columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
-    mode = Task.monitor_mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
-    return _Monitor(monitor, mode, settings.min_delta, settings.patience)
-
-
 def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], settings: FitSettings, *,
         val_batches: Callable[[], Iterable[dict]] | None = None, out_dir: str | Path | None = None,
         lr_schedule: Callable[[int], float] | None = None, hooks: Sequence = (), writers: Sequence = (),
@@ -223,7 +138,7 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], set
     """
     task = steps.config.task
     columns = history_columns(task, loss_scaling=state.loss_scale is not None)
-    watch = _make_monitor(settings, columns)
+    watch = make_monitor(settings, columns)
     loop = _Loop(steps, task, columns, watch, settings, train_batches, val_batches, _as_hooks(hooks), list(writers),
                  out_dir=Path(out_dir) if out_dir is not None else None, manifest=dict(manifest or {}),
                  lr_schedule=lr_schedule, progress=progress, prefetch=prefetch)
@@ -282,6 +197,7 @@ class _Loop:
         self.pending = self.steps.put_state(pending_host) if pending_host else None
         host_state = state
         self.clock = {"log": time.perf_counter(), "row": time.perf_counter()}
+        self.compiled_before, self.first_step_done = compilation.seconds(), False
         self._call_hooks("on_run_start", state, self.history)
         step = int(state.step)
         while step < self.total_steps and self.stop_reason == "completed":
@@ -308,6 +224,8 @@ class _Loop:
             dev_state, metrics = self.steps.train(dev_state, batch)
             self.pending, self.window = _accumulate(self.pending, metrics), _accumulate(self.window, metrics)
             step += 1
+            if not self.first_step_done:
+                self._report_first_step(metrics)
             bar.update(1)
             if step % self.log_every == 0 or step == end:
                 self._log(dev_state, step, epoch, bar, clock)
@@ -347,7 +265,11 @@ class _Loop:
             scale = self.steps.get(dev_state.loss_scale)
             skipped = int(scale.skipped)
             scalars.update(loss_scale=float(scale.scale), skipped_steps=skipped)
-            _check_loss_scale(scale, epoch=epoch, step=step)
+            stuck = overflow_verdict(scale)
+            if stuck:
+                raise TrainingDiverged(f"{stuck} by step {step} (epoch {epoch}): skipped steps change nothing, so "
+                                       "the checkpoints hold the last good state (try --precision bf16 or fp32, or "
+                                       "a lower --lr)")
         scalars["lr"] = self._lr(step - skipped)
         bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}",
                         img_s=f"{scalars['train/img_per_s']:.0f}")
@@ -413,27 +335,27 @@ class _Loop:
             if fresh_row:
                 self._write_reports()
 
+    def _report_first_step(self, metrics) -> None:
+        """One line: how long the first step took and how much of it was compiling (one sync, once)."""
+        jax.block_until_ready(metrics)
+        self.first_step_done = True
+        if _is_main():
+            took = time.perf_counter() - self.clock["row"]
+            tqdm.write(f"first step after {took:.1f} s, {self.compile_seconds():.1f} s of it compiling")
+
+    def compile_seconds(self) -> float:
+        """Seconds this run has spent compiling (train, eval and anything else it ran) since it began."""
+        return compilation.seconds() - self.compiled_before
+
     def _write_reports(self) -> None:
         run_dir.write_reports(self.out_dir, self.history, self.columns, best=self.best, monitor=self.watch.name,
-                              stop_reason=self.stop_reason)
+                              stop_reason=self.stop_reason, extra={"compile_s": round(self.compile_seconds(), 3)})
 
 
 def _check_finite(value: float, what: str, *, epoch: int, step: int) -> None:
     if not math.isfinite(value):
         raise TrainingDiverged(f"{what} became {value} in epoch {epoch} (by step {step}); stopped before writing "
                                "anything, so the checkpoints hold the last good state")
-
-
-def _check_loss_scale(scale, *, epoch: int, step: int) -> None:
-    """fp16 overflows that scaling cannot fix: a skipped step is normal, a run of them is divergence."""
-    from ..precision import MAX_SKIPS_IN_ROW, MIN_SCALE
-
-    in_row, value = int(scale.skipped_in_row), float(scale.scale)
-    if in_row >= MAX_SKIPS_IN_ROW or (in_row and value <= MIN_SCALE):
-        raise TrainingDiverged(
-            f"fp16 gradients overflowed {in_row} step(s) in a row by step {step} (epoch {epoch}), loss scale {value:g}"
-            f"{' (its floor)' if value <= MIN_SCALE else ''}: loss scaling cannot fix this; skipped steps change "
-            "nothing, so the checkpoints hold the last good state (try --precision bf16 or fp32, or a lower --lr)")
 
 
 def _format_row(row: dict, monitor: str, improved: bool) -> str:

@@ -1,0 +1,102 @@
+"""What :func:`~kaggle_utils.train.fit` does when, and how it judges an evaluation: the loop's settings.
+
+Kept apart from the loop so that a run's config maps onto one small checked object
+(:func:`kaggle_utils.run.fit_settings`), and a bad value is refused before anything compiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .tasks import Task
+
+__all__ = ["TIMING_COLUMNS", "FitSettings", "make_monitor"]
+
+TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+    """When :func:`fit` does what, and what it watches: the loop's part of a run's config.
+
+    Give ``epochs`` (of ``steps_per_epoch`` steps) or ``total_steps`` (the last epoch may be
+    shorter); ``total_steps`` is filled in from ``epochs``. Every value is checked here, so a
+    bad setting is refused before anything is compiled or trained.
+    """
+
+    steps_per_epoch: int
+    epochs: int | None = None
+    total_steps: int | None = None
+    log_every: int = 20
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    keep: int = 1
+    monitor: str = "val_f1"
+    monitor_mode: str = "auto"
+    min_delta: float = 0.0
+    patience: int | None = None
+
+    def __post_init__(self):
+        if (self.epochs is None) == (self.total_steps is None):
+            raise ValueError("give exactly one of epochs or total_steps")
+        _check_positive(steps_per_epoch=self.steps_per_epoch, epochs=self.epochs, total_steps=self.total_steps,
+                        log_every=self.log_every, eval_every=self.eval_every,
+                        checkpoint_every=self.checkpoint_every, keep=self.keep)
+        if self.monitor_mode not in ("auto", "min", "max"):
+            raise ValueError(f"monitor_mode must be auto, min or max, got {self.monitor_mode!r}")
+        if self.min_delta < 0 or not math.isfinite(self.min_delta):
+            raise ValueError(f"min_delta must be a finite number >= 0, got {self.min_delta}")
+        if self.patience is not None and self.patience < 1:
+            raise ValueError(f"patience must be >= 1 evaluation, got {self.patience}")
+        if self.total_steps is None:
+            object.__setattr__(self, "total_steps", self.epochs * self.steps_per_epoch)
+
+
+@dataclasses.dataclass
+class _Monitor:
+    name: str
+    mode: str
+    min_delta: float
+    patience: int | None
+
+    def improves(self, row: dict, best: dict | None) -> bool:
+        """Better than the best so far by more than ``min_delta``; NaN never is."""
+        value = row[self.name]
+        if not math.isfinite(value):
+            return False
+        if best is None:
+            return True
+        delta = value - best[self.name]
+        return delta < -self.min_delta if self.mode == "min" else delta > self.min_delta
+
+    def best_row(self, history: list[dict]) -> dict | None:
+        best = None
+        for row in history:
+            if self.improves(row, best):
+                best = row
+        return best
+
+    def early_stop(self, history: list[dict], best: dict | None) -> str | None:
+        """The reason to stop once ``patience`` evaluations have passed since the best one."""
+        if self.patience is None or best is None or not history:
+            return None
+        since = sum(1 for row in history if row["step"] > best["step"])
+        if since < self.patience:
+            return None
+        return (f"early stopping after epoch {history[-1]['epoch']} (step {history[-1]['step']}): {self.name} did "
+                f"not improve for {self.patience} evaluation(s) (best {best[self.name]:.4f} at step {best['step']})")
+
+
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
+
+
+def make_monitor(settings: FitSettings, columns) -> _Monitor:
+    monitor = settings.monitor
+    if monitor not in columns:
+        raise ValueError(f"monitor {monitor!r} is not a history column of this task; choose one of "
+                         f"{', '.join(c for c in columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
+    mode = Task.monitor_mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
+    return _Monitor(monitor, mode, settings.min_delta, settings.patience)
