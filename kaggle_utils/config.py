@@ -122,6 +122,9 @@ class OptimConfig:
     weight_decay: float = _field(0.05, "AdamW weight decay (matrices and kernels only)")
     clip_norm: float | None = _field(1.0, "clip gradients to this global norm (none: no clipping)")
     ema_decay: float = _field(0.0, "EMA of the weights for evaluation (0: off)")
+    accumulate_steps: int = _field(1, "micro-batches per optimizer step: each device runs its share of the batch in K "
+                                      "pieces one after another (the memory of a K times smaller batch); BatchNorm "
+                                      "normalises each piece with its own statistics")
     layer_decay: float | None = _field(None, "lr x D^(depth from the head) for the stem and each stage; timm's "
                                              "--layer-decay, counted per stage (none: off)")
     head_lr_mult: float = _field(1.0, "the classifier's lr x M: a new head learns faster than a pretrained backbone")

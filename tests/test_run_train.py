@@ -94,3 +94,12 @@ def test_layer_decay_and_head_multiplier_set_each_part_s_update_size(sample):
         moved = np.concatenate([np.abs(after[p] - before[p]).ravel() for p in before
                                 if lr_group(p) == group and before[p].ndim > 1])  # kernels: sign-like steps
         np.testing.assert_allclose(np.median(moved), plan.peak_lr * multiplier, rtol=0.05, err_msg=group)
+
+
+def test_accumulation_splits_each_device_s_share_and_the_plan_says_so(tmp_path):
+    data = run.RunData(tmp_path, {}, stored_size=16, num_train=1000, max_label=9, description="x")
+    config, plan = run.resolve(TrainConfig().replace(batch_size=64, accumulate_steps=2), data)  # 8 devices
+    assert plan.global_batch == 64 and "8 per device in 2 micro-batches of 4 x 8 device(s)" in plan.describe(config)
+    assert plan.peak_lr == pytest.approx(0.01 * 64 / 256)  # the rate follows the batch of an optimizer step
+    with pytest.raises(ConfigError, match="--accumulate-steps 3 does not divide the 8 images per device"):
+        run.resolve(TrainConfig().replace(batch_size=64, accumulate_steps=3), data)

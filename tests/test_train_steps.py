@@ -1,4 +1,5 @@
 """Train / eval / predict steps: 8 devices == 1 device == a plain reference; pmap == jit."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -168,3 +169,44 @@ def test_logits_narrower_than_num_classes_is_an_error(setup):
     state = steps.put_state(jax.device_get(create_train_state(variables, tx)))
     with pytest.raises(ValueError, match="outputs 10 logits but num_classes is 12"):
         steps.train(state, steps.put_batch(host_batches[0]))
+
+
+class MLP(nn.Module):
+    """No BatchNorm: a batch's gradient is the sum of its parts' gradients, whatever the split."""
+
+    @nn.compact
+    def __call__(self, x, train: bool | None = None):
+        x = nn.relu(nn.Dense(32)(x.reshape(x.shape[0], -1)))
+        return nn.Dense(10)(x)
+
+
+@pytest.mark.parametrize("mode", ["pmap", "jit"])
+def test_k_micro_batches_give_the_gradient_of_the_whole_batch(setup, mode):
+    """SGD with lr -1 moves each parameter by its gradient: 4 micro-batches of 16 move it as one batch of 64."""
+    host_batches, _, _ = setup
+    tx = optax.sgd(-1.0)
+    variables = init_variables(MLP(), 8, seed=0)
+    moved = {}
+    for k in (1, 4):
+        steps = make_steps(MLP(), tx, StepConfig(num_classes=10, accumulate_steps=k), mode=mode,
+                           mesh=make_mesh(jax.devices()[:2]))
+        state = steps.put_state(jax.device_get(create_train_state(variables, tx)))
+        state, figures = steps.train(state, steps.put_batch(host_batches[1]))  # 29 real + 3 padded
+        moved[k] = jax.tree.map(np.subtract, steps.get(state).params, variables["params"])
+        assert int(steps.get(figures)["task"]["count"]) == 29
+    assert max_diff(moved[1], moved[4]) < 1e-6 and max_diff(moved[1], variables["params"]) > 0
+
+
+def test_accumulation_with_batchnorm_trains_and_moves_the_statistics_once_per_micro_batch(setup):
+    host_batches, tx, variables = setup
+    steps = make_steps(TinyCNN(bn_axis_name="data"), tx, StepConfig(num_classes=10, accumulate_steps=2), mode="jit",
+                       mesh=make_mesh(jax.devices()[:1]))
+    state = steps.put_state(jax.device_get(create_train_state(variables, tx)))
+    state, figures = steps.train(state, steps.put_batch(host_batches[0]))
+    host = steps.get(state)
+    assert int(host.step) == 1 and np.isfinite(float(steps.get(figures)["task"]["loss_sum"]))
+    one = steps.get(make_steps(TinyCNN(bn_axis_name="data"), tx, StepConfig(num_classes=10), mode="jit",
+                               mesh=make_mesh(jax.devices()[:1])).train(
+        steps.put_state(jax.device_get(create_train_state(variables, tx))), steps.put_batch(host_batches[0]))[0])
+    # two moves of the running mean (momentum 0.9 twice) differ from one move over the whole batch
+    assert max_diff(host.batch_stats, one.batch_stats) > 1e-6

@@ -95,7 +95,8 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
                         frozen=frozen, lr_multipliers=groups)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=plan.mean, std=plan.std,
                              task=task or make_task(config), ema_decay=config.optim.ema_decay or 0.999,
-                             tta_flip=config.task.tta, **device_augmentation(config))
+                             tta_flip=config.task.tta, accumulate_steps=config.optim.accumulate_steps,
+                             **device_augmentation(config))
     trained = surgery.freeze_batchnorm(model, list(config.model.freeze)) if config.model.freeze else model
     steps = make_steps(trained, tx, step_config, mode=config.loop.mode, mesh=mesh)
     state = jax.device_get(create_train_state(variables, tx, seed=config.seed, ema=config.optim.ema_decay > 0,

@@ -40,7 +40,9 @@ class Plan:
         from ..train import describe_lr_groups
 
         groups = f"; {describe_lr_groups(self.peak_lr, self.lr_multipliers)}" if self.lr_multipliers else ""
-        return (f"global batch {self.global_batch} = {self.per_device_batch} per device x {self.device_count} "
+        k = config.optim.accumulate_steps
+        pieces = f" in {k} micro-batches of {self.per_device_batch // k}" if k > 1 else ""
+        return (f"global batch {self.global_batch} = {self.per_device_batch} per device{pieces} x {self.device_count} "
                 f"device(s); peak learning rate {self.peak_lr:.3g} ({config.optim.lr:g} per 256 images){groups}; "
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
                 f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
@@ -69,7 +71,7 @@ def _check_values(config: TrainConfig) -> None:
                 "checkpoint_every": config.loop.checkpoint_every, "keep_checkpoints": config.loop.keep_checkpoints,
                 "log_every": config.loop.log_every, "patience": config.loop.patience,
                 "num_classes": config.model.num_classes, "image_size": config.model.image_size,
-                "head_multiple": config.model.head_multiple}
+                "head_multiple": config.model.head_multiple, "accumulate_steps": config.optim.accumulate_steps}
     for name, value in positive.items():
         if value is not None and value < 1:
             raise ConfigError(f"{flag_of(name)} {value}: must be at least 1")
@@ -184,6 +186,10 @@ def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig,
         head_multiple=config.model.head_multiple or (128 if platform == "tpu" else 1),
         weights=str(Path(config.model.weights).resolve()) if config.model.weights else None)
     batch = config.data.batch_size
+    per_device, k = batch // jax.device_count(), config.optim.accumulate_steps
+    if per_device % k:
+        raise ConfigError(f"--accumulate-steps {k} does not divide the {per_device} images per device of the global "
+                          f"batch {batch}: choose a divisor, or another batch")
     steps_per_epoch = config.loop.steps_per_epoch or data.num_train // batch
     if steps_per_epoch < 1:
         raise ConfigError(f"--batch-size {batch} is larger than the {data.num_train} training examples")

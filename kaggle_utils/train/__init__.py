@@ -14,7 +14,8 @@ from .loop import TIMING_COLUMNS, FitResult, FitSettings, Hook, TrainingDiverged
 from .lr_groups import LrGroups, assign_lr_groups, check_lr_group_values, describe_lr_groups, group_multipliers
 from .optim import make_optimizer, scaled_lr, warmup_cosine
 from .state import TrainState, create_train_state, inference_state, init_variables
-from .steps import AXIS, StepConfig, Steps, eval_step, make_steps, normalize, predict_step, replica_key, train_step
+from .steps import (AXIS, StepConfig, Steps, eval_step, make_steps, micro_step, normalize, predict_step, replica_key,
+                    train_step)
 from .tasks import FocalClassification, MetricError, MultiLabelClassification, SoftmaxClassification, Task, make_task
 from .writers import MetricWriter, TensorBoardWriter, WriterError
 
@@ -24,6 +25,6 @@ __all__ = [
     "Task", "TensorBoardWriter", "TrainState", "TrainingDiverged", "WriterError", "assign_lr_groups",
     "check_lr_group_values", "create_train_state", "describe_lr_groups", "eval_step", "evaluate", "fit",
     "group_multipliers", "history_columns", "inference_state", "init_variables", "make_optimizer",
-    "make_steps", "make_task", "normalize", "predict_step", "replica_key", "scaled_lr", "train_step",
+    "make_steps", "micro_step", "make_task", "normalize", "predict_step", "replica_key", "scaled_lr", "train_step",
     "warmup_cosine",
 ]

@@ -26,6 +26,7 @@ a per-step, per-replica key, applied before the forward pass.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -40,8 +41,8 @@ from ..precision import all_finite
 from .state import TrainState
 from .tasks import SoftmaxClassification, Task
 
-__all__ = ["AXIS", "StepConfig", "Steps", "eval_step", "make_steps", "normalize", "predict_step", "replica_key",
-           "train_step"]
+__all__ = ["AXIS", "StepConfig", "Steps", "eval_step", "make_steps", "micro_step", "normalize", "predict_step",
+           "replica_key", "train_step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,7 @@ class StepConfig:
     task: Task = SoftmaxClassification()
     ema_decay: float = 0.999  # used only when the state keeps ema_params
     tta_flip: bool = False  # predict: average with the horizontally flipped image
+    accumulate_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
     augment: Callable | None = None
     mix: Callable | None = None
 
@@ -91,17 +93,13 @@ def _global_norm(tree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
-def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTransformation,
-               config: StepConfig) -> tuple[TrainState, dict]:
-    """One optimizer step on one replica's shard; returns the new state and two groups of figures.
+def micro_step(params, batch_stats, batch: dict, key, count, scale, *, model, config: StepConfig):
+    """Gradients (of ``loss x scale``), new BatchNorm statistics and task sums of one (micro-)batch on one replica.
 
-    ``{"task": the task's summed statistics, "optim": grad_norm, param_norm, steps, ...}``: the
-    loop finishes the first with the task and averages the second over ``steps``, with no name
-    of one group ever read as the other's. With fp16 loss scaling (``state.loss_scale``) a step
-    whose gradients overflow is skipped (:mod:`kaggle_utils.precision` says what that leaves unchanged): it
-    adds nothing to either group but ``optim["skipped"]``.
+    The loss is a sum over the real examples divided by ``count``, the real examples of the whole
+    step on every replica: micro-batch gradients then add up to the step's gradient exactly.
     """
-    dropout_key, augment_key, mix_key = jax.random.split(replica_key(state.rng, state.step), 3)
+    dropout_key, augment_key, mix_key = jax.random.split(key, 3)
     images, labels, mask = batch["image"], batch["label"], batch["mask"]
     if config.augment is not None:
         images = config.augment(augment_key, images)
@@ -109,18 +107,60 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
     targets = config.task.targets(labels, config.num_classes)
     if config.mix is not None:
         images, targets = config.mix(mix_key, images, targets, mask)
-    count = lax.psum(jnp.sum(mask, dtype=jnp.int32), AXIS)
-    scale = 1.0 if state.loss_scale is None else state.loss_scale.scale
 
     def loss_fn(params):
-        variables = {"params": params, "batch_stats": state.batch_stats}
+        variables = {"params": params, "batch_stats": batch_stats}
         logits, updates = model.apply(variables, images, mutable=["batch_stats"], rngs={"dropout": dropout_key})
         logits = _class_logits(logits, config)
         losses = config.task.loss(logits, targets)
         loss = jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(count, 1)
         return loss * scale, (logits, losses, updates.get("batch_stats", {}))
 
-    (_, (logits, losses, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (_, (logits, losses, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    # the loss trained on (mixed, smoothed targets); mixed rows count as their main label for accuracy
+    sums = config.task.metric_sums(logits, labels if config.mix is None else targets, mask, full=False, losses=losses)
+    return grads, new_stats, sums
+
+
+def _accumulated(state: TrainState, batch: dict, key, count, scale, *, model, config: StepConfig):
+    """:func:`micro_step` over ``config.accumulate_steps`` micro-batches of this replica's batch, one after another.
+
+    Only one micro-batch's activations are alive at a time: the memory of a batch K times smaller
+    for the gradient of the whole batch. BatchNorm normalises each micro-batch with its own
+    statistics (as K steps of a K times smaller batch would) and its running statistics move K times.
+    """
+    step = functools.partial(micro_step, model=model, config=config)
+    k = config.accumulate_steps
+    if k == 1:
+        return step(state.params, state.batch_stats, batch, key, count, scale)
+    micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+    first = jax.tree.map(lambda x: x[0], micro)
+    grads, stats, sums = step(state.params, state.batch_stats, first, key, count, scale)
+
+    def body(carry, xs):
+        grads, stats, sums = carry
+        micro_batch, index = xs
+        g, stats, s = step(state.params, stats, micro_batch, jax.random.fold_in(key, index), count, scale)
+        return (jax.tree.map(jnp.add, grads, g), stats, jax.tree.map(jnp.add, sums, s)), None
+
+    rest = (jax.tree.map(lambda x: x[1:], micro), jnp.arange(1, k))
+    return lax.scan(body, (grads, stats, sums), rest)[0]
+
+
+def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTransformation,
+               config: StepConfig) -> tuple[TrainState, dict]:
+    """One optimizer step on one replica's shard; returns the new state and two groups of figures.
+
+    ``{"task": the task's summed statistics, "optim": grad_norm, param_norm, steps, ...}``: the
+    loop finishes the first with the task and averages the second over ``steps``, with no name
+    of one group ever read as the other's. With fp16 loss scaling (``state.loss_scale``) a step
+    whose gradients overflow is skipped (:mod:`kaggle_utils.precision` says what that leaves
+    unchanged): it adds nothing to either group but ``optim["skipped"]``.
+    """
+    count = lax.psum(jnp.sum(batch["mask"], dtype=jnp.int32), AXIS)
+    scale = 1.0 if state.loss_scale is None else state.loss_scale.scale
+    key = replica_key(state.rng, state.step)
+    grads, batch_stats, task_sums = _accumulated(state, batch, key, count, scale, model=model, config=config)
     grads = lax.psum(grads, AXIS)  # sum of per-replica sums / global count = global mean
     grads = jax.tree.map(lambda g: g / scale, grads) if state.loss_scale is not None else grads
     batch_stats = lax.pmean(batch_stats, AXIS)  # already equal with synchronised BN; averages otherwise
@@ -131,9 +171,7 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
         # TF's num_updates warm-up: early on the average follows the weights instead of the init
         decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
         ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
-    # the loss trained on (mixed, smoothed targets); mixed rows count as their main label for accuracy
-    task_sums = lax.psum(config.task.metric_sums(logits, labels if config.mix is None else targets, mask,
-                                                 full=False, losses=losses), AXIS)
+    task_sums = lax.psum(task_sums, AXIS)
     optim = {"grad_norm": _global_norm(grads), "param_norm": _global_norm(params), "steps": jnp.ones((), jnp.int32)}
     stepped = state.replace(params=params, batch_stats=batch_stats, opt_state=opt_state, ema_params=ema)
     if state.loss_scale is not None:
