@@ -70,6 +70,9 @@ class ModelConfig:
     drop_rate: float = _field(0.2, "dropout before the classifier")
     drop_path_rate: float = _field(0.1, "stochastic depth rate")
     sync_bn: bool = _field(True, "BatchNorm statistics over the global batch")
+    remat: str = _field("none", "none | blocks: recompute each block's activations in the backward pass instead of "
+                                "keeping them (less memory for a large model at a large size, more compute)",
+                        choices=("none", "blocks"))
     head_multiple: int | None = _field(None, "pad the classifier's outputs to a multiple of this (default 128 on "
                                              "TPU, 1 elsewhere); padded outputs are masked out")
 

@@ -52,6 +52,7 @@ class EfficientNet(nn.Module):
     act: str | None = None  # override the variant's activation (surgery: e.g. "gelu")
     bn_axis_name: str | None = None
     conv_impl: str = "auto"
+    remat: bool = False  # recompute each block's activations in the backward pass (memory for compute)
 
     @property
     def layer_cfg(self) -> LayerCfg:
@@ -62,6 +63,14 @@ class EfficientNet(nn.Module):
     def num_features(self) -> int:
         """Channels of the final feature map (the head width)."""
         return self.spec.head_chs
+
+    def _block_class(self, block_type: str):
+        """The block's module; under ``remat`` its activations are recomputed, not kept, for the backward pass.
+
+        ``train`` (argument 2 counting the module) is static: it picks the code path, it is no array.
+        """
+        cls = BLOCKS[block_type]
+        return nn.remat(cls, static_argnums=(2,)) if self.remat else cls
 
     @property
     def stages(self):
@@ -85,7 +94,7 @@ class EfficientNet(nn.Module):
         features = [x] if -1 in wanted else []
         for i, stage in enumerate(stages):
             for j, block in enumerate(stage):
-                x = BLOCKS[block.block_type](block, cfg, name=f"blocks_{i}_{j}")(x, train)
+                x = self._block_class(block.block_type)(block, cfg, name=f"blocks_{i}_{j}")(x, train)
             self.sow("intermediates", f"stage_{i}", x)
             if i in wanted:
                 features.append(x)

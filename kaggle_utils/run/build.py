@@ -23,7 +23,7 @@ def build_model(config: TrainConfig):
     return create_model(model.name, num_classes=padded_width(model.num_classes, model.head_multiple or 1),
                         dtype=Precision(model.precision).compute_dtype, drop_rate=model.drop_rate,
                         drop_path_rate=model.drop_path_rate,
-                        bn_axis_name=AXIS if model.sync_bn else None)
+                        bn_axis_name=AXIS if model.sync_bn else None, remat=model.remat == "blocks")
 
 
 def initial_variables(config: TrainConfig, model) -> dict:
