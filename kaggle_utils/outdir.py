@@ -131,6 +131,24 @@ def _existing(out: Path) -> list[str]:
     return names + (["tensorboard/"] if (out / "tensorboard").is_dir() else [])
 
 
+def _read_config(path: Path) -> TrainConfig:
+    """The run config a config.json or a checkpoint's manifest records (both under "config")."""
+    try:
+        return TrainConfig.from_dict(json.loads(path.read_text())["config"], where=str(path))
+    except (ValueError, KeyError, TypeError) as err:
+        raise OutDirError(f"{path} is not a config this version can read ({err}); pass --overwrite to start "
+                          "a new run there, or choose another folder") from None
+
+
+def _refuse_changes(out: Path, before: TrainConfig, config: TrainConfig, where: str = "") -> None:
+    changed = [(name, old, new) for name, old, new in differences(before, config) if not resume_may_change(name)]
+    if changed:
+        detail = "; ".join(f"{flag_of(name)}: {old!r} -> {new!r}" for name, old, new in changed)
+        said = f" per {where}" if where else ""
+        raise OutDirError(f"--out {out} holds a run with another config{said} ({detail}); --resume continues only "
+                          "the same config: pass --overwrite to start a new run there, or choose another folder")
+
+
 def prepare(out: Path, config: TrainConfig, *, resume: bool, overwrite: bool) -> None:
     """Refuses to mix runs: an existing run in ``out`` needs --resume (same config) or --overwrite."""
     if resume and overwrite:
@@ -149,16 +167,11 @@ def prepare(out: Path, config: TrainConfig, *, resume: bool, overwrite: bool) ->
     if not config_file.is_file():
         raise OutDirError(f"--out {out} holds {', '.join(existing)} but no config.json: not a run of this job; "
                           "pass --overwrite to replace it or choose another folder")
-    try:
-        before = TrainConfig.from_dict(json.loads(config_file.read_text())["config"], where=str(config_file))
-    except (ValueError, KeyError, TypeError) as err:
-        raise OutDirError(f"{config_file} is not a config this version can read ({err}); pass --overwrite to start "
-                          "a new run there, or choose another folder") from None
-    changed = [(name, old, new) for name, old, new in differences(before, config) if not resume_may_change(name)]
-    if changed:
-        detail = "; ".join(f"{flag_of(name)}: {old!r} -> {new!r}" for name, old, new in changed)
-        raise OutDirError(f"--out {out} holds a run with another config ({detail}); --resume continues only the same "
-                          "config: pass --overwrite to start a new run there, or choose another folder")
+    _refuse_changes(out, _read_config(config_file), config)
+    last_manifest = out / "last.json"
+    if resume and last_manifest.is_file():  # the checkpoint resumed from says which run wrote it, too
+        _refuse_changes(out, _read_config(last_manifest), config,
+                        where=f"{last_manifest.name} (the manifest of the checkpoint --resume reads)")
     if not resume:
         raise OutDirError(f"--out {out} already holds this run ({', '.join(existing)}); pass --resume to continue it "
                           "or --overwrite to start again")

@@ -103,3 +103,19 @@ def test_accumulation_splits_each_device_s_share_and_the_plan_says_so(tmp_path):
     assert plan.peak_lr == pytest.approx(0.01 * 64 / 256)  # the rate follows the batch of an optimizer step
     with pytest.raises(ConfigError, match="--accumulate-steps 3 does not divide the 8 images per device"):
         run.resolve(TrainConfig().replace(batch_size=64, accumulate_steps=3), data)
+
+
+def test_resume_also_checks_the_manifest_of_the_checkpoint_it_reads(finished_run, sample, tmp_path):
+    """config.json says lr 0.02 (edited, or written by another run); last.msgpack was trained at 0.01."""
+    import shutil
+
+    from kaggle_utils.outdir import OutDirError
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    record = json.loads((out / "config.json").read_text())
+    record["config"]["optim"]["lr"] = 0.02
+    (out / "config.json").write_text(json.dumps(record))
+    with pytest.raises(OutDirError, match=r"per last.json \(the manifest of the checkpoint --resume reads\) "
+                                          r"\(--lr: 0.01 -> 0.02\)"):
+        run.train(tiny_config(sample, lr=0.02), out, resume=True, progress=False)
