@@ -194,3 +194,15 @@ def test_a_source_image_is_named_or_skipped_and_the_converter_leaves_it_out(fold
     with pytest.warns(RuntimeWarning, match="garbled.jpg"):
         info = convert.convert_source(source, tmp_path / "out", image_size=SIZE, val_fraction=0.0, skip_errors=True)
     assert info["counts"] == {"train": 3}
+
+
+@needs_simplejpeg
+def test_a_corrupt_test_image_of_a_source_is_converted_with_a_warning_for_its_row(folder_with_a_garbled_jpeg, tmp_path):
+    """A --test-source image keeps its submission row, as the competition's test records do."""
+    source, garbled = folder_with_a_garbled_jpeg
+    test = kd.image_folder(os.path.dirname(garbled))
+    with pytest.warns(RuntimeWarning, match="garbled.jpg.*corrupt JPEG data"):
+        info = convert.convert_source(kd.class_folders(str(tmp_path)), tmp_path / "out", image_size=SIZE,
+                                      val_fraction=0.0, skip_errors=True, test=test)
+    assert info["counts"]["test"] == 4 == test.num_examples  # the training split left it out (skip_errors)
+    assert info["counts"]["train"] == 3

@@ -355,7 +355,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
                 drop_remainder: bool = False, repeat: bool = False, skip_errors: bool = False,
                 process_index: int | None = None, process_count: int | None = None, seed: int | None = None,
                 augment_workers: int | None = None, with_ids: bool = False,
-                indices=None) -> SourceDataset:
+                indices=None, keep_corrupt_jpegs: bool = False) -> SourceDataset:
     """A :class:`~kaggle_utils.data.sources.Source` -> host batches, as :func:`load_dataset` gives.
 
     ``{"image": uint8 [B, S, S, 3], "label": int32 [B] (float32 [B, C] multi-hot for a
@@ -368,8 +368,9 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     every n-th example; ``indices`` (example numbers) replaces that choice, read in that order in
     ordered mode (files; a tfds split is read in its own order). A file that does not decode, or a
     JPEG with corrupt data (:mod:`~kaggle_utils.data.jpeg_check`), raises :class:`DataError` naming it, or
-    with ``skip_errors`` is left out and counted. The other arguments are
-    :func:`load_dataset`'s.
+    with ``skip_errors`` is left out and counted; with ``keep_corrupt_jpegs`` (a test split: the
+    submission needs its row) the corrupt JPEG is kept as libjpeg recovers it, with a warning naming it.
+    The other arguments are :func:`load_dataset`'s.
     """
     tf = tensorflow_on_host()
     _check_batch_size(batch_size)
@@ -386,7 +387,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
         records = records.repeat()
     ids = tf.constant(source.ids)
     labels = None if source.labels is None else tf.constant(source.labels)
-    check = jpeg_check.tf_check()
+    check = jpeg_check.tf_check(warn_only=keep_corrupt_jpegs)
 
     def read(payload):  # -> (image, its encoded bytes)
         encoded = tf.io.read_file(payload) if source.paths is not None else payload
