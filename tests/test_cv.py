@@ -256,3 +256,24 @@ def test_cv_job_refuses_bad_fold_flags_in_one_line(sample, tmp_path, capsys):
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_a_source_is_converted_once_into_out_data_and_the_folds_read_it(tmp_path):
+    from test_job_data import _digit_images, _save_png
+
+    for digit, i, image in _digit_images(14):
+        _save_png(tmp_path / "folders" / str(digit) / f"{digit}_{i}.png", image)
+    out = tmp_path / "cv"
+    config = TrainConfig().replace(source=str(tmp_path / "folders"), image_size=16, model=TEST_MODEL, batch_size=64,
+                                   steps=2, eval_every=2)
+    result = run.cross_validate(config, out, folds=2, only_folds=[1], progress=False)
+    assert result.remaining == (0,) and result.scores is None and sorted(result.trained) == [1]
+    fold_config = json.loads((out / "fold1" / "config.json").read_text())["config"]["data"]
+    assert fold_config["source"] is None and fold_config["data_dir"] == str((out / "data").resolve())
+    assert not (out / "fold1" / "data").exists()  # one conversion for every fold
+    folds = read_folds(out)
+    assert len(folds) == 140  # every image, train and val records, named by where they lie (no id feature)
+    _, rows = read_csv(out / "fold1" / "oof.csv")
+    assert sorted(r[0] for r in rows) == sorted(i for i, k in folds.items() if k == 1)
+    with pytest.raises(ConfigError, match="already holds a CV.*--resume"):
+        run.cross_validate(config, out, folds=2, progress=False)

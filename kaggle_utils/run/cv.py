@@ -32,11 +32,12 @@ import numpy as np
 from .. import checkpoint
 from ..config import ConfigError, TrainConfig
 from .data import RunData, converted_source, open_data, sample_or_folder
-from .folds import assign_folds, settle_folds
+from .folds import FOLDS_FILE, assign_folds, settle_folds
 
 __all__ = ["CVResult", "cross_validate"]
 
 FOLD_OOF = "oof.csv"  # in fold{k}/: its held-out predictions; present = the fold is finished
+CV_FILES = ("oof.csv", "oof.npy", "cv.json", "submission.csv", "test_probabilities.csv")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +70,20 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
 
     out = Path(out)
     chosen = _check_args(folds, only_folds, fold_group, resume, overwrite, config)
+    if (out / FOLDS_FILE).is_file() and not (resume or overwrite):
+        raise ConfigError(f"--out {out} already holds a CV ({out / FOLDS_FILE}): pass --resume to go on with it (finished "
+                          "folds are skipped) or --overwrite to start it again")
     out.mkdir(parents=True, exist_ok=True)
     trained = {}
     with _pool_data(config, out) as (fold_config, data):
         pool = _pool(data, folds, config.seed)
-        settle_folds(out, list(pool.keys), pool.folds, k=folds, seed=config.seed, overwrite=overwrite)
+        if _main():
+            settle_folds(out, list(pool.keys), pool.folds, k=folds, seed=config.seed, overwrite=overwrite)
+        if overwrite:
+            _start_over(out)
         for k in chosen:
             fold_out = out / f"fold{k}"
-            if (fold_out / FOLD_OOF).is_file() and not overwrite:
+            if (fold_out / FOLD_OOF).is_file():
                 print(f"fold {k}: finished earlier ({fold_out / FOLD_OOF}), skipped")
                 continue
             pool_files = data.splits["train"] + data.splits["val"]
@@ -93,6 +100,19 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
         remaining = tuple(k for k in range(folds) if not (out / f"fold{k}" / FOLD_OOF).is_file())
         scores = None if remaining else _finish(out, folds, pool, data)
     return CVResult(out, trained, scores, remaining)
+
+
+def _main() -> bool:
+    import jax
+
+    return jax.process_index() == 0
+
+
+def _start_over(out: Path) -> None:
+    """--overwrite: every fold is unfinished again (each fold's run is replaced as it is trained)."""
+    if _main():
+        for path in [*out.glob(f"fold*/{FOLD_OOF}"), *(out / name for name in CV_FILES)]:
+            path.unlink(missing_ok=True)
 
 
 def _check_args(folds, only_folds, fold_group, resume, overwrite, config) -> list[int]:
@@ -164,6 +184,8 @@ def _write_fold_oof(fold_out: Path, k: int, pool: Pool, data: RunData) -> None:
 
 
 def _write_oof(path: Path, pool: Pool, rows: Sequence[int], probs: np.ndarray) -> None:
+    if not _main():
+        return
     lines = ["id,label,fold," + ",".join(str(c) for c in range(probs.shape[1]))]
     lines += [f"{pool.keys[r]},{pool.labels[r]},{pool.folds[r]}," + ",".join(repr(float(p)) for p in row)
               for r, row in zip(rows, probs)]
@@ -188,12 +210,13 @@ def _finish(out: Path, k: int, pool: Pool, data: RunData) -> dict:
         ids, _, _, fold_probs = read_oof(out / f"fold{fold}" / FOLD_OOF)
         probs = np.zeros((len(pool.keys), fold_probs.shape[1])) if probs is None else probs
         probs[[row_of[i] for i in ids]] = fold_probs
-    _write_oof(out / "oof.csv", pool, range(len(pool.keys)), probs)
-    buffer = io.BytesIO()
-    np.save(buffer, probs)
-    checkpoint.atomic_write_bytes(out / "oof.npy", buffer.getvalue())
     scores = cv_scores(out, k, pool.labels, pool.folds, probs)
-    checkpoint.atomic_write_text(out / "cv.json", json.dumps(scores, indent=2) + "\n")
+    if _main():
+        _write_oof(out / "oof.csv", pool, range(len(pool.keys)), probs)
+        buffer = io.BytesIO()
+        np.save(buffer, probs)
+        checkpoint.atomic_write_bytes(out / "oof.npy", buffer.getvalue())
+        checkpoint.atomic_write_text(out / "cv.json", json.dumps(scores, indent=2) + "\n")
     if data.splits["test"]:
         _predict_test(out, k, data)
     return scores
@@ -225,4 +248,5 @@ def _predict_test(out: Path, k: int, data: RunData) -> None:
     ids, probs = predict_ensemble(members, lambda config: (data.splits["test"], data.stored_size),
                                   batch_size=members[0].config.data.batch_size, mode=members[0].config.loop.mode)
     _, probabilities = write_predictions(out, ids, probs, members[0].config)
-    os.replace(probabilities, out / "test_probabilities.csv")
+    if _main():
+        os.replace(probabilities, out / "test_probabilities.csv")
