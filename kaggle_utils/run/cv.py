@@ -65,14 +65,21 @@ class Pool:
 def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_folds: Sequence[int] | None = None,
                    fold_group: str | None = None, resume: bool = False, overwrite: bool = False,
                    progress: bool = True, hooks: Sequence = ()) -> CVResult:
-    """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files; see above."""
+    """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files; see above.
+
+    ``config`` is one run's (every fold trains with it); ``resume`` goes on with an existing CV
+    folder (without it, one is refused), ``overwrite`` starts it again; ``hooks`` are given to
+    each fold's run in turn (:func:`~kaggle_utils.run.train`). ``fold_group`` is refused for now:
+    the records carry no column to read groups from (:func:`~kaggle_utils.run.folds.assign_folds`
+    can deal groups).
+    """
     from .trainer import train
 
     out = Path(out)
     chosen = _check_args(folds, only_folds, fold_group, resume, overwrite, config)
     if (out / FOLDS_FILE).is_file() and not (resume or overwrite):
-        raise ConfigError(f"--out {out} already holds a CV ({out / FOLDS_FILE}): pass --resume to go on with it (finished "
-                          "folds are skipped) or --overwrite to start it again")
+        raise ConfigError(f"--out {out} already holds a CV ({out / FOLDS_FILE}): pass --resume to go on with it "
+                          "(finished folds are skipped) or --overwrite to start it again")
     out.mkdir(parents=True, exist_ok=True)
     trained = {}
     with _pool_data(config, out) as (fold_config, data):
@@ -86,11 +93,7 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
             if (fold_out / FOLD_OOF).is_file():
                 print(f"fold {k}: finished earlier ({fold_out / FOLD_OOF}), skipped")
                 continue
-            pool_files = data.splits["train"] + data.splits["val"]
-            fold_data = dataclasses.replace(data, splits={**data.splits, "train": pool_files, "val": pool_files},
-                                            select={"train": pool.pairs(pool.folds != k),
-                                                    "val": pool.pairs(pool.folds == k)},
-                                            num_train=int((pool.folds != k).sum()))
+            fold_data = _fold_data(data, pool, k)
             go_on = resume and (fold_out / "last.msgpack").is_file()  # else a fold killed before it saved anything
             print(f"fold {k} of {folds}: {fold_data.num_train} training, {int((pool.folds == k).sum())} held-out "
                   f"records -> {fold_out}" + (" (resumed)" if go_on else ""))
@@ -100,6 +103,14 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
         remaining = tuple(k for k in range(folds) if not (out / f"fold{k}" / FOLD_OOF).is_file())
         scores = None if remaining else _finish(out, folds, pool, data)
     return CVResult(out, trained, scores, remaining)
+
+
+def _fold_data(data: RunData, pool: Pool, k: int) -> RunData:
+    """Fold k's view of the pool: trains on the other folds' records, validates on its own, out of the same files."""
+    files = data.splits["train"] + data.splits["val"]
+    return dataclasses.replace(data, splits={**data.splits, "train": files, "val": files},
+                               select={"train": pool.pairs(pool.folds != k), "val": pool.pairs(pool.folds == k)},
+                               num_train=int((pool.folds != k).sum()))
 
 
 def _main() -> bool:
