@@ -152,6 +152,9 @@ def test_oof_holds_every_record_once_predicted_by_the_fold_that_did_not_train_on
     assert np.allclose(np.load(out / "oof.npy"), probs) and np.allclose(probs.sum(1), 1, atol=1e-4)
     per_fold = np.bincount([int(r[2]) for r in rows])
     assert np.ptp(per_fold) <= 1
+    for label in range(10):  # each class split evenly over the folds
+        counts = np.bincount([int(r[2]) for r in rows if int(r[1]) == label], minlength=K)
+        assert np.all(np.abs(counts - counts.sum() / K) <= 1), (label, counts)
 
 
 def test_cv_json_matches_scores_recomputed_from_oof_csv(cv):
@@ -277,3 +280,13 @@ def test_a_source_is_converted_once_into_out_data_and_the_folds_read_it(tmp_path
     assert sorted(r[0] for r in rows) == sorted(i for i, k in folds.items() if k == 1)
     with pytest.raises(ConfigError, match="already holds a CV.*--resume"):
         run.cross_validate(config, out, folds=2, progress=False)
+
+
+def test_overwrite_makes_every_fold_unfinished_again(cv, sample, tmp_path):
+    out = tmp_path / "cv"
+    shutil.copytree(cv[2].out, out)
+    result = run.cross_validate(tiny_config(sample), out, folds=K, only_folds=[0], overwrite=True, progress=False)
+    assert sorted(result.trained) == [0] and result.remaining == (1,) and result.scores is None
+    assert (out / "fold0" / "oof.csv").is_file() and not (out / "fold1" / "oof.csv").exists()
+    assert not any((out / name).exists() for name in ("oof.csv", "oof.npy", "cv.json", "submission.csv"))
+    assert (out / "folds.csv").read_text() == (cv[2].out / "folds.csv").read_text()
