@@ -176,7 +176,7 @@ def test_cv_json_matches_scores_recomputed_from_oof_csv(cv):
     fold_acc = [np.mean(labels[folds == k] == preds[folds == k]) for k in range(K)]
     assert [f["accuracy"] for f in scores["folds"]] == pytest.approx(fold_acc)
     assert scores["fold_mean_std"]["accuracy"]["mean"] == pytest.approx(np.mean(fold_acc))
-    assert scores["fold_mean_std"]["accuracy"]["std"] == pytest.approx(np.std(fold_acc))
+    assert scores["fold_mean_std"]["accuracy"]["std"] == pytest.approx(np.std(fold_acc, ddof=1))
     for k in range(K):
         metrics = json.loads((out / f"fold{k}" / "metrics.json").read_text())
         assert scores["folds"][k]["best"] == metrics["best"]

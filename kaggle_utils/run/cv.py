@@ -234,7 +234,8 @@ def _finish(out: Path, k: int, pool: Pool, data: RunData) -> dict:
 
 
 def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: np.ndarray) -> dict:
-    """Each fold's best row and held-out scores, their mean and std (ddof 0), and the pooled OOF scores."""
+    """Each fold's best row and held-out scores, their mean and sample std (ddof 1, as ``report`` prints it),
+    and the pooled out-of-fold scores."""
     from ..metrics import accuracy, confusion_matrix, macro_f1
     from ..report import read_metrics
 
@@ -247,7 +248,7 @@ def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: n
     per_fold = [{"fold": f, "best": read_metrics(out / f"fold{f}").get("best"), **score(folds == f)}
                 for f in range(k)]
     summary = {name: {"mean": float(np.mean([p[name] for p in per_fold])),
-                      "std": float(np.std([p[name] for p in per_fold]))} for name in ("accuracy", "macro_f1")}
+                      "std": float(np.std([p[name] for p in per_fold], ddof=1))} for name in ("accuracy", "macro_f1")}
     return {"folds": per_fold, "fold_mean_std": summary, "oof": score(np.ones(len(labels), bool))}
 
 
