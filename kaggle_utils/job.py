@@ -12,6 +12,9 @@ It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 ca
 (``DIR/test`` TFRecords, or an image folder or CSV) -> ``OUT/submission.csv`` and
 ``OUT/probabilities.csv`` (the weighted mean of the models' probabilities).
 
+``cv --folds K``: :func:`kaggle_utils.run.cross_validate` with the train flags: ``OUT/fold{k}/`` runs,
+``folds.csv``, ``oof.csv`` / ``oof.npy``, ``cv.json`` and the fold models' mean submission.
+
 ``report OUT``: ``curves.png`` and ``per_class.csv`` drawn again from a run folder's files (or
 each ``foldK/`` of a CV folder), with no model and no data (:mod:`kaggle_utils.report`).
 
@@ -31,7 +34,7 @@ import jax
 from . import checkpoint, outdir, run
 from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
 
-__all__ = ["build_parser", "main", "predict_command", "report_command", "train_command"]
+__all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command"]
 
 
 def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
@@ -67,6 +70,8 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     predict.add_argument("--mode", choices=("jit", "pmap"), default="jit")
     predict.add_argument("--no-progress", dest="progress", action="store_false")
 
+    _add_cv_parser(commands, config_cls)
+
     report = commands.add_parser("report", help="draw curves.png and per_class.csv again for a run or CV folder")
     report.add_argument("out", help="a run folder, or a CV folder of fold0/, fold1/, ... run folders")
     return parser
@@ -90,6 +95,63 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
                                   submission=result.submission is not None)
         print("\n".join(report.summary_lines(result.out, wall_s=time.perf_counter() - started, next_steps=steps)))
     return summary
+
+
+# --------------------------------------------------------------------------- cv
+
+
+def _folds_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of fold numbers (e.g. 0,2)") from None
+
+
+def _add_cv_parser(commands, config_cls: type) -> None:
+    cv = commands.add_parser("cv", help="K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    job = cv.add_argument_group("cross-validation")
+    job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified)")
+    job.add_argument("--only-folds", type=_folds_list, metavar="0,2", help="train only these folds now")
+    job.add_argument("--fold-group", help="a column whose groups stay in one fold (not readable from TFRecords yet)")
+    job.add_argument("--out", required=True, help="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission")
+    job.add_argument("--resume", action="store_true", help="skip finished folds, continue the unfinished one")
+    job.add_argument("--overwrite", action="store_true", help="start the whole CV in --out again")
+    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    add_config_flags(cv, config_cls)
+
+
+def cv_command(args, config_cls: type = TrainConfig) -> dict:
+    """Runs ``cv`` (:func:`kaggle_utils.run.cross_validate`); prints each fold's best, the OOF score, the files."""
+    started = time.perf_counter()
+    result = run.cross_validate(config_from_args(args, config_cls), args.out, folds=args.folds,
+                                only_folds=args.only_folds, fold_group=args.fold_group, resume=args.resume,
+                                overwrite=args.overwrite, progress=args.progress)
+    if jax.process_index() == 0:
+        print("\n".join(_cv_lines(result, time.perf_counter() - started)))
+    return {"out": str(result.out), "scores": result.scores, "remaining": list(result.remaining)}
+
+
+def _cv_lines(result, wall_s: float) -> list[str]:
+    out = result.out
+    if result.scores is None:
+        left = ",".join(map(str, result.remaining))
+        return [f"cv: fold(s) {left} not finished; run the same command with --resume (or --only-folds {left}) "
+                f"to train them, then {out}/oof.csv and cv.json are written"]
+    scores = result.scores
+    lines = [f"cv: {len(scores['folds'])} folds in {out} ({wall_s:.0f} s this call)"]
+    for fold in scores["folds"]:
+        lines.append(f"  fold {fold['fold']}: held-out accuracy {fold['accuracy']:.4f}, macro F1 "
+                     f"{fold['macro_f1']:.4f} ({fold['examples']} records)")
+    spread = scores["fold_mean_std"]
+    lines.append(f"  folds: accuracy {spread['accuracy']['mean']:.4f} +- {spread['accuracy']['std']:.4f}, "
+                 f"macro F1 {spread['macro_f1']['mean']:.4f} +- {spread['macro_f1']['std']:.4f}")
+    lines.append(f"  out-of-fold: accuracy {scores['oof']['accuracy']:.4f}, macro F1 {scores['oof']['macro_f1']:.4f} "
+                 f"over {scores['oof']['examples']} records")
+    files = [name for name in ("folds.csv", "oof.csv", "oof.npy", "cv.json", "submission.csv",
+                               "test_probabilities.csv") if (out / name).is_file()]
+    lines.append(f"  files: {', '.join(str(out / name) for name in files)}")
+    return lines
 
 
 # --------------------------------------------------------------------------- predict
@@ -149,6 +211,9 @@ def _saved_step(out: str) -> int | None:
 def _what_is_kept(args, fix: str | None = None) -> str:
     """What a stopped command leaves usable, and the command that goes on from there."""
     then = f"{fix}, then " if fix else ""
+    if args.command == "cv":
+        return (f"finished folds are kept (fold*/oof.csv) and the unfinished one resumes from its last.msgpack: "
+                f"{then}the same command with --resume goes on")
     if args.command != "train":
         return f"no half-written file is left (writes are atomic): {then}run predict again"
     step = _saved_step(args.out)
@@ -178,7 +243,8 @@ def main(argv=None) -> int:
 
     prefix = f"{parser.prog} {args.command}"
     try:
-        {"train": train_command, "predict": predict_command, "report": report_command}[args.command](args)
+        {"train": train_command, "cv": cv_command, "predict": predict_command,
+         "report": report_command}[args.command](args)
     except DataError as err:
         hint = ("(--skip-errors skips unreadable records, counts them and names them in the log)\n"
                 if err.skippable and args.command == "train" else "")

@@ -35,6 +35,7 @@ from .tfrecords import (
     list_tfrecords,
     shard_files,
 )
+from .selection import check_selection, record_filter
 from .transforms import Resize, decode_image, first_success
 
 __all__ = ["HostDataset", "NOT_AN_IMAGE", "SourceDataset", "load_dataset", "load_source"]
@@ -172,7 +173,8 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
                  augment=None, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER, drop_remainder: bool = False,
                  repeat: bool = False, skip_errors: bool = False, process_index: int | None = None,
                  process_count: int | None = None, seed: int | None = None,
-                 augment_workers: int | None = None, crop=None, keep_corrupt_jpegs: bool = False) -> HostDataset:
+                 augment_workers: int | None = None, crop=None, keep_corrupt_jpegs: bool = False,
+                 select=None, with_records: bool = False) -> HostDataset:
     """TFRecords -> :class:`HostDataset` of host batches (dicts of numpy arrays).
 
     Args:
@@ -207,11 +209,17 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
         is a bad record, unless this is True: then it is kept as libjpeg recovers it and named
         in a RuntimeWarning, for prediction, where every test image needs its row. Not with
         worker decoding, whose decode is strict.
+      select: None (every record), or ``(file, index in the file)`` pairs: only those records are
+        read, filtered before parsing (:mod:`~kaggle_utils.data.selection`: a cross-validation
+        fold out of the same files); ``num_examples`` counts them.
+      with_records: batches also carry ``record`` (bytes ``"file#index"``), to tell which record
+        each prediction belongs to when the records carry no ``id`` (out-of-fold predictions).
     """
     tf = tensorflow_on_host()
     _check_batch_size(batch_size)
     process_index, process_count = _process_defaults(process_index, process_count)
-    files = shard_files(list_tfrecords(filenames), process_index, process_count)
+    listed = list_tfrecords(filenames)
+    files = shard_files(listed, process_index, process_count)
     problems = _ProblemLog(skip=skip_errors)
     seed = concrete_seed(seed)
     plan = resolve_augment(augment, workers=augment_workers, seed=seed)
@@ -219,12 +227,19 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     per_image = _per_image_ops(plan.per_image, crop)
 
     records = _read_records(files, ordered=ordered, seed=seed)
+    num_examples = count_data_items(files)
+    if select is not None:
+        check_selection(listed, select)
+        keep_record, num_examples = record_filter(files, select)
+        records = records.filter(lambda filename, index, serialized: keep_record(filename, index))
     if not ordered:
         records = records.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         records = records.repeat()
     decode = _decode_without_raising if skip_errors else decode_example
     target_key = "label" if labeled else "id"
+    if with_records and decode_in_workers:
+        raise ValueError("with_records=True needs TensorFlow to decode (give crop=, or augment in TF)")
     if keep_corrupt_jpegs and decode_in_workers:
         raise ValueError("keep_corrupt_jpegs=True needs TensorFlow to decode (give crop=, or augment in TF)")
     if decode_in_workers:  # their decode is the check
@@ -242,12 +257,15 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
             target = tf.cast(target, tf.int32)
         if decode_in_workers:  # JPEG bytes, and where they came from, should a worker fail to decode them
             return {"jpeg": image, "filename": filename, "index": index, target_key: target, "keep": keep}
-        return {"image": image, target_key: target, "keep": keep}
+        example = {"image": image, target_key: target, "keep": keep}
+        if with_records:
+            example["record"] = tf.strings.join([filename, "#", tf.strings.as_string(index)])
+        return example
 
     examples = _map_examples(records, to_example, seeded=per_image is not None, seed=seed, ordered=ordered)
     batches = _batch_examples(examples, batch_size=batch_size, drop_remainder=drop_remainder, ordered=ordered,
                               plan=plan, problems=problems, decode_in_workers=decode_in_workers, image_size=image_size)
-    return HostDataset(batches, filenames=files, num_examples=count_data_items(files), batch_size=batch_size,
+    return HostDataset(batches, filenames=files, num_examples=num_examples, batch_size=batch_size,
                        labeled=labeled, repeat=repeat, drop_remainder=drop_remainder, problems=problems,
                        image_size=image_size, closers=plan.closers)
 

@@ -26,7 +26,8 @@ def validation_sums(config, plan, data, steps, variables) -> dict:
 
     batches = load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size,
                            batch_size=plan.global_batch, ordered=True, process_index=0, process_count=1,
-                           skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size))
+                           skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size),
+                           select=data.selected("val"))
     try:
         return evaluate(steps, steps.put_state(inference_state(variables)), batches, desc="best checkpoint on val")
     finally:

@@ -20,9 +20,11 @@ In the order a run uses them:
    :func:`write_predictions` (``submission.csv``, ``probabilities.csv``), which a run uses too.
 
 :func:`train` (``trainer``) is all of it in order, into one folder: what the job and notebook 04 call.
+:func:`cross_validate` (``cv``, folds from ``folds``) runs it once per fold over one pool of records.
 """
 from .build import (Training, build_model, build_training, device_augmentation, eval_transform, fit_run,
                     fit_settings, host_augment, initial_variables, train_dataset, train_transform)
+from .cv import CVResult, cross_validate
 from .data import (SAMPLE, RunData, commit_conversion, converted_source, data_root, find_splits, infer_image_size,
                    named_classes, open_data, sample_or_folder, scan_labels, scan_test_ids, submission_labels)
 from .predict import Member, expand_checkpoint, load_members, open_test_split, predict_ensemble, write_predictions
@@ -31,8 +33,9 @@ from .saved import load_run, write_config
 from .trainer import RunResult, predict_test_split, train
 
 __all__ = [
-    "Member", "Plan", "RunData", "RunResult", "SAMPLE", "Training", "build_model", "build_training",
-    "check_config", "commit_conversion", "converted_source", "data_root", "device_augmentation", "eval_transform",
+    "CVResult", "Member", "Plan", "RunData", "RunResult", "SAMPLE", "Training", "build_model", "build_training",
+    "check_config", "commit_conversion", "converted_source", "cross_validate", "data_root", "device_augmentation",
+    "eval_transform",
     "expand_checkpoint",
     "find_splits", "fit_run", "fit_settings", "global_batch", "host_augment", "infer_image_size", "initial_variables",
     "load_members", "load_run", "make_task", "named_classes", "open_data", "open_test_split", "predict_ensemble",

@@ -136,7 +136,8 @@ def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int):
     return load_dataset(data.splits["train"], labeled=True, image_size=data.stored_size,
                         batch_size=plan.global_batch // jax.process_count(), augment=host_augment(config),
                         drop_remainder=True, repeat=True, seed=config.seed * 100_003 + epoch,
-                        skip_errors=config.data.skip_errors, crop=train_transform(config, data.stored_size))
+                        skip_errors=config.data.skip_errors, crop=train_transform(config, data.stored_size),
+                        select=data.selected("train"))
 
 
 def fit_settings(config: TrainConfig, plan: Plan):
@@ -165,7 +166,8 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
 
     val_dataset = load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size,
                                batch_size=plan.global_batch, ordered=True, process_index=0, process_count=1,
-                               skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size))
+                               skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size),
+                               select=data.selected("val"))
     writers = list(writers)
     if out_dir is not None and config.loop.tensorboard and jax.process_index() == 0:
         writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard"))

@@ -33,6 +33,12 @@ class RunData:
     description: str  # where the data came from, for config.json
     class_names: tuple[str, ...] = ()  # submission labels by index (empty: the index)
     columns: tuple[str, str] = ("id", "label")  # the submission's id and label columns
+    # split -> the (file, index) records of its files it reads (a cross-validation fold); absent: all of them
+    select: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+
+    def selected(self, split: str):
+        """The ``select=`` of ``load_dataset`` for ``split``: None reads every record of its files."""
+        return self.select.get(split)
 
 
 SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it

@@ -1,0 +1,95 @@
+"""Reading a subset of TFRecords by (file, record index), without rewriting them; and listing what a split holds.
+
+Cross-validation trains fold k on the other folds' records and validates on fold k's, all out
+of the same train + val files. Rewriting the records per fold would cost a copy of the data
+set per fold (Kaggle's disk is small), so a reader is given the records it may read instead:
+``load_dataset(files, select=[(file, index), ...])`` filters them inside ``tf.data``, after
+reading the serialized record and before parsing or decoding it (a record left out costs its
+read only).
+
+Records are named by (file, index in the file) rather than by an ``id`` feature because not
+every labelled record carries one: the competition's do, but the kit's sample and its
+``--source`` conversions write ``id`` into test records only. :func:`scan_records` reads the
+labels (and the ids where present) of a split without decoding an image.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterable
+
+import numpy as np
+
+from .tfhost import tensorflow_on_host
+
+__all__ = ["RecordIndex", "record_filter", "scan_records"]
+
+
+def _norm(name) -> str:
+    return os.path.abspath(os.fspath(name))
+
+
+def record_filter(files: list[str], select: Iterable[tuple[str, int]]):
+    """``(predicate(filename, index) -> bool tensor, how many selected records lie in files)``.
+
+    ``files`` are the names the reader uses (this process's shard); a selected record of a
+    file outside it is another process's and is not counted here.
+    """
+    tf = tensorflow_on_host()
+    by_path = {_norm(f): f for f in files}
+    keys = sorted({f"{by_path[_norm(f)]}#{int(i)}" for f, i in select if _norm(f) in by_path})
+    if not keys:
+        return (lambda filename, index: tf.constant(False)), 0
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.ones(len(keys), tf.int32)), default_value=0)
+
+    def keep(filename, index):
+        return table.lookup(tf.strings.join([filename, "#", tf.strings.as_string(index)])) > 0
+
+    return keep, len(keys)
+
+
+def check_selection(files: list[str], select: Iterable[tuple[str, int]]) -> None:
+    """Refuses a selection naming a file the reader was not given (a typo would silently read nothing)."""
+    known = {_norm(f) for f in files}
+    unknown = sorted({os.fspath(f) for f, _ in select if _norm(f) not in known})
+    if unknown:
+        raise ValueError(f"select names {len(unknown)} file(s) not among the files read, e.g. {unknown[0]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordIndex:
+    """Every record of some files, in file order: where it is, its label, and its ``id`` feature ('' if none)."""
+
+    files: np.ndarray  # str [N]
+    indices: np.ndarray  # int64 [N]
+    labels: np.ndarray  # int64 [N] (-1: no class feature)
+    ids: np.ndarray  # str [N]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def pairs(self, rows=None) -> list[tuple[str, int]]:
+        rows = range(len(self)) if rows is None else rows
+        return [(str(self.files[r]), int(self.indices[r])) for r in rows]
+
+
+def scan_records(files: list[str]) -> RecordIndex:
+    """Labels and ids of every record of ``files`` (sorted), parsed in batches, no image decoded."""
+    tf = tensorflow_on_host()
+    spec = {"class": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+            "id": tf.io.FixedLenFeature([], tf.string, default_value="")}
+    names, indices, labels, ids = [], [], [], []
+    for name in sorted(files):
+        start = 0
+        for chunk in tf.data.TFRecordDataset(name).batch(4096):
+            parsed = tf.io.parse_example(chunk, spec)
+            n = int(parsed["class"].shape[0])
+            names += [name] * n
+            indices.append(np.arange(start, start + n))
+            labels.append(parsed["class"].numpy())
+            ids += [v.decode("utf-8") for v in parsed["id"].numpy()]
+            start += n
+    cat = (lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype))
+    return RecordIndex(np.array(names, dtype=str), cat(indices, np.int64), cat(labels, np.int64),
+                       np.array(ids, dtype=str))

@@ -1,0 +1,264 @@
+"""``cross_validate(config, out, folds=K)``: K ordinary runs over one pool of records, and their out-of-fold score.
+
+A thin layer over :func:`~kaggle_utils.run.train`: the pool is the train + val records of the
+run's data (``--data-dir``, the sample, or ``--source`` converted once into ``OUT/data``); fold k's
+run, ``OUT/fold{k}/`` (a run folder like any other: lock, resume, checkpoints), trains on the
+other folds' records and validates on fold k's, chosen by (file, record index) inside ``tf.data``
+(:mod:`kaggle_utils.data.selection`), never by rewriting the records. Then fold k's best
+checkpoint predicts its held-out records into ``fold{k}/oof.csv``: that file, written last, is
+what makes a fold finished, so ``--resume`` skips it and a job killed between folds loses nothing.
+
+Once every fold is finished: ``OUT/oof.csv`` + ``oof.npy`` (every labelled record once, predicted
+by the model that did not train on it), ``OUT/cv.json`` (each fold's best row and held-out
+scores, their mean and std, and the pooled out-of-fold score), and with a test split
+``OUT/submission.csv`` + ``test_probabilities.csv`` from the mean of the fold models.
+
+Records are named in ``folds.csv`` and ``oof.csv`` by their ``id`` feature when every pool record
+has a unique one (the competition's records), else by ``split/file#index`` (the sample and
+``--source`` conversions write ids into test records only).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .. import checkpoint
+from ..config import ConfigError, TrainConfig
+from .data import RunData, converted_source, open_data, sample_or_folder
+from .folds import FOLDS_FILE, assign_folds, settle_folds
+
+__all__ = ["CVResult", "cross_validate"]
+
+FOLD_OOF = "oof.csv"  # in fold{k}/: its held-out predictions; present = the fold is finished
+CV_FILES = ("oof.csv", "oof.npy", "cv.json", "submission.csv", "test_probabilities.csv")
+
+
+@dataclasses.dataclass(frozen=True)
+class CVResult:
+    out: Path
+    trained: dict  # fold -> the RunResult of the folds trained by this call
+    scores: dict | None  # cv.json's content; None while some fold is unfinished
+    remaining: tuple[int, ...]  # folds not finished yet (e.g. left out by only_folds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """The labelled records of a CV: where each lies, its label, its name in folds.csv, and its fold."""
+
+    files: np.ndarray
+    indices: np.ndarray
+    labels: np.ndarray
+    keys: np.ndarray
+    folds: np.ndarray
+
+    def pairs(self, rows) -> tuple[tuple[str, int], ...]:
+        return tuple((str(self.files[r]), int(self.indices[r])) for r in np.flatnonzero(rows))
+
+
+def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_folds: Sequence[int] | None = None,
+                   fold_group: str | None = None, resume: bool = False, overwrite: bool = False,
+                   progress: bool = True, hooks: Sequence = ()) -> CVResult:
+    """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files; see above.
+
+    ``config`` is one run's (every fold trains with it); ``resume`` goes on with an existing CV
+    folder (without it, one is refused), ``overwrite`` starts it again; ``hooks`` are given to
+    each fold's run in turn (:func:`~kaggle_utils.run.train`). ``fold_group`` is refused for now:
+    the records carry no column to read groups from (:func:`~kaggle_utils.run.folds.assign_folds`
+    can deal groups).
+    """
+    from .trainer import train
+
+    out = Path(out)
+    chosen = _check_args(folds, only_folds, fold_group, resume, overwrite, config)
+    if (out / FOLDS_FILE).is_file() and not (resume or overwrite):
+        raise ConfigError(f"--out {out} already holds a CV ({out / FOLDS_FILE}): pass --resume to go on with it "
+                          "(finished folds are skipped) or --overwrite to start it again")
+    out.mkdir(parents=True, exist_ok=True)
+    trained = {}
+    with _pool_data(config, out) as (fold_config, data):
+        pool = _pool(data, folds, config.seed)
+        if _main():
+            settle_folds(out, list(pool.keys), pool.folds, k=folds, seed=config.seed, overwrite=overwrite)
+        if overwrite:
+            _start_over(out)
+        for k in chosen:
+            fold_out = out / f"fold{k}"
+            if (fold_out / FOLD_OOF).is_file():
+                print(f"fold {k}: finished earlier ({fold_out / FOLD_OOF}), skipped")
+                continue
+            fold_data = _fold_data(data, pool, k)
+            go_on = resume and (fold_out / "last.msgpack").is_file()  # else a fold killed before it saved anything
+            print(f"fold {k} of {folds}: {fold_data.num_train} training, {int((pool.folds == k).sum())} held-out "
+                  f"records -> {fold_out}" + (" (resumed)" if go_on else ""))
+            trained[k] = train(fold_config, fold_out, data=fold_data, resume=go_on,
+                               overwrite=overwrite or (resume and not go_on), progress=progress, hooks=hooks)
+            _write_fold_oof(fold_out, k, pool, data)
+        remaining = tuple(k for k in range(folds) if not (out / f"fold{k}" / FOLD_OOF).is_file())
+        scores = None if remaining else _finish(out, folds, pool, data)
+    return CVResult(out, trained, scores, remaining)
+
+
+def _fold_data(data: RunData, pool: Pool, k: int) -> RunData:
+    """Fold k's view of the pool: trains on the other folds' records, validates on its own, out of the same files."""
+    files = data.splits["train"] + data.splits["val"]
+    return dataclasses.replace(data, splits={**data.splits, "train": files, "val": files},
+                               select={"train": pool.pairs(pool.folds != k), "val": pool.pairs(pool.folds == k)},
+                               num_train=int((pool.folds != k).sum()))
+
+
+def _main() -> bool:
+    import jax
+
+    return jax.process_index() == 0
+
+
+def _start_over(out: Path) -> None:
+    """--overwrite: every fold is unfinished again (each fold's run is replaced as it is trained)."""
+    if _main():
+        for path in [*out.glob(f"fold*/{FOLD_OOF}"), *(out / name for name in CV_FILES)]:
+            path.unlink(missing_ok=True)
+
+
+def _check_args(folds, only_folds, fold_group, resume, overwrite, config) -> list[int]:
+    if folds < 2:
+        raise ConfigError(f"--folds {folds}: cross-validation needs at least 2 folds")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    if fold_group is not None:
+        raise ConfigError(f"--fold-group {fold_group}: the TFRecords a CV reads carry no column besides the image and "
+                          "its class, so groups cannot be read yet; make the groups' folds yourself, or leave "
+                          "--fold-group out")
+    if config.task.task == "multilabel":
+        raise ConfigError(f"--task {config.task.task}: cross-validation stratifies single-label records only")
+    chosen = list(range(folds)) if only_folds is None else sorted(set(only_folds))
+    outside = [k for k in chosen if not 0 <= k < folds]
+    if outside:
+        raise ConfigError(f"--only-folds {','.join(map(str, only_folds))}: fold {outside[0]} is not in 0..{folds - 1}")
+    return chosen
+
+
+@contextlib.contextmanager
+def _pool_data(config: TrainConfig, out: Path) -> Iterator[tuple[TrainConfig, RunData]]:
+    """(the config each fold trains with, the data opened and checked): ``--source`` converted once into OUT/data."""
+    if config.data.source is not None:
+        root = converted_source(config, out)
+        fold_config = config.replace(source=None, test_source=None, image_dir=None, test_image_dir=None,
+                                     data_dir=str(root.resolve()))
+        yield fold_config, open_data(fold_config, root)
+        return
+    with sample_or_folder(config) as root:
+        yield config, open_data(config, root)
+
+
+def _pool(data: RunData, k: int, seed: int) -> Pool:
+    from ..data.selection import scan_records
+
+    records = scan_records(data.splits["train"] + data.splits["val"])
+    ids = records.ids
+    if not (all(ids) and len(set(ids)) == len(ids)):  # no (unique) id feature: named by where they lie
+        ids = np.array([f"{Path(f).parent.name}/{Path(f).name}#{i}" for f, i in zip(records.files, records.indices)])
+    return Pool(records.files, records.indices, records.labels, ids, assign_folds(records.labels, k, seed))
+
+
+def _write_fold_oof(fold_out: Path, k: int, pool: Pool, data: RunData) -> None:
+    """Fold k's best checkpoint on its held-out records -> ``fold{k}/oof.csv`` (id, label, fold, probabilities)."""
+    from ..data import load_dataset
+    from ..inference import predict
+    from .build import eval_transform
+    from .predict import _prediction_steps, load_members
+
+    member = load_members([fold_out])[0]
+    config = member.config
+    steps = _prediction_steps(config, member.model, tta=config.task.tta, mode=config.loop.mode)
+    batches = load_dataset(sorted(set(pool.files)), labeled=True, image_size=data.stored_size,
+                           batch_size=config.data.batch_size, ordered=True, process_index=0, process_count=1,
+                           crop=eval_transform(config, data.stored_size), select=pool.pairs(pool.folds == k),
+                           with_records=True, skip_errors=config.data.skip_errors)
+    try:
+        records, probs = predict(steps, member.variables, ({"image": b["image"], "id": b["record"], "mask": b["mask"]}
+                                                           for b in batches))
+    finally:
+        batches.close()
+    row_of = {f"{f}#{i}": r for r, (f, i) in enumerate(zip(pool.files, pool.indices))}
+    rows = [row_of[r.decode("utf-8")] for r in records]
+    if sorted(rows) != list(np.flatnonzero(pool.folds == k)):
+        raise ConfigError(f"fold {k}: predicted {len(rows)} of its {int((pool.folds == k).sum())} held-out records "
+                          "(unreadable ones skipped?): the out-of-fold file would miss some")
+    _write_oof(fold_out / FOLD_OOF, pool, rows, probs)
+
+
+def _write_oof(path: Path, pool: Pool, rows: Sequence[int], probs: np.ndarray) -> None:
+    if not _main():
+        return
+    lines = ["id,label,fold," + ",".join(str(c) for c in range(probs.shape[1]))]
+    lines += [f"{pool.keys[r]},{pool.labels[r]},{pool.folds[r]}," + ",".join(repr(float(p)) for p in row)
+              for r, row in zip(rows, probs)]
+    checkpoint.atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def read_oof(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, labels, folds, probabilities [N, C]) of an ``oof.csv``."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    return ([r[0] for r in rows], np.array([int(r[1]) for r in rows]), np.array([int(r[2]) for r in rows]),
+            np.array([[float(v) for v in r[3:]] for r in rows]))
+
+
+def _finish(out: Path, k: int, pool: Pool, data: RunData) -> dict:
+    """Pooled ``oof.csv`` / ``oof.npy``, ``cv.json``, and the fold models' mean on the test split."""
+    row_of = {key: r for r, key in enumerate(pool.keys)}
+    probs = None
+    for fold in range(k):
+        ids, _, _, fold_probs = read_oof(out / f"fold{fold}" / FOLD_OOF)
+        probs = np.zeros((len(pool.keys), fold_probs.shape[1])) if probs is None else probs
+        probs[[row_of[i] for i in ids]] = fold_probs
+    scores = cv_scores(out, k, pool.labels, pool.folds, probs)
+    if _main():
+        _write_oof(out / "oof.csv", pool, range(len(pool.keys)), probs)
+        buffer = io.BytesIO()
+        np.save(buffer, probs)
+        checkpoint.atomic_write_bytes(out / "oof.npy", buffer.getvalue())
+        checkpoint.atomic_write_text(out / "cv.json", json.dumps(scores, indent=2) + "\n")
+    if data.splits["test"]:
+        _predict_test(out, k, data)
+    return scores
+
+
+def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: np.ndarray) -> dict:
+    """Each fold's best row and held-out scores, their mean and sample std (ddof 1, as ``report`` prints it),
+    and the pooled out-of-fold scores."""
+    from ..metrics import accuracy, confusion_matrix, macro_f1
+    from ..report import read_metrics
+
+    classes = probs.shape[1]
+
+    def score(rows):
+        confusion = confusion_matrix(labels[rows], probs[rows].argmax(-1), classes)
+        return {"accuracy": accuracy(confusion), "macro_f1": macro_f1(confusion), "examples": int(rows.sum())}
+
+    per_fold = [{"fold": f, "best": read_metrics(out / f"fold{f}").get("best"), **score(folds == f)}
+                for f in range(k)]
+    summary = {name: {"mean": float(np.mean([p[name] for p in per_fold])),
+                      "std": float(np.std([p[name] for p in per_fold], ddof=1))} for name in ("accuracy", "macro_f1")}
+    return {"folds": per_fold, "fold_mean_std": summary, "oof": score(np.ones(len(labels), bool))}
+
+
+def _predict_test(out: Path, k: int, data: RunData) -> None:
+    """``submission.csv`` and ``test_probabilities.csv``: the fold models' mean probabilities (each with its TTA)."""
+    from .predict import load_members, predict_ensemble, write_predictions
+
+    members = load_members([out / f"fold{f}" for f in range(k)])
+    ids, probs = predict_ensemble(members, lambda config: (data.splits["test"], data.stored_size),
+                                  batch_size=members[0].config.data.batch_size, mode=members[0].config.loop.mode)
+    _, probabilities = write_predictions(out, ids, probs, members[0].config)
+    if _main():
+        os.replace(probabilities, out / "test_probabilities.csv")
