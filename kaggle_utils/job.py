@@ -37,6 +37,19 @@ from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
 __all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command"]
 
 
+def _comma_list(kind: type, what: str, example: str):
+    """An argparse type: a comma-separated list of ``kind`` values, refused naming ``what`` it should be."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(value) for value in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what} (e.g. {example})"
+                                             ) from None
+
+    return parse
+
+
 def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kaggle_utils",
                                      description="Train an EfficientNet on TFRecords in the flower competition's "
@@ -56,7 +69,7 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     predict.add_argument("--checkpoint", action="append", required=True,
                          help="a run folder, one of its checkpoints, or a CV folder (all its fold*/ runs); repeat "
                               "it to average several models' probabilities")
-    predict.add_argument("--weights-per-checkpoint", type=_weights, metavar="W1,W2,...",
+    predict.add_argument("--weights-per-checkpoint", type=_comma_list(float, "numbers", "0.7,0.3"), metavar="W1,W2,...",
                          help="a weight per --checkpoint, in order (default: equal); a CV folder's folds share its "
                               "weight")
     test = predict.add_mutually_exclusive_group(required=True)
@@ -100,19 +113,12 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
 # --------------------------------------------------------------------------- cv
 
 
-def _folds_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(k) for k in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of fold numbers (e.g. 0,2)") from None
-
-
 def _add_cv_parser(commands, config_cls: type) -> None:
     cv = commands.add_parser("cv", help="K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     job = cv.add_argument_group("cross-validation")
     job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified)")
-    job.add_argument("--only-folds", type=_folds_list, metavar="0,2", help="train only these folds now")
+    job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2", help="train only these folds now")
     job.add_argument("--fold-group", help="a column whose groups stay in one fold (not readable from TFRecords yet)")
     job.add_argument("--out", required=True, help="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission")
     job.add_argument("--resume", action="store_true", help="skip finished folds, continue the unfinished one")
@@ -155,13 +161,6 @@ def _cv_lines(result, wall_s: float) -> list[str]:
 
 
 # --------------------------------------------------------------------------- predict
-
-
-def _weights(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(w) for w in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers (e.g. 0.7,0.3)") from None
 
 
 def predict_command(args) -> dict:
