@@ -62,7 +62,7 @@ def train(steps, state, host_batches):
     losses = []
     for b in host_batches:
         state, metrics = steps.train(state, steps.put_batch(b))
-        losses.append(float(steps.get(metrics)["loss_sum"]))
+        losses.append(float(steps.get(metrics)["task"]["loss_sum"]))
     return steps.get(state), losses
 
 
