@@ -70,15 +70,11 @@ import time
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import torch  # noqa: E402  (before anything that could pull tensorflow in: see tests/conftest.py)
+from flops import peak_tflops, train_flops_per_image  # noqa: E402  (bench/, beside this script)
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
 MODES = {"cpu": ("fp32",), "gpu": ("fp16", "bf16", "fp32"), "gpu-fp16": ("fp16",), "gpu-bf16": ("bf16",),
          "gpu-fp32": ("fp32",)}
-# dense peak TFLOP/s by card (the vendors' datasheets): fp32 without TF32, fp16 and bf16 on tensor cores
-PEAK_TFLOPS = {"T4": {"fp32": 8.1, "fp16": 65.0}, "P100": {"fp32": 9.3, "fp16": 18.7},
-               "V100": {"fp32": 15.7, "fp16": 125.0}, "A100": {"fp32": 19.5, "fp16": 312.0, "bf16": 312.0},
-               "L4": {"fp32": 30.3, "fp16": 121.0, "bf16": 121.0},
-               "H100": {"fp32": 67.0, "fp16": 989.0, "bf16": 989.0}, "H200": {"fp32": 67.0, "fp16": 989.0, "bf16": 989.0}}
 DEFAULTS = {  # (batch, rounds, iters, warmup) per kind of mode; --quick: (rounds, iters)
     "cpu": {"batch": 8, "rounds": 7, "iters": 3, "warmup": 2, "quick": (3, 2)},
     "gpu": {"batch": 64, "rounds": 5, "iters": 20, "warmup": 5, "quick": (3, 10)},
@@ -256,32 +252,6 @@ def gpu_cases(args, timm_model, images, labels):
     return cases, pairs, diffs
 
 
-def _train_flops_per_image(name: str, timm_model, size: int) -> float | None:
-    """3x one forward's FLOPs as XLA counts them (backward ~ 2x forward); None where XLA gives no count."""
-    import jax
-    import jax.numpy as jnp
-
-    from kaggle_utils.efficientnet import create_model
-    from kaggle_utils.surgery import count_flops
-    from kaggle_utils.variable_trees import VariableTreeError
-    from weights_port.convert import convert_timm
-
-    model = create_model(name, num_classes=timm_model.num_classes)
-    variables = jax.tree.map(jnp.asarray, convert_timm(timm_model, name))
-    try:
-        return 3 * count_flops(model, variables, jnp.zeros((1, size, size, 3), jnp.float32))
-    except VariableTreeError:
-        return None
-
-
-def peak_tflops(device_kind: str, precision: str) -> float | None:
-    """The card's dense peak for ``precision`` from :data:`PEAK_TFLOPS` (None: card or precision unknown)."""
-    for card, peaks in PEAK_TFLOPS.items():
-        if card in device_kind:
-            return peaks.get(precision)
-    return None
-
-
 def run(args) -> dict:
     import numpy as np
     import timm
@@ -303,7 +273,7 @@ def run(args) -> dict:
     for _ in range(args.rounds):
         for case, (fn, finish) in cases.items():
             runs[case].append(timed_run(fn, args.batch, args.iters, finish))
-    flops = None if args.mode == "cpu" else _train_flops_per_image(args.model, timm_model, args.size)
+    flops = None if args.mode == "cpu" else train_flops_per_image(args.model, timm_model, args.size)
     return {"runs": runs, "pairs": pairs, "logit_diffs": diffs, "setup_s": setup_s, "train_flops": flops}
 
 
