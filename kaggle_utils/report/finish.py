@@ -20,14 +20,10 @@ __all__ = ["finish_run", "validation_sums"]
 
 def validation_sums(config, plan, data, steps, variables) -> dict:
     """The evaluation step's sums over the whole validation split for ``variables`` (every process calls it)."""
-    from ..data import load_dataset
-    from ..run.build import eval_transform
+    from ..run.build import val_dataset
     from ..train import evaluate, inference_state
 
-    batches = load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size,
-                           batch_size=plan.global_batch, ordered=True, process_index=0, process_count=1,
-                           skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size),
-                           select=data.selected("val"))
+    batches = val_dataset(config, plan, data)
     try:
         return evaluate(steps, steps.put_state(inference_state(variables)), batches, desc="best checkpoint on val")
     finally:

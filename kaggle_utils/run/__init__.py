@@ -23,7 +23,7 @@ In the order a run uses them:
 :func:`cross_validate` (``cv``, folds from ``folds``) runs it once per fold over one pool of records.
 """
 from .build import (Training, build_model, build_training, device_augmentation, eval_transform, fit_run,
-                    fit_settings, host_augment, initial_variables, train_dataset, train_transform)
+                    fit_settings, host_augment, initial_variables, train_dataset, train_transform, val_dataset)
 from .cv import CVResult, cross_validate
 from .data import (SAMPLE, RunData, commit_conversion, converted_source, data_root, find_splits, infer_image_size,
                    named_classes, open_data, sample_or_folder, scan_labels, scan_test_ids, submission_labels)
@@ -40,5 +40,6 @@ __all__ = [
     "find_splits", "fit_run", "fit_settings", "global_batch", "host_augment", "infer_image_size", "initial_variables",
     "load_members", "load_run", "make_task", "named_classes", "open_data", "open_test_split", "predict_ensemble",
     "predict_test_split", "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids",
-    "submission_labels", "train", "train_dataset", "train_transform", "write_config", "write_predictions",
+    "submission_labels", "train", "train_dataset", "train_transform", "val_dataset", "write_config",
+    "write_predictions",
 ]

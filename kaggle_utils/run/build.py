@@ -140,6 +140,15 @@ def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int):
                         select=data.selected("train"))
 
 
+def val_dataset(config: TrainConfig, plan: Plan, data: RunData):
+    """The validation split in order, whole, through the run's evaluation crop: what every evaluation of a run reads."""
+    from ..data import load_dataset
+
+    return load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size, batch_size=plan.global_batch,
+                        ordered=True, process_index=0, process_count=1, skip_errors=config.data.skip_errors,
+                        crop=eval_transform(config, data.stored_size), select=data.selected("val"))
+
+
 def fit_settings(config: TrainConfig, plan: Plan):
     """The loop's settings of a resolved config: its intervals, monitor and length on this machine."""
     from ..train import FitSettings
@@ -154,7 +163,6 @@ def fit_settings(config: TrainConfig, plan: Plan):
 def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
             resume: bool = False, progress: bool = True, hooks=(), writers=()):
     """The loop over ``data`` with the config's settings and writers (TensorBoard in ``out_dir``)."""
-    from ..data import load_dataset
     from ..train import TensorBoardWriter, fit
 
     def train_batches(epoch):
@@ -164,13 +172,10 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
         finally:
             dataset.close()
 
-    val_dataset = load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size,
-                               batch_size=plan.global_batch, ordered=True, process_index=0, process_count=1,
-                               skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size),
-                               select=data.selected("val"))
+    val = val_dataset(config, plan, data)
     writers = list(writers)
     if out_dir is not None and config.loop.tensorboard and jax.process_index() == 0:
         writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard"))
     return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
-               val_batches=lambda: iter(val_dataset), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
+               val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
                writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress)
