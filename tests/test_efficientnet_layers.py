@@ -177,7 +177,10 @@ def test_remat_blocks_give_the_plain_model_s_gradients(drop_path_rate):
     bias of a BatchNorm whose output reaches another train-mode BatchNorm through a convolution (the
     batch mean cancels a constant shift). Both models give rounding noise there (~1e-5 against a
     largest gradient ~500), whose *relative* difference is large and meaningless; so, as above,
-    differences are measured against the model's largest gradient.
+    differences are measured against the model's largest gradient. The recomputed forward is fused
+    differently from the kept one, so the stem's kernel gradient (the end of the whole backward pass)
+    differs by fp32 rounding: 2.5e-6 of the largest gradient on jax 0.10.2, 1.2e-5 on 0.7.2 (measured
+    2026-11-25); a remat that drew other dropout keys, or lost a block's statistics, is off by far more.
     """
     x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 32, 32, 3), dtype=np.float32))
     models = {remat: create_model("test_efficientnet", num_classes=10, drop_path_rate=drop_path_rate, remat=remat)
@@ -194,4 +197,4 @@ def test_remat_blocks_give_the_plain_model_s_gradients(drop_path_rate):
     scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads[False]))
     errors = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))) / scale, grads[True], grads[False])
     path, worst = max(jax.tree.leaves_with_path(errors), key=lambda kv: kv[1])
-    assert worst < 1e-5, f"{jax.tree_util.keystr(path)}: gradient differs by {worst:.1e} of the largest gradient"
+    assert worst < 5e-5, f"{jax.tree_util.keystr(path)}: gradient differs by {worst:.1e} of the largest gradient"
