@@ -260,17 +260,15 @@ class _Loop:
         scalars = {**{f"train/{k}": v for k, v in running.items()},
                    **{k: float(v) / n for k, v in optim.items() if k not in ("steps", "skipped")},
                    "train/img_per_s": int(sums["count"]) / seconds}
-        skipped = 0
-        if dev_state.loss_scale is not None:
-            scale = self.steps.get(dev_state.loss_scale)
-            skipped = int(scale.skipped)
-            scalars.update(loss_scale=float(scale.scale), skipped_steps=skipped)
+        scale = None if dev_state.loss_scale is None else self.steps.get(dev_state.loss_scale)
+        scalars.update(_loss_scale_figures(scale))
+        if scale is not None:
             stuck = overflow_verdict(scale)
             if stuck:
                 raise TrainingDiverged(f"{stuck} by step {step} (epoch {epoch}): skipped steps change nothing, so "
                                        "the checkpoints hold the last good state (try --precision bf16 or fp32, or "
                                        "a lower --lr)")
-        scalars["lr"] = self._lr(step - skipped)
+        scalars["lr"] = self._lr(step - scalars.get("skipped_steps", 0))
         bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}",
                         img_s=f"{scalars['train/img_per_s']:.0f}")
         self._emit(step, scalars)
@@ -297,11 +295,8 @@ class _Loop:
             row.update({f"val_{k}": v for k, v in val.items()})
             self._emit(step, {**{f"val/{k}": v for k, v in val.items()},
                               "val/img_per_s": int(sums["count"]) / (time.perf_counter() - started)})
-        skipped = 0
-        if host_state.loss_scale is not None:
-            skipped = int(host_state.loss_scale.skipped)
-            row.update(loss_scale=float(host_state.loss_scale.scale), skipped_steps=skipped)
-        row["lr"] = self._lr(step - skipped)  # the schedule counts applied steps only
+        row.update(_loss_scale_figures(host_state.loss_scale))
+        row["lr"] = self._lr(step - row.get("skipped_steps", 0))  # the schedule counts applied steps only
         row["seconds"] = time.perf_counter() - clock["row"]
         clock["row"] = time.perf_counter()
         self.pending = None
@@ -350,6 +345,13 @@ class _Loop:
     def _write_reports(self) -> None:
         run_dir.write_reports(self.out_dir, self.history, self.columns, best=self.best, monitor=self.watch.name,
                               stop_reason=self.stop_reason, extra={"compile_s": round(self.compile_seconds(), 3)})
+
+
+def _loss_scale_figures(scale) -> dict:
+    """The history columns / scalars of fp16's host loss scale (none without loss scaling)."""
+    if scale is None:
+        return {}
+    return {"loss_scale": float(scale.scale), "skipped_steps": int(scale.skipped)}
 
 
 def _check_finite(value: float, what: str, *, epoch: int, step: int) -> None:
