@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..metrics import confusion_counts, macro_f1
+from ..metrics import confusion_counts, macro_f1, multilabel_f1
 
 __all__ = ["FocalClassification", "MetricError", "MultiLabelClassification", "SoftmaxClassification", "TASKS",
            "Task", "make_task"]
@@ -234,13 +234,7 @@ class MultiLabelClassification(Task):
         count = _count(sums)
         out = {"loss": _ratio(sums["loss_sum"], count), "acc": _ratio(sums["correct"], count)}
         if "tp" in sums:
-            tp, fp, fn = (np.asarray(sums[k], np.float64) for k in ("tp", "fp", "fn"))
-            denom = 2 * tp + fp + fn
-            present = denom > 0
-            per_class = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=present)
-            out["f1"] = float(per_class[present].mean()) if present.any() else float("nan")
-            total = denom.sum()
-            out["micro_f1"] = float(2 * tp.sum() / total) if total else float("nan")
+            out["f1"], out["micro_f1"] = multilabel_f1(sums["tp"], sums["fp"], sums["fn"])
         return out
 
     def _metric_names(self, full):
