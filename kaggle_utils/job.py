@@ -5,7 +5,8 @@ them by section); TFRecords in the competition layout (``--data-dir DIR/{train,v
 without it the embedded digits sample) -> ``OUT/`` ``config.json``, ``best.msgpack``,
 ``last.msgpack``, ``metrics.json``, ``history.csv``, ``tensorboard/``, ``curves.png``,
 ``per_class.csv``, ``val_counts.json`` and, with a test split, ``submission.csv`` predicted by
-the best checkpoint; it ends with a summary block (best score, time, files, the next command).
+the best checkpoint (``--task multilabel``: the classes above ``--threshold``, space-separated); it ends
+with a summary block (best score, time, files, the next command).
 It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 calls the same function.
 
 ``predict``: run folders, checkpoints or CV folders (:mod:`kaggle_utils.run.predict`) + test images

@@ -216,7 +216,7 @@ def _check_submission(folder: Path, probabilities: str, test_ids):
 def trained(tagged, tmp_path_factory):
     out = tmp_path_factory.mktemp("job") / "run"
     argv = ["train", "--source", str(tagged / "labels.csv"), "--test-source", str(tagged / "test"), *_flags(tagged),
-            "--augment", "randaugment-device", "--mixup-alpha", "0.4", "--cutmix-alpha", "0.4"]
+            "--mixup-alpha", "0.4", "--cutmix-alpha", "0.4"]
     assert job.main([*argv, "--out", str(out)]) == 0
     return out
 
