@@ -2,9 +2,9 @@
 
 Every check the final submission depends on runs here, before any training: splits present,
 labels in ``[0, classes)`` on every labelled split, the task fitting the labels (``--task
-multilabel`` on multi-label records or sources, softmax / focal on single-label ones), the test split's ids present, unique and as
-many as its file names promise, and a converted ``--source`` made from the files as they are now,
-every test image included.
+multilabel`` on multi-label records or sources, softmax / focal on single-label ones), the test
+split's ids present, unique and as many as its file names promise, and a converted ``--source``
+made from the files as they are now, every test image included.
 """
 from __future__ import annotations
 
@@ -322,9 +322,6 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
         where = "train or val" if multi_label else next(s for s, v in seen.items() if v.size and v.max() == top)
         raise ConfigError(f"--num-classes {config.model.num_classes} is too small: the {where} split holds label "
                           f"{top} (needs at least {top + 1})")
-    _check_classes(config, top)
-    if splits["test"]:
-        scan_test_ids(splits["test"])
     if config.data.data_dir in (None, SAMPLE) and config.data.source is None:
         description = SAMPLE
     else:  # a staged conversion is recorded where it will live once the run is accepted
@@ -332,6 +329,9 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
     where = (f"--source {config.data.source}" if config.data.source else
              "the embedded digits sample (no --data-dir)" if description == SAMPLE else f"--data-dir {description}")
     check_task_fits(config, multi_label, where)
+    _check_classes(config, top)
+    if splits["test"]:
+        scan_test_ids(splits["test"])
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
                    max_label=top, description=description, multi_label=multi_label,
                    **submission_labels(config, root))
