@@ -11,6 +11,9 @@ classes first, since they are the ones a random split loses:
    then at random), lowering that subset's wants for every class of the example;
 3. repeat until every example is placed (examples with no class go where most examples are wanted).
 
+Its limit, by construction: an example is placed for its rarest class, so a class on most images is
+placed mostly as a side effect and its share drifts about as in a random split (bench/README.md).
+
 The same algorithm as the ``iterative-stratification`` package (``MultilabelStratifiedKFold``) and
 scikit-multilearn's ``IterativeStratification`` (order 1); written here in numpy, seeded, so that
 neither is a dependency (Kaggle's images ship scikit-multilearn, not ``iterative-stratification``).
