@@ -272,3 +272,16 @@ def test_cv_on_a_multi_label_csv_writes_oof_and_multilabel_scores(tagged, tmp_pa
     assert scores["oof"]["micro_f1"] == pytest.approx(2 * tp.sum() / (2 * tp + fp + fn).sum())
     assert set(scores["fold_mean_std"]) == {"accuracy", "macro_f1", "micro_f1"}
     _check_submission(out, "test_probabilities.csv", [p.stem for p in (tagged / "test").iterdir()])
+
+
+def test_an_ensemble_of_multi_label_and_single_label_runs_is_refused():
+    from kaggle_utils.config import ConfigError
+    from kaggle_utils.run.predict import Member, _check_same_classes
+
+    def member(name, task):
+        config = TrainConfig().replace(task=task, num_classes=3, class_names=tuple(CLASSES))
+        return Member(Path(name), None, None, config, 0.5)
+
+    _check_same_classes(member("a", "multilabel"), member("b", "multilabel"))
+    with pytest.raises(ConfigError, match="--checkpoint a and b disagree .one is multi-label"):
+        _check_same_classes(member("a", "multilabel"), member("b", "softmax"))
