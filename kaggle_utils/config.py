@@ -139,6 +139,8 @@ class TaskConfig:
                        choices=("softmax", "focal", "multilabel"))
     label_smoothing: float = _field(0.1, "label smoothing of the training targets")
     focal_gamma: float = _field(2.0, "focal loss gamma (task focal)")
+    threshold: float = _field(0.5, "task multilabel: a class is predicted where its probability exceeds this (the "
+                                   "submission's labels, accuracy and F1)")
     tta: bool = _field(False, "average predictions with horizontally flipped images")
 
 

@@ -46,20 +46,26 @@ def _text(value) -> str:
     return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
 
 
-def write_submission(path: str | Path, ids: Sequence, labels: Sequence[int], *,
+def write_submission(path: str | Path, ids: Sequence, labels: Sequence, *,
                      columns: tuple[str, str] = ("id", "label"), class_names: Sequence[str] = ()) -> Path:
     """Atomic CSV in the competition's ``columns``, one row per id in the given order.
 
     With ``class_names`` the label column holds each class's name (a CSV source's own labels),
-    otherwise its index (the flower competition).
+    otherwise its index (the flower competition). A label that is a sequence of classes (a
+    multi-label prediction) is written as their names or indices separated by spaces, empty when
+    it has none: the convention of multi-label competitions (e.g. Planet's tags).
     """
     if len(ids) != len(labels):
         raise ValueError(f"{len(ids)} ids but {len(labels)} labels")
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(list(columns))
-    name = (lambda i: class_names[i]) if class_names else int  # noqa: E731
-    writer.writerows((_text(i), name(int(label))) for i, label in zip(ids, labels))
+    name = (lambda i: class_names[int(i)]) if class_names else int  # noqa: E731
+
+    def label_text(label):
+        return " ".join(str(name(c)) for c in label) if np.ndim(label) == 1 else name(label)
+
+    writer.writerows((_text(i), label_text(label)) for i, label in zip(ids, labels))
     checkpoint.atomic_write_text(path, text.getvalue())
     return Path(path)
 

@@ -5,7 +5,8 @@ them by section); TFRecords in the competition layout (``--data-dir DIR/{train,v
 without it the embedded digits sample) -> ``OUT/`` ``config.json``, ``best.msgpack``,
 ``last.msgpack``, ``metrics.json``, ``history.csv``, ``tensorboard/``, ``curves.png``,
 ``per_class.csv``, ``val_counts.json`` and, with a test split, ``submission.csv`` predicted by
-the best checkpoint; it ends with a summary block (best score, time, files, the next command).
+the best checkpoint (``--task multilabel``: the classes above ``--threshold``, space-separated); it ends
+with a summary block (best score, time, files, the next command).
 It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 calls the same function.
 
 ``predict``: run folders, checkpoints or CV folders (:mod:`kaggle_utils.run.predict`) + test images
@@ -117,7 +118,8 @@ def _add_cv_parser(commands, config_cls: type) -> None:
     cv = commands.add_parser("cv", help="K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     job = cv.add_argument_group("cross-validation")
-    job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified)")
+    job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified; multi-label: iterative "
+                                                           "stratification)")
     job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2", help="train only these folds now")
     job.add_argument("--fold-group", help="a column whose groups stay in one fold (not readable from TFRecords yet)")
     job.add_argument("--out", required=True, help="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission")
@@ -152,8 +154,9 @@ def _cv_lines(result, wall_s: float) -> list[str]:
     spread = scores["fold_mean_std"]
     lines.append(f"  folds: accuracy {spread['accuracy']['mean']:.4f} +- {spread['accuracy']['std']:.4f}, "
                  f"macro F1 {spread['macro_f1']['mean']:.4f} +- {spread['macro_f1']['std']:.4f}")
-    lines.append(f"  out-of-fold: accuracy {scores['oof']['accuracy']:.4f}, macro F1 {scores['oof']['macro_f1']:.4f} "
-                 f"over {scores['oof']['examples']} records")
+    micro = f", micro F1 {scores['oof']['micro_f1']:.4f}" if "micro_f1" in scores["oof"] else ""  # multi-label
+    lines.append(f"  out-of-fold: accuracy {scores['oof']['accuracy']:.4f}, macro F1 {scores['oof']['macro_f1']:.4f}"
+                 f"{micro} over {scores['oof']['examples']} records")
     files = [name for name in ("folds.csv", "oof.csv", "oof.npy", "cv.json", "submission.csv",
                                "test_probabilities.csv") if (out / name).is_file()]
     lines.append(f"  files: {', '.join(str(out / name) for name in files)}")

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["accuracy", "confusion_counts", "confusion_matrix", "macro_f1", "per_class_f1", "precision_recall",
-           "summarize"]
+__all__ = ["accuracy", "confusion_counts", "confusion_matrix", "macro_f1", "multilabel_f1", "per_class_f1",
+           "precision_recall", "summarize"]
 
 
 def confusion_counts(labels: jax.Array, preds: jax.Array, num_classes: int, mask: jax.Array) -> jax.Array:
@@ -69,6 +69,17 @@ def macro_f1(confusion) -> float:
     confusion = np.asarray(confusion)
     present = (confusion.sum(0) + confusion.sum(1)) > 0
     return float(per_class_f1(confusion)[present].mean()) if present.any() else float("nan")
+
+
+def multilabel_f1(tp, fp, fn) -> tuple[float, float]:
+    """(macro F1 over the classes present as a label or a prediction, micro F1) of per-class multi-label counts."""
+    tp, fp, fn = (np.asarray(v, np.float64) for v in (tp, fp, fn))
+    denom = 2 * tp + fp + fn
+    present = denom > 0
+    per_class = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=present)
+    macro = float(per_class[present].mean()) if present.any() else float("nan")
+    total = denom.sum()
+    return macro, float(2 * tp.sum() / total) if total else float("nan")
 
 
 def summarize(sums: dict, prefix: str = "") -> dict:

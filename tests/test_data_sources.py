@@ -326,14 +326,6 @@ def test_convert_refuses_to_mix_runs_and_overwrite_replaces_every_split(folders,
     assert os.listdir(tmp_path / "train") == ["00-8x8-18.tfrec"] and info["counts"] == {"train": 18}
 
 
-def test_convert_refuses_multi_label(csv_images, tmp_path):
-    path = write_csv(f"{csv_images}/multi2.csv", ["id", "tags"], [["img1", "a b"], ["img2", "a"]])
-    source = kd.csv_source(path, f"{csv_images}/images", id_column="id", label_column="tags")
-    with pytest.raises(kd.DataError, match="multi-label"):
-        convert.convert_source(source, tmp_path, image_size=SIZE)
-    assert not os.listdir(tmp_path)
-
-
 def test_convert_command_line_with_a_csv_and_a_tfds_source(csv_images, tiny_tfds, tmp_path, capsys):
     from kaggle_utils.data.__main__ import main
 

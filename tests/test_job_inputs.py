@@ -118,7 +118,6 @@ def _class_folders(root, per_class):
     (["--monitor", "val_acc", "--monitor-mode", "min"],
      "--monitor val_acc --monitor-mode min: higher val_acc is better"),
     (["--class-names", "cat", "--class-names", "dog", "--class-names", "cat"], "--class-names repeats 'cat'"),
-    (["--task", "multilabel"], "--task multilabel needs several labels per image"),
 ])
 def test_values_no_run_can_use_are_refused_before_the_folder_is_made(tmp_path, capsys, monkeypatch, flags, message):
     monkeypatch.setattr(run, "open_data", _no_work)

@@ -2,8 +2,10 @@
 
 ``python -m kaggle_utils.data convert SRC --out DIR [--image-size N] [--val-fraction F] [--shards K]``
 writes ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` with the competition's feature keys
-(``image`` JPEG + ``class`` int64, or ``image`` + ``id`` for test) and ``DIR/class_names.json``
-(class names, the source's id / label column names, counts, and the fingerprint of the input
+(``image`` JPEG + ``class`` int64, or ``image`` + ``id`` for test; a multi-label source's records
+carry ``labels``, the int64 list of the classes present, instead of ``class``, see
+:mod:`~kaggle_utils.data.tfrecords`) and ``DIR/class_names.json`` (class names, ``multi_label``,
+the source's id / label column names, counts, and the fingerprint of the input
 and settings it was made from, :mod:`~kaggle_utils.data.fingerprint`), which
 :func:`read_conversion_info` reads back and :func:`conversion_changes` compares with a source as
 it is now.
@@ -12,11 +14,11 @@ it is now.
   ``N`` x ``N`` (:class:`~kaggle_utils.data.transforms.Resize`) and stored as JPEGs (quality
   95 by default); crops for training and evaluation happen later, on read.
 * The validation split is stratified: ``round(F * n_c)`` random examples of each class ``c``
-  (at most ``n_c - 1``).
+  (at most ``n_c - 1``); a multi-label source's by iterative stratification
+  (:mod:`~kaggle_utils.data.stratify`), which keeps each class's share of the validation split
+  close to ``F`` (a class with one or two examples keeps them for training).
   Train and val examples are written in a random order (file sources; a tfds split keeps its
   own, already shuffled, order), so shards are not sorted by class.
-* Multi-label sources are refused: the format has one ``class`` per record. Read them with
-  :func:`~kaggle_utils.data.pipeline.load_source` instead.
 * Each file is written atomically, and the whole conversion goes to a staging folder inside
   ``DIR`` that replaces the old ``train/ val/ test/`` only once every file is written, so a
   re-run never mixes old and new shards; an existing conversion is replaced only with
@@ -37,6 +39,7 @@ import numpy as np
 from .fingerprint import conversion_fingerprint, fingerprint_changes
 from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
+from .stratify import iterative_stratification
 from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, shard_name, write_tfrecord
 from .tfrecords import DataError, count_from_name
 
@@ -73,10 +76,15 @@ def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> 
     """(train, val) example numbers, each in random order: ``round(val_fraction * n_c)`` of class c to val.
 
     A class keeps at least one example in train, so no class is known only from validation.
+    Multi-hot ``labels`` ``[N, C]`` are split by iterative stratification instead.
     """
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     rng = np.random.default_rng(seed)
+    if np.ndim(labels) == 2:
+        subset = iterative_stratification(labels, [1 - val_fraction, val_fraction], seed) if val_fraction else \
+            np.zeros(len(labels), np.int64)
+        return rng.permutation(np.flatnonzero(subset == 0)), rng.permutation(np.flatnonzero(subset == 1))
     train, val = [], []
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))
@@ -105,7 +113,12 @@ def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size
 
     for batch in dataset:
         for i in np.flatnonzero(batch["mask"]):
-            target = {"label": int(batch["label"][i])} if source.labeled else {"id": batch["id"][i]}
+            if not source.labeled:
+                target = {"id": batch["id"][i]}
+            elif source.multi_label:
+                target = {"labels": np.flatnonzero(batch["label"][i] > 0.5)}
+            else:
+                target = {"label": int(batch["label"][i])}
             pending.append(serialize_example(encode_jpeg(batch["image"][i], quality), **target))
             if len(pending) == per_file:
                 flush()
@@ -136,9 +149,6 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
 
     ``shards``: files per split (fewer for splits with fewer examples). See the module docstring.
     """
-    if train.multi_label:
-        raise DataError(f"{train.description} is multi-label: the competition's TFRecord format holds one class "
-                        "per record, so it cannot be converted; read it with load_source instead")
     if not train.labeled:
         raise DataError(f"{train.description} has no labels: give it as the test source (--test)")
     if test is not None and test.labeled:
@@ -167,7 +177,7 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
                 files = _write_split(source, indices, folder, image_size=image_size, shards=shards, quality=quality,
                                      skip_errors=skip_errors)
                 counts[split] = sum(count_from_name(f) for f in files)
-        info = {"class_names": train.class_names, "id_column": (test or train).id_column,
+        info = {"class_names": train.class_names, "multi_label": train.multi_label, "id_column": (test or train).id_column,
                 "label_column": train.label_column, "image_size": image_size, "counts": counts,
                 "source": train.description, "test_source": None if test is None else test.description,
                 "fingerprint": fingerprint}
@@ -215,7 +225,8 @@ def conversion_changes(out_dir, train: Source, test: Source | None = None, **set
 
 
 def read_conversion_info(out_dir) -> dict:
-    """The ``class_names.json`` a conversion wrote: class_names, id_column, label_column, image_size, counts."""
+    """The ``class_names.json`` a conversion wrote: class_names, multi_label, id_column, label_column, image_size,
+    counts, fingerprint (``multi_label`` absent: written before multi-label records, so single-label)."""
     path = os.path.join(os.fspath(out_dir), INFO_FILE)
     if not os.path.isfile(path):
         raise DataError(f"{path} does not exist: {out_dir} was not written by kaggle_utils.data convert")

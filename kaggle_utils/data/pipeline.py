@@ -4,7 +4,7 @@ Batches are dicts of numpy arrays::
 
     {"image": uint8 [B, H, W, 3], "label": int32 [B] | "id": object (bytes) [B], "mask": bool [B]}
 
-It sits above both :mod:`~kaggle_utils.data.tfrecords` (reading, parsing and reporting bad
+(``label`` float32 multi-hot ``[B, C]`` for multi-label records or sources.) It sits above both :mod:`~kaggle_utils.data.tfrecords` (reading, parsing and reporting bad
 records) and :mod:`~kaggle_utils.data.augment` (what is done to the decoded images), so those
 two need not import each other. The design choices are in :mod:`~kaggle_utils.data.tfrecords`.
 """
@@ -69,7 +69,7 @@ class HostDataset:
     """
 
     def __init__(self, tf_dataset, *, filenames, num_examples, batch_size, labeled, repeat,
-                 drop_remainder, problems: _ProblemLog, image_size, closers=()):
+                 drop_remainder, problems: _ProblemLog, image_size, closers=(), multi_label_classes=None):
         self.tf_dataset = tf_dataset
         self.filenames = list(filenames)
         self.num_examples = num_examples
@@ -78,6 +78,7 @@ class HostDataset:
         self.repeat = repeat
         self.drop_remainder = drop_remainder
         self.image_size = image_size
+        self.multi_label_classes = multi_label_classes
         self._problems = problems
         self._closers = list(closers)
 
@@ -147,7 +148,8 @@ class HostDataset:
     def _explain(self, err) -> BaseException:
         if self._problems.first_error is not None:
             return self._problems.first_error
-        found = check_tfrecords(self.filenames, labeled=self.labeled, image_size=self.image_size, max_problems=1)
+        found = check_tfrecords(self.filenames, labeled=self.labeled, image_size=self.image_size, max_problems=1,
+                                multi_label_classes=self.multi_label_classes)
         if found:
             return BadRecordError(f"{found[0]} (pass skip_errors=True to skip bad records)")
         return DataError(f"reading {len(self.filenames)} TFRecord file(s) failed: {type(err).__name__}: "
@@ -174,12 +176,15 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
                  repeat: bool = False, skip_errors: bool = False, process_index: int | None = None,
                  process_count: int | None = None, seed: int | None = None,
                  augment_workers: int | None = None, crop=None, keep_corrupt_jpegs: bool = False,
-                 select=None, with_records: bool = False) -> HostDataset:
+                 select=None, with_records: bool = False, multi_label_classes: int | None = None) -> HostDataset:
     """TFRecords -> :class:`HostDataset` of host batches (dicts of numpy arrays).
 
     Args:
       filenames: files, a directory, a glob, or a list of those (see :func:`list_tfrecords`).
       labeled: train/val records (``image`` + ``class`` -> ``label``) or test (``image`` + ``id``).
+      multi_label_classes: with ``labeled``, the records are multi-label (``image`` + ``labels``, the
+        class indices, see :mod:`~kaggle_utils.data.tfrecords`): ``label`` is then float32 multi-hot
+        ``[B, C]`` of this many classes ``C``; an index outside ``[0, C)`` is a bad record.
       image_size: every image must be ``image_size`` x ``image_size``; others are bad records.
       batch_size: per-process batch (the global batch divided by the process count).
       ordered: file order (sorted names) and record order kept, deterministic, no shuffling:
@@ -249,11 +254,12 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
     def to_example(filename, index, serialized, image_seed=None):
         check_jpeg = None if check is None else (lambda jpeg: check(filename, index, jpeg))
         image, target, problem = decode(serialized, labeled=labeled, image_size=image_size,
-                                        decode_image=not decode_in_workers, check_jpeg=check_jpeg)
+                                        decode_image=not decode_in_workers, check_jpeg=check_jpeg,
+                                        multi_label_classes=multi_label_classes)
         keep = _keep_or_report(problems, filename, index, problem)
         if per_image is not None:
             image = per_image(image, image_seed)
-        if labeled:
+        if labeled and multi_label_classes is None:
             target = tf.cast(target, tf.int32)
         if decode_in_workers:  # JPEG bytes, and where they came from, should a worker fail to decode them
             return {"jpeg": image, "filename": filename, "index": index, target_key: target, "keep": keep}
@@ -267,7 +273,8 @@ def load_dataset(filenames, *, labeled: bool, image_size: int, batch_size: int, 
                               plan=plan, problems=problems, decode_in_workers=decode_in_workers, image_size=image_size)
     return HostDataset(batches, filenames=files, num_examples=num_examples, batch_size=batch_size,
                        labeled=labeled, repeat=repeat, drop_remainder=drop_remainder, problems=problems,
-                       image_size=image_size, closers=plan.closers)
+                       image_size=image_size, closers=plan.closers,
+                       multi_label_classes=multi_label_classes if labeled else None)
 
 
 def _check_batch_size(batch_size: int) -> None:

@@ -65,6 +65,7 @@ class RecordIndex:
     indices: np.ndarray  # int64 [N]
     labels: np.ndarray  # int64 [N] (-1: no class feature)
     ids: np.ndarray  # str [N]
+    label_sets: tuple = ()  # per record, the int64 class indices of its ``labels`` feature (multi-label records)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -73,13 +74,27 @@ class RecordIndex:
         rows = range(len(self)) if rows is None else rows
         return [(str(self.files[r]), int(self.indices[r])) for r in rows]
 
+    @property
+    def multi_label(self) -> bool:
+        """Multi-label records: none has a ``class``, each names its classes in ``labels``."""
+        return bool(len(self)) and bool(np.all(self.labels < 0)) and all(len(s) for s in self.label_sets)
+
+    def multi_hot(self, num_classes: int) -> np.ndarray:
+        """float32 ``[N, num_classes]`` of ``label_sets`` (indices outside the range are the reader's to refuse)."""
+        rows = np.zeros((len(self), num_classes), np.float32)
+        for r, found in enumerate(self.label_sets):
+            rows[r, found[(found >= 0) & (found < num_classes)]] = 1.0
+        return rows
+
 
 def scan_records(files: list[str]) -> RecordIndex:
-    """Labels and ids of every record of ``files`` (sorted), parsed in batches, no image decoded."""
+    """Labels (``class``, or a multi-label record's ``labels``) and ids of every record of ``files`` (sorted),
+    parsed in batches, no image decoded."""
     tf = tensorflow_on_host()
     spec = {"class": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
-            "id": tf.io.FixedLenFeature([], tf.string, default_value="")}
-    names, indices, labels, ids = [], [], [], []
+            "id": tf.io.FixedLenFeature([], tf.string, default_value=""),
+            "labels": tf.io.VarLenFeature(tf.int64)}
+    names, indices, labels, ids, label_sets = [], [], [], [], []
     for name in sorted(files):
         start = 0
         for chunk in tf.data.TFRecordDataset(name).batch(4096):
@@ -89,7 +104,9 @@ def scan_records(files: list[str]) -> RecordIndex:
             indices.append(np.arange(start, start + n))
             labels.append(parsed["class"].numpy())
             ids += [v.decode("utf-8") for v in parsed["id"].numpy()]
+            ragged = tf.RaggedTensor.from_sparse(parsed["labels"])
+            label_sets += np.split(ragged.values.numpy(), ragged.row_splits.numpy()[1:-1])
             start += n
     cat = (lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype))
     return RecordIndex(np.array(names, dtype=str), cat(indices, np.int64), cat(labels, np.int64),
-                       np.array(ids, dtype=str))
+                       np.array(ids, dtype=str), tuple(label_sets))

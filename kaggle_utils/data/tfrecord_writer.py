@@ -3,7 +3,8 @@
 For the sample data (:mod:`kaggle_utils.data.sample`), the converter
 (:mod:`kaggle_utils.data.convert`) and the tests. Records are what
 :mod:`kaggle_utils.data.tfrecords` reads: ``image`` (JPEG bytes from TensorFlow's libjpeg, as
-the competition's) with ``class`` (int64) or ``id`` (bytes). Every file is written beside its
+the competition's) with ``class`` (int64) or ``id`` (bytes), or, for a multi-label example,
+``labels`` (int64 list of the classes present; see :mod:`~kaggle_utils.data.tfrecords`). Every file is written beside its
 final name and renamed into place (:func:`atomic_output_path`), so a crash never leaves a
 half-written shard that a reader or a ``*.tfrec`` glob would take for a real one.
 """
@@ -52,13 +53,18 @@ def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
     return tensorflow_on_host().io.encode_jpeg(image, quality=quality).numpy()
 
 
-def serialize_example(image_jpeg: bytes, *, label: int | None = None, id: bytes | str | None = None) -> bytes:
-    """One ``tf.train.Example`` in the competition's format: image + class, or image + id."""
-    if (label is None) == (id is None):
-        raise ValueError("give exactly one of label= (train/val records) or id= (test records)")
+def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Sequence[int] | None = None,
+                      id: bytes | str | None = None) -> bytes:
+    """One ``tf.train.Example``: image + class, image + labels (a multi-label example's class indices), or image + id."""
+    if sum(target is not None for target in (label, labels, id)) != 1:
+        raise ValueError("give exactly one of label= (train/val records), labels= (multi-label) or id= (test records)")
     tf = tensorflow_on_host()
     feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_jpeg]))}
-    if label is not None:
+    if labels is not None:
+        if not len(labels):
+            raise ValueError("a multi-label example needs at least one class in labels=")
+        feature["labels"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(c) for c in labels]))
+    elif label is not None:
         feature["class"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))
     else:
         id_bytes = id.encode("utf-8") if isinstance(id, str) else bytes(id)
@@ -83,11 +89,13 @@ def shard_name(index: int, image_size: int, count: int) -> str:
     return f"{index:02d}-{image_size}x{image_size}-{count}.tfrec"
 
 
-def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Sequence[int] | None = None,
+def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Sequence[int] | np.ndarray | None = None,
                 ids: Sequence[bytes | str] | None = None, num_files: int = 1, quality: int = 95) -> list[str]:
     """Write square uint8 images [N, S, S, 3] as ``num_files`` Kaggle-layout shards.
 
-    Like the competition, all files but the last hold ``ceil(N / num_files)`` records.
+    ``labels``: class indices ``[N]``, or multi-hot rows ``[N, C]`` (written as multi-label
+    records, each row's nonzero classes). Like the competition, all files but the last hold
+    ``ceil(N / num_files)`` records.
     """
     images = np.asarray(images)
     if images.ndim != 4 or images.shape[1] != images.shape[2] or images.shape[3] != 3:
@@ -101,9 +109,17 @@ def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Seq
     paths = []
     for index, start in enumerate(range(0, len(images), per_file)):
         stop = min(start + per_file, len(images))
-        key = "label" if labels is not None else "id"
-        records = (serialize_example(encode_jpeg(images[i], quality), **{key: targets[i]}) for i in range(start, stop))
+        records = (serialize_example(encode_jpeg(images[i], quality), **_target(labels, ids, i))
+                   for i in range(start, stop))
         path = os.path.join(os.fspath(split_dir), shard_name(index, images.shape[1], stop - start))
         write_tfrecord(path, records)
         paths.append(path)
     return paths
+
+
+def _target(labels, ids, i: int) -> dict:
+    """``serialize_example``'s target keyword for example ``i``: label=, labels= (a multi-hot row) or id=."""
+    if labels is None:
+        return {"id": ids[i]}
+    row = np.asarray(labels[i])
+    return {"labels": np.flatnonzero(row)} if row.ndim == 1 else {"label": int(row)}

@@ -7,6 +7,14 @@ which turns them into an iterable of host batches::
 
     {"image": uint8 [B, H, W, 3], "label": int32 [B] | "id": object (bytes) [B], "mask": bool [B]}
 
+Multi-label records (the kit's own format, written by the converter for a source with several
+labels per image) carry ``labels`` (int64 list: the indices of the classes present, at least
+one) in place of ``class``; read with ``multi_label_classes=C`` they give ``label`` as float32
+multi-hot ``[B, C]``. A list of indices rather than a stored multi-hot row: a record does not
+grow with the class count, and the reader still checks every index against ``[0, C)``. A
+conversion says which kind its records are (``"multi_label": true`` in its ``class_names.json``),
+and a reader of the other kind finds no ``class`` (or no ``labels``) feature and says so.
+
 Writing files in that layout is :mod:`kaggle_utils.data.tfrecord_writer`'s part.
 
 Design choices, and why:
@@ -200,9 +208,11 @@ def locate_competition_data(image_size: int, roots: Sequence[str] = KAGGLE_INPUT
 # --------------------------------------------------------------------------------------
 # Parsing one record, with every problem described rather than raised
 # --------------------------------------------------------------------------------------
-def _target_feature(labeled: bool):
+def _target_feature(labeled: bool, multi_label: bool = False):
     tf = tensorflow_on_host()
-    return ("class", tf.int64) if labeled else ("id", tf.string)
+    if not labeled:
+        return "id", tf.string
+    return ("labels" if multi_label else "class"), tf.int64
 
 
 def _count_problem(tf, name: str, count, what: str):
@@ -210,17 +220,17 @@ def _count_problem(tf, name: str, count, what: str):
                     tf.strings.format("feature '{}' has {} values, expected one " + what, (name, count)))
 
 
-def _parse_features(serialized, labeled: bool):
-    """All values of ``image`` and of ``class``/``id`` (missing -> empty); raises only on a malformed record."""
+def _parse_features(serialized, labeled: bool, multi_label: bool = False):
+    """All values of ``image`` and of ``class``/``labels``/``id`` (missing -> empty); raises only on a malformed record."""
     tf = tensorflow_on_host()
-    key, dtype = _target_feature(labeled)
+    key, dtype = _target_feature(labeled, multi_label)
     parsed = tf.io.parse_single_example(serialized, {
         "image": tf.io.VarLenFeature(tf.string), key: tf.io.VarLenFeature(dtype)})
     return parsed["image"].values, parsed[key].values
 
 
-def _malformed(labeled: bool) -> str:
-    key, dtype = _target_feature(labeled)
+def _malformed(labeled: bool, multi_label: bool = False) -> str:
+    key, dtype = _target_feature(labeled, multi_label)
     return f"record is not a tf.train.Example with the expected feature types (image: bytes, {key}: {dtype.name})"
 
 
@@ -230,10 +240,12 @@ _WORKERS_DECODE_JPEG_ONLY = (
     "(augment='randaugment' or None, or ProcessPoolAugmenter(fn, decode_jpegs=False))")
 
 
-def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: bool = True, check_jpeg=None):
+def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: bool = True, check_jpeg=None,
+                   multi_label_classes: int | None = None):
     """Parse + decode one serialized record inside a tf.data map.
 
-    Returns ``(image uint8 [S, S, 3], target, problem)``: ``target`` is the int64 class or
+    Returns ``(image uint8 [S, S, 3], target, problem)``: ``target`` is the int64 class,
+    the float32 multi-hot row ``[C]`` of a multi-label record (``multi_label_classes=C``), or
     the id string, ``problem`` an empty string for a good record, else a description
     ("missing feature 'class'", "image is 331x331, expected 512x512"). Structural problems
     do not raise, so the caller can name the file and decide to skip; a JPEG that cannot
@@ -248,9 +260,15 @@ def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: 
     (:mod:`~kaggle_utils.data.jpeg_check`).
     """
     tf = tensorflow_on_host()
-    key, dtype = _target_feature(labeled)
-    jpeg, target = _parse_features(serialized, labeled)
+    multi = labeled and multi_label_classes is not None
+    key, dtype = _target_feature(labeled, multi)
+    jpeg, target = _parse_features(serialized, labeled, multi)
     n_image, n_target = tf.size(jpeg), tf.size(target)
+    if multi:
+        target, target_ok, target_problem = _multi_hot(target, multi_label_classes)
+    else:
+        target_ok, target_problem = tf.equal(n_target, 1), _count_problem(tf, key, n_target, "value")
+        target = tf.concat([target[:1], tf.constant([-1 if labeled else b""], dtype)], 0)[0]
     has_image = tf.equal(n_image, 1)
     jpeg = tf.concat([jpeg[:1], [b""]], 0)[0]
     if decode_image:
@@ -263,14 +281,12 @@ def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: 
         height_width = tf.cond(has_image & is_jpeg, lambda: tf.io.extract_jpeg_shape(jpeg)[:2],
                                lambda: tf.zeros([2], tf.int32))
     size_ok = tf.reduce_all(tf.equal(height_width, [image_size, image_size]))
-    fits = has_image & is_jpeg & tf.equal(n_target, 1) & size_ok
+    fits = has_image & is_jpeg & target_ok & size_ok
     if decode_image:
         image = tf.cond(fits, lambda: tf.reshape(image, [image_size, image_size, 3]),
                         lambda: tf.zeros([image_size, image_size, 3], tf.uint8))
     else:
         image = tf.where(fits, jpeg, b"")
-    default = tf.constant([-1 if labeled else b""], dtype)
-    target = tf.concat([target[:1], default], 0)[0]
 
     def describe():
         size_problem = tf.strings.format(
@@ -279,17 +295,30 @@ def decode_example(serialized, *, labeled: bool, image_size: int, decode_image: 
         kind = tf.where(tf.equal(tf.strings.substr(jpeg, 0, 4), b"\x89PNG"), "a PNG", "not a JPEG")
         format_problem = tf.strings.join(["image bytes are ", kind, "; " + _WORKERS_DECODE_JPEG_ONLY])
         return tf.where(~has_image, _count_problem(tf, "image", n_image, "JPEG"),
-                        tf.where(~is_jpeg, format_problem,
-                                 tf.where(tf.equal(n_target, 1), size_problem,
-                                          _count_problem(tf, key, n_target, "value"))))
+                        tf.where(~is_jpeg, format_problem, tf.where(target_ok, size_problem, target_problem)))
 
     checked = (lambda: check_jpeg(jpeg)) if check_jpeg is not None and decode_image else (lambda: tf.constant(""))
     problem = tf.cond(fits, checked, describe)
     return image, target, problem
 
 
+def _multi_hot(indices, num_classes: int):
+    """A multi-label record's class indices -> (float32 multi-hot ``[C]``, whether they are usable, what is wrong)."""
+    tf = tensorflow_on_host()
+    inside = (indices >= 0) & (indices < num_classes)
+    usable = (tf.size(indices) > 0) & tf.reduce_all(inside)
+    hits = tf.one_hot(tf.boolean_mask(indices, inside), num_classes, dtype=tf.float32)
+    row = tf.minimum(tf.reduce_sum(hits, 0), 1.0)
+    outside = tf.concat([tf.boolean_mask(indices, ~inside), tf.zeros([1], indices.dtype)], 0)[0]
+    problem = tf.where(tf.equal(tf.size(indices), 0),
+                       tf.constant("missing feature 'labels' (a multi-label record names at least one class)"),
+                       tf.strings.format("feature 'labels' holds class {}, outside the " + str(num_classes)
+                                         + " classes [0, " + str(num_classes) + ")", outside))
+    return row, usable, problem
+
+
 def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decode_image: bool = True,
-                            check_jpeg=None):
+                            check_jpeg=None, multi_label_classes: int | None = None):
     """:func:`decode_example` that also turns undecodable JPEGs / unparsable records into a problem.
 
     Each record goes through :func:`~kaggle_utils.data.transforms.first_success` (a try/except
@@ -297,20 +326,22 @@ def _decode_without_raising(serialized, *, labeled: bool, image_size: int, decod
     ``skip_errors=True``.
     """
     tf = tensorflow_on_host()
-    _, dtype = _target_feature(labeled)
+    multi = labeled and multi_label_classes is not None
+    _, dtype = _target_feature(labeled, multi)
 
     def attempt(parse_fn, fallback):
         return first_success(parse_fn, serialized, fallback)
 
     no_image = tf.zeros([image_size, image_size, 3], tf.uint8) if decode_image else tf.constant(b"")
-    fallback = (no_image, tf.constant(-1 if labeled else b"", dtype), tf.constant(""))
+    no_target = tf.zeros([multi_label_classes], tf.float32) if multi else tf.constant(-1 if labeled else b"", dtype)
     (image, target, problem), decoded = attempt(
         lambda s: decode_example(s, labeled=labeled, image_size=image_size, decode_image=decode_image,
-                                 check_jpeg=check_jpeg), fallback)
+                                 check_jpeg=check_jpeg, multi_label_classes=multi_label_classes),
+        (no_image, no_target, tf.constant("")))
 
     def explain_failure():
-        _, parsed = attempt(lambda s: tf.size(_parse_features(s, labeled)[0]), tf.constant(0))
-        return tf.where(parsed, tf.constant(UNDECODABLE), tf.constant(_malformed(labeled)))
+        _, parsed = attempt(lambda s: tf.size(_parse_features(s, labeled, multi)[0]), tf.constant(0))
+        return tf.where(parsed, tf.constant(UNDECODABLE), tf.constant(_malformed(labeled, multi)))
 
     problem = tf.cond(decoded, lambda: problem, explain_failure)
     return image, target, problem
@@ -374,7 +405,7 @@ class _ProblemLog:
 # Checking files outside the pipeline (used to explain TF errors that carry no file name)
 # --------------------------------------------------------------------------------------
 def check_tfrecords(filenames: Sequence[str], *, labeled: bool, image_size: int,
-                    max_problems: int | None = None) -> list[RecordProblem]:
+                    max_problems: int | None = None, multi_label_classes: int | None = None) -> list[RecordProblem]:
     """Read every record of ``filenames`` eagerly and list what is wrong (empty: all good).
 
     Slow (one record at a time) but exact; :func:`load_dataset` calls it when TensorFlow
@@ -386,7 +417,8 @@ def check_tfrecords(filenames: Sequence[str], *, labeled: bool, image_size: int,
         index = 0  # of the record being read: the reader fails on the first one it cannot read
         try:
             for serialized in tf.data.TFRecordDataset(filename):
-                problem = _check_record(serialized, labeled=labeled, image_size=image_size)
+                problem = _check_record(serialized, labeled=labeled, image_size=image_size,
+                                        multi_label_classes=multi_label_classes)
                 if problem:
                     problems.append(RecordProblem(filename, index, problem))
                 if max_problems is not None and len(problems) >= max_problems:
@@ -399,14 +431,16 @@ def check_tfrecords(filenames: Sequence[str], *, labeled: bool, image_size: int,
     return problems
 
 
-def _check_record(serialized, *, labeled: bool, image_size: int) -> str:
+def _check_record(serialized, *, labeled: bool, image_size: int, multi_label_classes: int | None = None) -> str:
     tf = tensorflow_on_host()
+    multi = labeled and multi_label_classes is not None
     try:
-        _parse_features(serialized, labeled)
+        _parse_features(serialized, labeled, multi)
     except tf.errors.OpError as err:
-        return f"{_malformed(labeled)} ({_op_message(err)})"
+        return f"{_malformed(labeled, multi)} ({_op_message(err)})"
     check = (lambda jpeg: tf.constant(jpeg_problem(jpeg.numpy()))) if strict_decoder() is not None else None
     try:
-        return decode_example(serialized, labeled=labeled, image_size=image_size, check_jpeg=check)[2].numpy().decode()
+        return decode_example(serialized, labeled=labeled, image_size=image_size, check_jpeg=check,
+                              multi_label_classes=multi_label_classes)[2].numpy().decode()
     except tf.errors.OpError as err:
         return f"{UNDECODABLE} ({_op_message(err)})"

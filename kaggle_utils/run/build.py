@@ -129,6 +129,11 @@ def eval_transform(config: TrainConfig, stored_size: int):
     return Resize(size) if size != stored_size else None
 
 
+def multi_label_classes(config: TrainConfig, data: RunData) -> int | None:
+    """The width of the multi-hot label rows a run on ``data`` reads (its classes), or None: integer labels."""
+    return config.model.num_classes if data.multi_label else None
+
+
 def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int):
     """This process's training batches for ``epoch`` (repeated, host-augmented), as :func:`fit_run` reads them."""
     from ..data import load_dataset
@@ -137,7 +142,7 @@ def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int):
                         batch_size=plan.global_batch // jax.process_count(), augment=host_augment(config),
                         drop_remainder=True, repeat=True, seed=config.seed * 100_003 + epoch,
                         skip_errors=config.data.skip_errors, crop=train_transform(config, data.stored_size),
-                        select=data.selected("train"))
+                        select=data.selected("train"), multi_label_classes=multi_label_classes(config, data))
 
 
 def val_dataset(config: TrainConfig, plan: Plan, data: RunData):
@@ -146,7 +151,8 @@ def val_dataset(config: TrainConfig, plan: Plan, data: RunData):
 
     return load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size, batch_size=plan.global_batch,
                         ordered=True, process_index=0, process_count=1, skip_errors=config.data.skip_errors,
-                        crop=eval_transform(config, data.stored_size), select=data.selected("val"))
+                        crop=eval_transform(config, data.stored_size), select=data.selected("val"),
+                        multi_label_classes=multi_label_classes(config, data))
 
 
 def fit_settings(config: TrainConfig, plan: Plan):

@@ -13,6 +13,11 @@ by the model that did not train on it), ``OUT/cv.json`` (each fold's best row an
 scores, their mean and std, and the pooled out-of-fold score), and with a test split
 ``OUT/submission.csv`` + ``test_probabilities.csv`` from the mean of the fold models.
 
+Multi-label records (a multi-label ``--source``, converted) are dealt into folds by iterative
+stratification (:mod:`kaggle_utils.data.stratify`); their ``oof.csv`` label is the record's classes,
+space-separated, and ``cv.json`` holds the multilabel task's scores (exact-match accuracy, macro and
+micro F1 at the run's ``--threshold``).
+
 Records are named in ``folds.csv`` and ``oof.csv`` by their ``id`` feature when every pool record
 has a unique one (the competition's records), else by ``split/file#index`` (the sample and
 ``--source`` conversions write ids into test records only).
@@ -54,9 +59,17 @@ class Pool:
 
     files: np.ndarray
     indices: np.ndarray
-    labels: np.ndarray
+    labels: np.ndarray  # int [N], or float32 multi-hot [N, C] (multi-label records)
     keys: np.ndarray
     folds: np.ndarray
+    class_names: tuple[str, ...] = ()  # how a multi-label row is written in oof.csv (else: class indices)
+
+    def label_text(self, row: int) -> str:
+        """oof.csv's label: the class index, or a multi-label row's classes, space-separated (names if known)."""
+        if self.labels.ndim == 1:
+            return str(self.labels[row])
+        present = np.flatnonzero(self.labels[row] > 0.5)
+        return " ".join(self.class_names[c] if self.class_names else str(c) for c in present)
 
     def pairs(self, rows) -> tuple[tuple[str, int], ...]:
         return tuple((str(self.files[r]), int(self.indices[r])) for r in np.flatnonzero(rows))
@@ -101,7 +114,7 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
                                overwrite=overwrite or (resume and not go_on), progress=progress, hooks=hooks)
             _write_fold_oof(fold_out, k, pool, data)
         remaining = tuple(k for k in range(folds) if not (out / f"fold{k}" / FOLD_OOF).is_file())
-        scores = None if remaining else _finish(out, folds, pool, data)
+        scores = None if remaining else _finish(out, folds, pool, data, threshold=config.task.threshold)
     return CVResult(out, trained, scores, remaining)
 
 
@@ -135,8 +148,6 @@ def _check_args(folds, only_folds, fold_group, resume, overwrite, config) -> lis
         raise ConfigError(f"--fold-group {fold_group}: the TFRecords a CV reads carry no column besides the image and "
                           "its class, so groups cannot be read yet; make the groups' folds yourself, or leave "
                           "--fold-group out")
-    if config.task.task == "multilabel":
-        raise ConfigError(f"--task {config.task.task}: cross-validation stratifies single-label records only")
     chosen = list(range(folds)) if only_folds is None else sorted(set(only_folds))
     outside = [k for k in chosen if not 0 <= k < folds]
     if outside:
@@ -161,10 +172,11 @@ def _pool(data: RunData, k: int, seed: int) -> Pool:
     from ..data.selection import scan_records
 
     records = scan_records(data.splits["train"] + data.splits["val"])
+    labels = records.multi_hot(data.max_label + 1) if data.multi_label else records.labels
     ids = records.ids
     if not (all(ids) and len(set(ids)) == len(ids)):  # no (unique) id feature: named by where they lie
         ids = np.array([f"{Path(f).parent.name}/{Path(f).name}#{i}" for f, i in zip(records.files, records.indices)])
-    return Pool(records.files, records.indices, records.labels, ids, assign_folds(records.labels, k, seed))
+    return Pool(records.files, records.indices, labels, ids, assign_folds(labels, k, seed), data.class_names)
 
 
 def _write_fold_oof(fold_out: Path, k: int, pool: Pool, data: RunData) -> None:
@@ -180,7 +192,8 @@ def _write_fold_oof(fold_out: Path, k: int, pool: Pool, data: RunData) -> None:
     batches = load_dataset(sorted(set(pool.files)), labeled=True, image_size=data.stored_size,
                            batch_size=config.data.batch_size, ordered=True, process_index=0, process_count=1,
                            crop=eval_transform(config, data.stored_size), select=pool.pairs(pool.folds == k),
-                           with_records=True, skip_errors=config.data.skip_errors)
+                           with_records=True, skip_errors=config.data.skip_errors,
+                           multi_label_classes=config.model.num_classes if data.multi_label else None)
     try:
         records, probs = predict(steps, member.variables, ({"image": b["image"], "id": b["record"], "mask": b["mask"]}
                                                            for b in batches))
@@ -198,22 +211,23 @@ def _write_oof(path: Path, pool: Pool, rows: Sequence[int], probs: np.ndarray) -
     if not _main():
         return
     lines = ["id,label,fold," + ",".join(str(c) for c in range(probs.shape[1]))]
-    lines += [f"{pool.keys[r]},{pool.labels[r]},{pool.folds[r]}," + ",".join(repr(float(p)) for p in row)
+    lines += [f"{pool.keys[r]},{pool.label_text(r)},{pool.folds[r]}," + ",".join(repr(float(p)) for p in row)
               for r, row in zip(rows, probs)]
     checkpoint.atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def read_oof(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, labels, folds, probabilities [N, C]) of an ``oof.csv``."""
+    """(ids, labels, folds, probabilities [N, C]) of an ``oof.csv``; labels as written (an index, or a multi-label
+    row's classes separated by spaces)."""
     import csv
 
     with open(path, newline="") as f:
         rows = list(csv.reader(f))[1:]
-    return ([r[0] for r in rows], np.array([int(r[1]) for r in rows]), np.array([int(r[2]) for r in rows]),
+    return ([r[0] for r in rows], np.array([r[1] for r in rows]), np.array([int(r[2]) for r in rows]),
             np.array([[float(v) for v in r[3:]] for r in rows]))
 
 
-def _finish(out: Path, k: int, pool: Pool, data: RunData) -> dict:
+def _finish(out: Path, k: int, pool: Pool, data: RunData, *, threshold: float = 0.5) -> dict:
     """Pooled ``oof.csv`` / ``oof.npy``, ``cv.json``, and the fold models' mean on the test split."""
     row_of = {key: r for r, key in enumerate(pool.keys)}
     probs = None
@@ -221,7 +235,7 @@ def _finish(out: Path, k: int, pool: Pool, data: RunData) -> dict:
         ids, _, _, fold_probs = read_oof(out / f"fold{fold}" / FOLD_OOF)
         probs = np.zeros((len(pool.keys), fold_probs.shape[1])) if probs is None else probs
         probs[[row_of[i] for i in ids]] = fold_probs
-    scores = cv_scores(out, k, pool.labels, pool.folds, probs)
+    scores = cv_scores(out, k, pool.labels, pool.folds, probs, threshold=threshold)
     if _main():
         _write_oof(out / "oof.csv", pool, range(len(pool.keys)), probs)
         buffer = io.BytesIO()
@@ -233,23 +247,46 @@ def _finish(out: Path, k: int, pool: Pool, data: RunData) -> dict:
     return scores
 
 
-def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: np.ndarray) -> dict:
+def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: np.ndarray, *,
+              threshold: float = 0.5) -> dict:
     """Each fold's best row and held-out scores, their mean and sample std (ddof 1, as ``report`` prints it),
-    and the pooled out-of-fold scores."""
-    from ..metrics import accuracy, confusion_matrix, macro_f1
+    and the pooled out-of-fold scores. Multi-hot ``labels`` (multi-label) are scored as the multilabel task
+    scores a split: exact-match accuracy, macro and micro F1 of the classes whose probability exceeds ``threshold``."""
     from ..report import read_metrics
 
-    classes = probs.shape[1]
-
-    def score(rows):
-        confusion = confusion_matrix(labels[rows], probs[rows].argmax(-1), classes)
-        return {"accuracy": accuracy(confusion), "macro_f1": macro_f1(confusion), "examples": int(rows.sum())}
-
+    score = _multilabel_score(labels, probs, threshold) if labels.ndim == 2 else _single_label_score(labels, probs)
     per_fold = [{"fold": f, "best": read_metrics(out / f"fold{f}").get("best"), **score(folds == f)}
                 for f in range(k)]
+    names = [name for name in per_fold[0] if name not in ("fold", "best", "examples")]
     summary = {name: {"mean": float(np.mean([p[name] for p in per_fold])),
-                      "std": float(np.std([p[name] for p in per_fold], ddof=1))} for name in ("accuracy", "macro_f1")}
+                      "std": float(np.std([p[name] for p in per_fold], ddof=1))} for name in names}
     return {"folds": per_fold, "fold_mean_std": summary, "oof": score(np.ones(len(labels), bool))}
+
+
+def _single_label_score(labels: np.ndarray, probs: np.ndarray):
+    from ..metrics import accuracy, confusion_matrix, macro_f1
+
+    def score(rows):
+        confusion = confusion_matrix(labels[rows], probs[rows].argmax(-1), probs.shape[1])
+        return {"accuracy": accuracy(confusion), "macro_f1": macro_f1(confusion), "examples": int(rows.sum())}
+
+    return score
+
+
+def _multilabel_score(labels: np.ndarray, probs: np.ndarray, threshold: float):
+    from ..metrics import multilabel_f1
+
+    truth = np.zeros(probs.shape, bool)
+    truth[:, :labels.shape[1]] = labels > 0.5  # --num-classes may be wider than the classes found
+    predicted = probs > threshold
+
+    def score(rows):
+        t, p = truth[rows], predicted[rows]
+        macro, micro = multilabel_f1((t & p).sum(0), (~t & p).sum(0), (t & ~p).sum(0))
+        return {"accuracy": float(np.mean(np.all(t == p, axis=1))), "macro_f1": macro, "micro_f1": micro,
+                "examples": int(rows.sum())}
+
+    return score
 
 
 def _predict_test(out: Path, k: int, data: RunData) -> None:

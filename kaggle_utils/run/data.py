@@ -1,9 +1,10 @@
 """A run's data: the TFRecord folder it reads (``--data-dir``, ``--source`` converted, or the sample), checked.
 
 Every check the final submission depends on runs here, before any training: splits present,
-labels in ``[0, classes)`` on every labelled split, the test split's ids present, unique and as
-many as its file names promise, and a converted ``--source`` made from the files as they are now,
-every test image included.
+labels in ``[0, classes)`` on every labelled split, the task fitting the labels (``--task
+multilabel`` on multi-label records or sources, softmax / focal on single-label ones), the test
+split's ids present, unique and as many as its file names promise, and a converted ``--source``
+made from the files as they are now, every test image included.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class RunData:
     description: str  # where the data came from, for config.json
     class_names: tuple[str, ...] = ()  # submission labels by index (empty: the index)
     columns: tuple[str, str] = ("id", "label")  # the submission's id and label columns
+    multi_label: bool = False  # records with a ``labels`` list (several classes per image), read as multi-hot rows
     # split -> the (file, index) records of its files it reads (a cross-validation fold); absent: all of them
     select: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
 
@@ -72,6 +74,7 @@ def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = 
     test = _test_source(data, columns) if data.test_source else None
     settings = dict(image_size=config.model.image_size, val_fraction=data.val_fraction, seed=config.seed,
                     skip_errors=data.skip_errors)
+    check_task_fits(config, train.multi_label, f"--source {data.source}")
     _check_val_split(train, data)
     if jax.process_index() == 0:  # the one that decides and writes: the others could see a half-swapped folder
         shutil.rmtree(staged, ignore_errors=True)  # left by a run that was refused or killed
@@ -115,9 +118,12 @@ def _check_val_split(train, data) -> None:
     (a class keeps one image for training): the run would read a records folder with no val/."""
     from ..data.convert import stratified_split
 
-    if train.multi_label or not train.labeled:  # refused by the conversion itself, with its own words
+    if not train.labeled:  # refused by the conversion itself, with its own words
         return
     if not len(stratified_split(train.labels, data.val_fraction, 0)[1]):
+        if train.multi_label:
+            raise ConfigError(f"--source {data.source}: --val-fraction {data.val_fraction} gives no validation image "
+                              f"of its {train.num_examples} multi-label images: add images, or raise --val-fraction")
         largest = int(np.bincount(train.labels).max())
         raise ConfigError(f"--source {data.source}: --val-fraction {data.val_fraction} gives no validation image "
                           f"(the largest of its {train.num_classes} classes has {largest} image(s), and each class "
@@ -220,14 +226,60 @@ def infer_image_size(files: list[str]) -> int | None:
     return int(sizes.pop()) if len(sizes) == 1 else None
 
 
-def scan_labels(files: list[str], image_size: int, *, skip_errors: bool = False) -> np.ndarray:
-    """Every label of ``files`` (reads the split once; also proves the records decode at this size)."""
+def scan_labels(files: list[str], image_size: int, *, skip_errors: bool = False,
+                multi_label_classes: int | None = None) -> np.ndarray:
+    """Every label of ``files`` (reads the split once; also proves the records decode at this size): int32 ``[N]``,
+    or float32 multi-hot ``[N, C]`` of multi-label records (``multi_label_classes=C``)."""
     from ..data import load_dataset
 
     labels = [b["label"][b["mask"]] for b in load_dataset(files, labeled=True, image_size=image_size,
                                                              batch_size=256, ordered=True, process_index=0,
-                                                             process_count=1, skip_errors=skip_errors)]
-    return np.concatenate(labels) if labels else np.zeros(0, np.int32)
+                                                             process_count=1, skip_errors=skip_errors,
+                                                             multi_label_classes=multi_label_classes)]
+    empty = np.zeros((0,) if multi_label_classes is None else (0, multi_label_classes),
+                     np.int32 if multi_label_classes is None else np.float32)
+    return np.concatenate(labels) if labels else empty
+
+
+def check_task_fits(config: TrainConfig, multi_label: bool, where: str) -> None:
+    """Refuses a task that does not fit the labels of ``where`` (a source or records folder), naming the flag to use.
+
+    Called on the source before a conversion and on the records before a run (nothing written yet):
+    a softmax over multi-hot rows would train on a fraction of each image's classes, and the
+    multi-label task fails on integer labels at its first step.
+    """
+    task = config.task.task
+    if multi_label and task != "multilabel":
+        raise ConfigError(f"{where} is multi-label (several classes per image), which --task {task} cannot train: "
+                          "use --task multilabel")
+    if not multi_label and task == "multilabel":
+        raise ConfigError(f"--task multilabel needs several labels per image, but {where} holds one class per image: "
+                          "use --task softmax (or focal)")
+
+
+def _label_range(config: TrainConfig, splits: dict, stored: int) -> tuple[bool, int, dict]:
+    """(multi-label?, the largest label, {split: labels}) of the train and val splits, every label checked."""
+    from ..data.selection import scan_records
+
+    index = scan_records(splits["train"][:1])  # multi-label records are the kit's own: one file tells
+    multi_label = index.multi_label
+    if multi_label:
+        index = scan_records(splits["train"] + splits["val"])
+        found = np.concatenate(index.label_sets)
+        low, top = int(found.min()), int(found.max())
+        width = max(config.model.num_classes or 0, top + 1)
+        seen = {split: scan_labels(splits[split], stored, skip_errors=config.data.skip_errors,
+                                   multi_label_classes=width) for split in ("train", "val")} if low >= 0 else {}
+        where = "train or val"
+    else:
+        seen = {split: scan_labels(splits[split], stored, skip_errors=config.data.skip_errors)
+                for split in ("train", "val")}
+        low = min(int(v.min()) for v in seen.values() if v.size)
+        where = next(s for s, v in seen.items() if v.size and v.min() == low)
+        top = max(int(v.max()) for v in seen.values() if v.size)
+    if low < 0:
+        raise ConfigError(f"the {where} split holds label {low}: labels must be in [0, classes)")
+    return multi_label, top, seen
 
 
 def scan_test_ids(files: list[str]) -> list[str]:
@@ -265,24 +317,24 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
     stored = infer_image_size(splits["train"]) or config.model.image_size
     if stored is None:
         raise ConfigError(f"--image-size is needed: the file names in {root}/train carry no SxS size")
-    seen = {split: scan_labels(splits[split], stored, skip_errors=config.data.skip_errors) for split in ("train", "val")}
-    for split, labels in seen.items():
-        if labels.size and labels.min() < 0:
-            raise ConfigError(f"the {split} split holds label {int(labels.min())}: labels must be in [0, classes)")
-    top = max(int(v.max()) for v in seen.values() if v.size)
+    multi_label, top, seen = _label_range(config, splits, stored)
     if config.model.num_classes is not None and config.model.num_classes <= top:
-        where = next(s for s, v in seen.items() if v.size and v.max() == top)
+        where = "train or val" if multi_label else next(s for s, v in seen.items() if v.size and v.max() == top)
         raise ConfigError(f"--num-classes {config.model.num_classes} is too small: the {where} split holds label "
                           f"{top} (needs at least {top + 1})")
-    _check_classes(config, top)
-    if splits["test"]:
-        scan_test_ids(splits["test"])
     if config.data.data_dir in (None, SAMPLE) and config.data.source is None:
         description = SAMPLE
     else:  # a staged conversion is recorded where it will live once the run is accepted
         description = str((root.parent / "data" if root.name == STAGED else root).resolve())
+    where = (f"--source {config.data.source}" if config.data.source else
+             "the embedded digits sample (no --data-dir)" if description == SAMPLE else f"--data-dir {description}")
+    check_task_fits(config, multi_label, where)
+    _check_classes(config, top)
+    if splits["test"]:
+        scan_test_ids(splits["test"])
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
-                   max_label=top, description=description, **submission_labels(config, root))
+                   max_label=top, description=description, multi_label=multi_label,
+                   **submission_labels(config, root))
 
 
 def _check_classes(config: TrainConfig, top: int) -> None:

@@ -30,6 +30,10 @@ def assign_folds(labels: Sequence[int], k: int, seed: int, groups: Sequence | No
     continuing from where the previous class stopped, so every fold holds each class's count
     divided by ``k`` (within 1) and the folds' sizes are within 1 of each other.
 
+    Multi-hot ``labels`` ``[N, C]`` (multi-label): iterative stratification over k equal shares
+    (:func:`~kaggle_utils.data.stratify.iterative_stratification`): each class's count in every fold
+    close to its count divided by ``k``, rarest classes placed first.
+
     With ``groups``: whole groups are dealt (largest first, ties in a seeded order) to the fold
     holding the fewest examples so far: no group in two folds, sizes as even as the groups allow;
     the class balance is then only what the groups allow (StratifiedGroupKFold would trade size for it).
@@ -43,6 +47,10 @@ def assign_folds(labels: Sequence[int], k: int, seed: int, groups: Sequence | No
     folds = np.full(len(labels), -1, np.int64)
     if groups is not None:
         return _group_folds(np.asarray(groups), k, rng)
+    if labels.ndim == 2:
+        from ..data.stratify import iterative_stratification
+
+        return iterative_stratification(labels, [1.0] * k, seed)
     start = 0
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))

@@ -1,6 +1,7 @@
 """Prediction: one path from (checkpoints, test images, TTA) to ids and mean class probabilities.
 
-``submission.csv`` (argmax, in the run's columns and class names) and ``probabilities.csv``
+``submission.csv`` (argmax, in the run's columns and class names; for a multi-label run the classes
+whose probability exceeds its ``--threshold``, space-separated) and ``probabilities.csv``
 (id + one column per class, for blending) are both written from those probabilities, by a run
 (:func:`~kaggle_utils.run.train`) and by ``predict`` alike.
 
@@ -35,7 +36,7 @@ from .resolve import make_task
 from .saved import load_run
 
 __all__ = ["Member", "expand_checkpoint", "load_members", "open_test_split", "predict_ensemble", "predict_member",
-           "write_predictions"]
+           "predicted_labels", "write_predictions"]
 
 _FOLD = re.compile(r"fold(\d+)")
 # (config) -> (TFRecord files of the test split, the size they are stored at)
@@ -99,8 +100,11 @@ def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | N
 def _check_same_classes(first: Member, other: Member) -> None:
     """Probabilities are averaged by column: refuses members whose columns mean different classes."""
     a, b = first.config.model.num_classes, other.config.model.num_classes
+    multi = [m.config.task.task == "multilabel" for m in (first, other)]
     what = None
-    if a != b:
+    if multi[0] != multi[1]:
+        what = "one is multi-label (independent sigmoid probabilities), the other not (a softmax over the classes)"
+    elif a != b:
         what = f"{a} vs {b} classes"
     else:
         names_a, names_b = named_classes(first.config.data.class_names), named_classes(other.config.data.class_names)
@@ -184,9 +188,20 @@ def predict_ensemble(members: Sequence[Member], records: Records, *, batch_size:
     return ids, total
 
 
+def predicted_labels(probs: np.ndarray, config: TrainConfig) -> list:
+    """Each row's class (argmax), or for a multi-label run its classes above ``config``'s threshold (possibly none)."""
+    if config.task.task == "multilabel":
+        return [np.flatnonzero(row > config.task.threshold) for row in probs]
+    return list(probs.argmax(-1))
+
+
 def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray, config: TrainConfig
                       ) -> tuple[Path, Path]:
-    """``submission.csv`` (argmax) and ``probabilities.csv`` in ``config``'s columns and class names (process 0)."""
+    """``submission.csv`` and ``probabilities.csv`` in ``config``'s columns and class names (process 0).
+
+    The submission's label is the argmax, or for ``--task multilabel`` every class whose probability
+    exceeds ``--threshold`` (:func:`predicted_labels`).
+    """
     from ..inference import write_probabilities, write_submission
 
     out_dir = Path(out_dir)
@@ -194,7 +209,7 @@ def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray
     id_column, label_column = data.id_column or "id", data.label_column or "label"
     submission, probabilities = out_dir / "submission.csv", out_dir / "probabilities.csv"
     if jax.process_index() == 0:
-        write_submission(submission, ids, probs.argmax(-1), columns=(id_column, label_column),
+        write_submission(submission, ids, predicted_labels(probs, config), columns=(id_column, label_column),
                          class_names=data.class_names)
         write_probabilities(probabilities, ids, probs, id_column=id_column, class_names=data.class_names)
     return submission, probabilities

@@ -135,7 +135,8 @@ def check_config(config: TrainConfig, task=None) -> None:
         raise ConfigError(f"--monitor {config.loop.monitor!r} is not a metric of --task {config.task.task}; "
                           f"choose one of {', '.join(c for c in columns[2:] if c not in ('img_per_s', 'seconds'))}")
     _check_monitor_mode(config)
-    _check_single_label(task)
+    if not 0 < config.task.threshold < 1:
+        raise ConfigError(f"--threshold {config.task.threshold}: must be in (0, 1)")
 
 
 def _check_monitor_mode(config: TrainConfig) -> None:
@@ -151,17 +152,6 @@ def _check_monitor_mode(config: TrainConfig) -> None:
     better = "lower" if Task.monitor_mode(monitor) == "min" else "higher"
     raise ConfigError(f"--monitor {monitor} --monitor-mode {mode}: {better} {monitor} is better, so {mode} would keep "
                       f"the worst epoch; use --monitor-mode {Task.monitor_mode(monitor)} (or auto)")
-
-
-def _check_single_label(task) -> None:
-    """The job's data hold one class per record (the competition's TFRecords, a converted --source):
-    a multi-label task fails on them at the first step, after the folder was written."""
-    from ..train import MultiLabelClassification
-
-    if isinstance(task, MultiLabelClassification):
-        raise ConfigError("--task multilabel needs several labels per image, but a run reads TFRecords with one class "
-                          "per record (--data-dir, or --source converted); use --task softmax or focal, or train a "
-                          "multi-label CSV from Python (kaggle_utils.data.csv_source + load_source)")
 
 
 def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig, Plan]:
@@ -222,7 +212,8 @@ def _lr_multipliers(config: TrainConfig) -> dict[str, float] | None:
 def make_task(config: TrainConfig):
     from ..train import make_task as make
 
-    return make(config.task.task, label_smoothing=config.task.label_smoothing, focal_gamma=config.task.focal_gamma)
+    return make(config.task.task, label_smoothing=config.task.label_smoothing, focal_gamma=config.task.focal_gamma,
+                threshold=config.task.threshold)
 
 
 def run_manifest(config: TrainConfig, plan: Plan) -> dict:

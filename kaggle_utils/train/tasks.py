@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..metrics import confusion_counts, macro_f1
+from ..metrics import confusion_counts, macro_f1, multilabel_f1
 
 __all__ = ["FocalClassification", "MetricError", "MultiLabelClassification", "SoftmaxClassification", "TASKS",
            "Task", "make_task"]
@@ -195,7 +195,7 @@ class FocalClassification(SoftmaxClassification):
 
 @dataclasses.dataclass(frozen=True)
 class MultiLabelClassification(Task):
-    """Several labels per image (multi-hot ``label`` rows): sigmoid BCE, one 0.5 decision per class.
+    """Several labels per image (multi-hot ``label`` rows): sigmoid BCE, one decision per class (``threshold``).
 
     The loss is the mean over classes (timm's ``BinaryCrossEntropy``), so its scale does not
     grow with the class count. Metrics: exact-match accuracy, macro F1 over the classes that
@@ -234,13 +234,7 @@ class MultiLabelClassification(Task):
         count = _count(sums)
         out = {"loss": _ratio(sums["loss_sum"], count), "acc": _ratio(sums["correct"], count)}
         if "tp" in sums:
-            tp, fp, fn = (np.asarray(sums[k], np.float64) for k in ("tp", "fp", "fn"))
-            denom = 2 * tp + fp + fn
-            present = denom > 0
-            per_class = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=present)
-            out["f1"] = float(per_class[present].mean()) if present.any() else float("nan")
-            total = denom.sum()
-            out["micro_f1"] = float(2 * tp.sum() / total) if total else float("nan")
+            out["f1"], out["micro_f1"] = multilabel_f1(sums["tp"], sums["fp"], sums["fn"])
         return out
 
     def _metric_names(self, full):
@@ -250,12 +244,17 @@ class MultiLabelClassification(Task):
 TASKS = {"softmax": SoftmaxClassification, "focal": FocalClassification, "multilabel": MultiLabelClassification}
 
 
-def make_task(name: str, *, label_smoothing: float = 0.0, focal_gamma: float = 2.0) -> Task:
-    """The built-in task called ``name`` (``softmax`` | ``focal`` | ``multilabel``)."""
+def make_task(name: str, *, label_smoothing: float = 0.0, focal_gamma: float = 2.0, threshold: float = 0.5) -> Task:
+    """The built-in task called ``name`` (``softmax`` | ``focal`` | ``multilabel``); ``threshold``: multilabel's
+    decision (a class is predicted where its probability exceeds it)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
     if name == "focal":
         return FocalClassification(label_smoothing=label_smoothing, gamma=focal_gamma)
+    if name == "multilabel":
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        return MultiLabelClassification(label_smoothing=label_smoothing, threshold=threshold)
     return TASKS[name](label_smoothing=label_smoothing)

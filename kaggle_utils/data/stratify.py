@@ -1,0 +1,73 @@
+"""Iterative stratification of multi-label data (Sechidis, Tsoumakas and Vlahavas, ECML PKDD 2011).
+
+Single-label data is stratified class by class (each class dealt over the subsets by its share);
+a multi-label example belongs to several classes at once, so that rule has nothing to deal. The
+iterative rule keeps every class's share in every subset close to the subset's share, rarest
+classes first, since they are the ones a random split loses:
+
+1. each subset ``j`` wants ``p_j * n_c`` examples of class ``c`` and ``p_j * N`` examples in all;
+2. take the class with the fewest examples not yet placed (ties at random) and place each of its
+   examples in the subset that wants that class most (ties: the subset that wants most examples,
+   then at random), lowering that subset's wants for every class of the example;
+3. repeat until every example is placed (examples with no class go where most examples are wanted).
+
+Its limit, by construction: an example is placed for its rarest class, so a class on most images is
+placed mostly as a side effect and its share drifts about as in a random split (bench/README.md).
+
+The same algorithm as the ``iterative-stratification`` package (``MultilabelStratifiedKFold``) and
+scikit-multilearn's ``IterativeStratification`` (order 1); written here in numpy, seeded, so that
+neither is a dependency (Kaggle's images ship scikit-multilearn, not ``iterative-stratification``).
+It serves the validation split of a conversion (two subsets) and cross-validation folds (K).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["iterative_stratification"]
+
+
+def _most(wants: np.ndarray, then: np.ndarray, rng: np.random.Generator) -> int:
+    """The index of the largest ``wants``; ties broken by the largest ``then``, then at random."""
+    best = np.flatnonzero(wants == wants.max())
+    if len(best) > 1:
+        best = best[then[best] == then[best].max()]
+    return int(best[0] if len(best) == 1 else rng.choice(best))
+
+
+def iterative_stratification(labels: np.ndarray, proportions: Sequence[float], seed: int = 0) -> np.ndarray:
+    """The subset (0..len(proportions)-1) of each example of multi-hot ``labels`` ``[N, C]``; see the module docstring.
+
+    ``proportions``: each subset's share of the examples (normalised to sum 1), e.g. ``[1] * k``
+    for k folds or ``[1 - f, f]`` for a train / validation split. Examples are visited in an
+    order drawn from ``seed``, which also breaks every tie: the result is a function of
+    (labels, proportions, seed).
+    """
+    present = np.asarray(labels) > 0.5
+    if present.ndim != 2:
+        raise ValueError(f"labels must be multi-hot [N, C], got shape {present.shape}")
+    shares = np.asarray(proportions, np.float64)
+    if shares.ndim != 1 or len(shares) < 2 or np.any(shares < 0) or shares.sum() <= 0:
+        raise ValueError(f"proportions must be two or more shares >= 0, not all 0; got {list(proportions)}")
+    shares = shares / shares.sum()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(present))
+    counts = present.sum(0).astype(np.int64)  # examples of each class not placed yet
+    wanted = np.outer(shares, counts)  # [subsets, C]: examples of each class each subset still wants
+    room = shares * len(present)  # examples each subset still wants
+    subset = np.full(len(present), -1, np.int64)
+    while np.any(counts > 0):
+        rarest = np.flatnonzero(counts == counts[counts > 0].min())
+        label = int(rng.choice(rarest))
+        for i in order[(subset[order] < 0) & present[order, label]]:
+            j = _most(wanted[:, label], room, rng)
+            subset[i] = j
+            wanted[j] -= present[i]
+            room[j] -= 1
+            counts -= present[i]
+    for i in order[subset[order] < 0]:  # no class at all
+        j = _most(room, room, rng)
+        subset[i] = j
+        room[j] -= 1
+    return subset
