@@ -119,7 +119,11 @@ def _add_cv_parser(commands, config_cls: type) -> None:
     job = cv.add_argument_group("cross-validation")
     job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified)")
     job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2", help="train only these folds now")
-    job.add_argument("--fold-group", help="a column whose groups stay in one fold (not readable from TFRecords yet)")
+    job.add_argument("--fold-group", metavar="COLUMN", help="a column whose groups stay in one fold (a patient, a "
+                     "video), read from a CSV --source or --fold-group-file; folds then balance the labels as the "
+                     "groups allow")
+    job.add_argument("--fold-group-file", metavar="CSV", help="with --fold-group: the CSV holding the run's id column "
+                     "and COLUMN (needed with --data-dir, class folders or tfds; default: a CSV --source)")
     job.add_argument("--out", required=True, help="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission")
     job.add_argument("--resume", action="store_true", help="skip finished folds, continue the unfinished one")
     job.add_argument("--overwrite", action="store_true", help="start the whole CV in --out again")
@@ -131,7 +135,8 @@ def cv_command(args, config_cls: type = TrainConfig) -> dict:
     """Runs ``cv`` (:func:`kaggle_utils.run.cross_validate`); prints each fold's best, the OOF score, the files."""
     started = time.perf_counter()
     result = run.cross_validate(config_from_args(args, config_cls), args.out, folds=args.folds,
-                                only_folds=args.only_folds, fold_group=args.fold_group, resume=args.resume,
+                                only_folds=args.only_folds, fold_group=args.fold_group,
+                                fold_group_file=args.fold_group_file, resume=args.resume,
                                 overwrite=args.overwrite, progress=args.progress)
     if jax.process_index() == 0:
         print("\n".join(_cv_lines(result, time.perf_counter() - started)))

@@ -2,7 +2,8 @@
 
 ``python -m kaggle_utils.data convert SRC --out DIR [--image-size N] [--val-fraction F] [--shards K]``
 writes ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` with the competition's feature keys
-(``image`` JPEG + ``class`` int64, or ``image`` + ``id`` for test) and ``DIR/class_names.json``
+(``image`` JPEG + ``class`` int64 + ``id``, or ``image`` + ``id`` for test; the source's ids, so
+that a cross-validation names records by them and finds their ``--fold-group``) and ``DIR/class_names.json``
 (class names, the source's id / label column names, counts, and the fingerprint of the input
 and settings it was made from, :mod:`~kaggle_utils.data.fingerprint`), which
 :func:`read_conversion_info` reads back and :func:`conversion_changes` compares with a source as
@@ -105,7 +106,7 @@ def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size
 
     for batch in dataset:
         for i in np.flatnonzero(batch["mask"]):
-            target = {"label": int(batch["label"][i])} if source.labeled else {"id": batch["id"][i]}
+            target = {"id": batch["id"][i], **({"label": int(batch["label"][i])} if source.labeled else {})}
             pending.append(serialize_example(encode_jpeg(batch["image"][i], quality), **target))
             if len(pending) == per_file:
                 flush()

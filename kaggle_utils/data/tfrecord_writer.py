@@ -53,14 +53,15 @@ def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
 
 
 def serialize_example(image_jpeg: bytes, *, label: int | None = None, id: bytes | str | None = None) -> bytes:
-    """One ``tf.train.Example`` in the competition's format: image + class, or image + id."""
-    if (label is None) == (id is None):
-        raise ValueError("give exactly one of label= (train/val records) or id= (test records)")
+    """One ``tf.train.Example`` in the competition's format: image + class (+ id, as the competition's train
+    records carry one), or image + id (test records)."""
+    if label is None and id is None:
+        raise ValueError("give label= (train/val records, with id= where known) or id= (test records)")
     tf = tensorflow_on_host()
     feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_jpeg]))}
     if label is not None:
         feature["class"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))
-    else:
+    if id is not None:
         id_bytes = id.encode("utf-8") if isinstance(id, str) else bytes(id)
         feature["id"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[id_bytes]))
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
