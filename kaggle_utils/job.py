@@ -10,7 +10,8 @@ It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 ca
 
 ``predict``: run folders, checkpoints or CV folders (:mod:`kaggle_utils.run.predict`) + test images
 (``DIR/test`` TFRecords, or an image folder or CSV) -> ``OUT/submission.csv`` and
-``OUT/probabilities.csv`` (the weighted mean of the models' probabilities).
+``OUT/probabilities.csv`` (the weighted mean of the models' probabilities); it ends with a summary
+block too (each checkpoint with its weight and TTA, rows, time, files, the next command).
 
 ``cv --folds K``: :func:`kaggle_utils.run.cross_validate` with the train flags: ``OUT/fold{k}/`` runs,
 ``folds.csv``, ``oof.csv`` / ``oof.npy``, ``cv.json`` and the fold models' mean submission.
@@ -169,9 +170,11 @@ def _cv_lines(result, wall_s: float) -> list[str]:
 
 
 def predict_command(args) -> dict:
-    """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); returns the files written and the row count."""
+    """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); ends with a summary block; returns the files and rows."""
+    from . import report
     from .config import DataConfig
 
+    started = time.perf_counter()
     if args.test_image_dir is not None and args.test_source is None:
         raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     outdir.check_writable(args.out)  # before the prediction, not after it
@@ -187,8 +190,33 @@ def predict_command(args) -> dict:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
     submission, probabilities = run.write_predictions(args.out, ids, probs, members[0].config)
     if jax.process_index() == 0:
-        print(f"wrote {submission} and {probabilities}: {len(ids)} rows, the mean of {len(members)} model(s)")
+        test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source
+        models = [_model_summary(member, args.tta) for member in members]
+        print("\n".join(report.prediction_lines(args.out, models, rows=len(ids), test=test,
+                                                wall_s=time.perf_counter() - started,
+                                                next_steps=_predict_next(args, submission))))
     return {"submission": str(submission), "probabilities": str(probabilities), "rows": len(ids)}
+
+
+def _model_summary(member, tta: bool | None) -> dict:
+    """What the summary says of one model: its checkpoint, where it was saved (its manifest), weight, size, TTA."""
+    try:
+        saved = json.loads(checkpoint.manifest_path(member.file).read_text())
+    except (OSError, ValueError, TypeError):
+        saved = {}
+    config = member.config
+    return {"checkpoint": str(member.file or member.path), "step": saved.get("step"), "monitor": saved.get("monitor"),
+            "value": saved.get("value"), "weight": member.weight, "tta": config.task.tta if tta is None else tta,
+            "image_size": config.data.eval_image_size or config.model.image_size}
+
+
+def _predict_next(args, submission: Path) -> list[str]:
+    """Submit; or blend more models: this command again with another --checkpoint and a weight each."""
+    test = f"--data-dir {args.data_dir}" if args.data_dir is not None else f"--test-source {args.test_source}"
+    checkpoints = " ".join(f"--checkpoint {c}" for c in args.checkpoint)
+    return [f"next: submit {submission}, or blend another model into it (probabilities.csv: one column per class):",
+            f"  python -m kaggle_utils predict {checkpoints} --checkpoint OTHER_RUN --weights-per-checkpoint "
+            f"{','.join(['1'] * (len(args.checkpoint) + 1))} {test} --out {args.out}-blend"]
 
 
 # --------------------------------------------------------------------------- report
