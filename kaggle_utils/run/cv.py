@@ -180,8 +180,8 @@ def _pool(data: RunData, k: int, seed: int, groups: FoldGroups | None = None) ->
     if not (all(ids) and len(set(ids)) == len(ids)):  # no (unique) id feature: named by where they lie
         if groups is not None:
             raise ConfigError(f"--fold-group {groups.column}: the records in {data.root} carry no unique 'id' feature "
-                              f"to match {groups.path} by (a --source converted by an older version: remove "
-                              f"{data.root} to convert it again)")
+                              f"to match {groups.path} by (the digits sample has none; records converted by an older "
+                              "version of the kit: convert them again)")
         ids = np.array([f"{Path(f).parent.name}/{Path(f).name}#{i}" for f, i in zip(records.files, records.indices)])
     group_of = None if groups is None else groups.lookup(list(ids), f"records of {data.root}")
     return Pool(records.files, records.indices, records.labels, ids,
