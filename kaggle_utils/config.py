@@ -88,6 +88,8 @@ class DataConfig:
                                          "CSV's folder)")
     test_image_dir: str | None = _field(None, "with a CSV --test-source: the test images' folder (default: "
                                               "--image-dir, else the CSV's folder)")
+    tfds_data_dir: str | None = _field(None, "with a tfds:NAME --source / --test-source: the folder it is prepared "
+                                             "in (default: tfds's own, $TFDS_DATA_DIR or ~/tensorflow_datasets)")
     id_column: str | None = _field(None, "the CSV's id column, and the submission's (default: the one a converted "
                                          "records folder records, else id)")
     label_column: str | None = _field(None, "the CSV's label column, and the submission's (default: the one a "

@@ -11,7 +11,8 @@ It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 ca
 
 ``predict``: run folders, checkpoints or CV folders (:mod:`kaggle_utils.run.predict`) + test images
 (``DIR/test`` TFRecords, or an image folder or CSV) -> ``OUT/submission.csv`` and
-``OUT/probabilities.csv`` (the weighted mean of the models' probabilities).
+``OUT/probabilities.csv`` (the weighted mean of the models' probabilities); it ends with a summary
+block too (each checkpoint with its weight and TTA, rows, time, files, the next command).
 
 ``cv --folds K``: :func:`kaggle_utils.run.cross_validate` with the train flags: ``OUT/fold{k}/`` runs,
 ``folds.csv``, ``oof.csv`` / ``oof.npy``, ``cv.json`` and the fold models' mean submission.
@@ -121,7 +122,11 @@ def _add_cv_parser(commands, config_cls: type) -> None:
     job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified; multi-label: iterative "
                                                            "stratification)")
     job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2", help="train only these folds now")
-    job.add_argument("--fold-group", help="a column whose groups stay in one fold (not readable from TFRecords yet)")
+    job.add_argument("--fold-group", metavar="COLUMN", help="a column whose groups stay in one fold (a patient, a "
+                     "video), read from a CSV --source or --fold-group-file; folds then balance the labels as the "
+                     "groups allow")
+    job.add_argument("--fold-group-file", metavar="CSV", help="with --fold-group: the CSV holding the run's id column "
+                     "and COLUMN (needed with --data-dir, class folders or tfds; default: a CSV --source)")
     job.add_argument("--out", required=True, help="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission")
     job.add_argument("--resume", action="store_true", help="skip finished folds, continue the unfinished one")
     job.add_argument("--overwrite", action="store_true", help="start the whole CV in --out again")
@@ -133,7 +138,8 @@ def cv_command(args, config_cls: type = TrainConfig) -> dict:
     """Runs ``cv`` (:func:`kaggle_utils.run.cross_validate`); prints each fold's best, the OOF score, the files."""
     started = time.perf_counter()
     result = run.cross_validate(config_from_args(args, config_cls), args.out, folds=args.folds,
-                                only_folds=args.only_folds, fold_group=args.fold_group, resume=args.resume,
+                                only_folds=args.only_folds, fold_group=args.fold_group,
+                                fold_group_file=args.fold_group_file, resume=args.resume,
                                 overwrite=args.overwrite, progress=args.progress)
     if jax.process_index() == 0:
         print("\n".join(_cv_lines(result, time.perf_counter() - started)))
@@ -167,9 +173,11 @@ def _cv_lines(result, wall_s: float) -> list[str]:
 
 
 def predict_command(args) -> dict:
-    """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); returns the files written and the row count."""
+    """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); ends with a summary block; returns the files and rows."""
+    from . import report
     from .config import DataConfig
 
+    started = time.perf_counter()
     if args.test_image_dir is not None and args.test_source is None:
         raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     outdir.check_writable(args.out)  # before the prediction, not after it
@@ -185,8 +193,33 @@ def predict_command(args) -> dict:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
     submission, probabilities = run.write_predictions(args.out, ids, probs, members[0].config)
     if jax.process_index() == 0:
-        print(f"wrote {submission} and {probabilities}: {len(ids)} rows, the mean of {len(members)} model(s)")
+        test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source
+        models = [_model_summary(member, args.tta) for member in members]
+        print("\n".join(report.prediction_lines(args.out, models, rows=len(ids), test=test,
+                                                wall_s=time.perf_counter() - started,
+                                                next_steps=_predict_next(args, submission))))
     return {"submission": str(submission), "probabilities": str(probabilities), "rows": len(ids)}
+
+
+def _model_summary(member, tta: bool | None) -> dict:
+    """What the summary says of one model: its checkpoint, where it was saved (its manifest), weight, size, TTA."""
+    try:
+        saved = json.loads(checkpoint.manifest_path(member.file).read_text())
+    except (OSError, ValueError, TypeError):
+        saved = {}
+    config = member.config
+    return {"checkpoint": str(member.file or member.path), "step": saved.get("step"), "monitor": saved.get("monitor"),
+            "value": saved.get("value"), "weight": member.weight, "tta": config.task.tta if tta is None else tta,
+            "image_size": config.data.eval_image_size or config.model.image_size}
+
+
+def _predict_next(args, submission: Path) -> list[str]:
+    """Submit; or blend more models: this command again with another --checkpoint and a weight each."""
+    test = f"--data-dir {args.data_dir}" if args.data_dir is not None else f"--test-source {args.test_source}"
+    checkpoints = " ".join(f"--checkpoint {c}" for c in args.checkpoint)
+    return [f"next: submit {submission}, or blend another model into it (probabilities.csv: one column per class):",
+            f"  python -m kaggle_utils predict {checkpoints} --checkpoint OTHER_RUN --weights-per-checkpoint "
+            f"{','.join(['1'] * (len(args.checkpoint) + 1))} {test} --out {args.out}-blend"]
 
 
 # --------------------------------------------------------------------------- report

@@ -275,7 +275,8 @@ def test_a_source_is_converted_once_into_out_data_and_the_folds_read_it(tmp_path
     assert fold_config["source"] is None and fold_config["data_dir"] == str((out / "data").resolve())
     assert not (out / "fold1" / "data").exists()  # one conversion for every fold
     folds = read_folds(out)
-    assert len(folds) == 140  # every image, train and val records, named by where they lie (no id feature)
+    # every image, train and val records, named by its id in the source (its path in the class folders)
+    assert sorted(folds) == sorted(f"{digit}/{digit}_{i}" for digit, i, _ in _digit_images(14))
     _, rows = read_csv(out / "fold1" / "oof.csv")
     assert sorted(r[0] for r in rows) == sorted(i for i, k in folds.items() if k == 1)
     with pytest.raises(ConfigError, match="already holds a CV.*--resume"):

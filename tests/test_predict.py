@@ -77,6 +77,31 @@ def test_predict_averages_runs_and_a_cv_folder_s_folds_with_the_weights_given(tw
     assert [r[0] for r in rows] == ids and [int(r[1]) for r in rows] == list(got.argmax(1))
 
 
+def test_predict_ends_with_a_block_saying_what_it_predicted_with_which_models_and_files(two_runs, sample, tmp_path,
+                                                                                         capsys):
+    out = tmp_path / "pred"
+    assert job.main(["predict", "--checkpoint", str(two_runs / "cv"), "--checkpoint", str(two_runs / "a"),
+                     "--weights-per-checkpoint", "1,3", "--tta", "--data-dir", sample.root, "--out", str(out)]) == 0
+    said = capsys.readouterr().out.strip().splitlines()
+    rule = said[-1]
+    assert set(rule) == {"-"} and said.count(rule) == 2
+    block = said[said.index(rule) + 1:-1]
+    rows = len(read_csv(out / "submission.csv")[1])
+    assert block[0] == (f"predicted: {rows} test images of {sample.root}/test with 3 model(s), the weighted mean of "
+                        "their probabilities")
+    for line, (folder, weight) in zip(block[1:4], ((two_runs / "cv" / "fold0", 1 / 8), (two_runs / "cv" / "fold1", 1 / 8),
+                                                   (two_runs / "a", 3 / 4))):
+        saved = json.loads((folder / "best.json").read_text())
+        assert line == (f"  {folder / 'best.msgpack'} (step {saved['step']}, {saved['monitor']} {saved['value']:.4f}): "
+                        f"weight {weight:.3f}, 16 px, flip TTA")
+    assert block[4].startswith("time: ") and block[4].endswith(" total (reading the models, compiling, predicting)")
+    assert block[5] == f"files in {out}: submission.csv ({rows} rows), probabilities.csv ({rows} rows)"
+    assert block[6].startswith(f"next: submit {out / 'submission.csv'}")
+    assert block[7] == (f"  python -m kaggle_utils predict --checkpoint {two_runs / 'cv'} --checkpoint {two_runs / 'a'} "
+                        f"--checkpoint OTHER_RUN --weights-per-checkpoint 1,1,1 --data-dir {sample.root} "
+                        f"--out {out}-blend")
+
+
 def test_models_of_other_sizes_each_predict_at_their_own_crop(two_runs, sample, tmp_path):
     """A run at 24 px (the 16 px records resized) blends with one at 16 px: each reads the test split its own way."""
     run.train(tiny_config(data_dir=sample.root, image_size=24), tmp_path / "c24", progress=False)

@@ -2,9 +2,10 @@
 
 ``python -m kaggle_utils.data convert SRC --out DIR [--image-size N] [--val-fraction F] [--shards K]``
 writes ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` with the competition's feature keys
-(``image`` JPEG + ``class`` int64, or ``image`` + ``id`` for test; a multi-label source's records
-carry ``labels``, the int64 list of the classes present, instead of ``class``, see
-:mod:`~kaggle_utils.data.tfrecords`) and ``DIR/class_names.json`` (class names, ``multi_label``,
+(``image`` JPEG + ``class`` int64 + ``id``, or ``image`` + ``id`` for test; a multi-label source's
+records carry ``labels``, the int64 list of the classes present, instead of ``class``, see
+:mod:`~kaggle_utils.data.tfrecords`; the source's ids, so that a cross-validation names records by them
+and finds their ``--fold-group``) and ``DIR/class_names.json`` (class names, ``multi_label``,
 the source's id / label column names, counts, and the fingerprint of the input
 and settings it was made from, :mod:`~kaggle_utils.data.fingerprint`), which
 :func:`read_conversion_info` reads back and :func:`conversion_changes` compares with a source as
@@ -113,12 +114,11 @@ def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size
 
     for batch in dataset:
         for i in np.flatnonzero(batch["mask"]):
-            if not source.labeled:
-                target = {"id": batch["id"][i]}
-            elif source.multi_label:
-                target = {"labels": np.flatnonzero(batch["label"][i] > 0.5)}
-            else:
-                target = {"label": int(batch["label"][i])}
+            target = {"id": batch["id"][i]}
+            if source.multi_label:
+                target["labels"] = np.flatnonzero(batch["label"][i] > 0.5)
+            elif source.labeled:
+                target["label"] = int(batch["label"][i])
             pending.append(serialize_example(encode_jpeg(batch["image"][i], quality), **target))
             if len(pending) == per_file:
                 flush()

@@ -8,8 +8,8 @@ reading the serialized record and before parsing or decoding it (a record left o
 read only).
 
 Records are named by (file, index in the file) rather than by an ``id`` feature because not
-every labelled record carries one: the competition's do, but the kit's sample and its
-``--source`` conversions write ``id`` into test records only. :func:`scan_records` reads the
+every labelled record carries one: the competition's and the kit's ``--source`` conversions do,
+but the kit's sample (and conversions by older versions) write ``id`` into test records only. :func:`scan_records` reads the
 labels (and the ids where present) of a split without decoding an image.
 """
 from __future__ import annotations

@@ -55,9 +55,12 @@ def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
 
 def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Sequence[int] | None = None,
                       id: bytes | str | None = None) -> bytes:
-    """One ``tf.train.Example``: image + class, image + labels (a multi-label example's class indices), or image + id."""
-    if sum(target is not None for target in (label, labels, id)) != 1:
-        raise ValueError("give exactly one of label= (train/val records), labels= (multi-label) or id= (test records)")
+    """One ``tf.train.Example`` in the competition's format: image + class (+ id, as the competition's train
+    records carry one), image + labels (a multi-label example's class indices, + id), or image + id (test records)."""
+    if label is not None and labels is not None:
+        raise ValueError("give label= (single-label) or labels= (multi-label), not both")
+    if label is None and labels is None and id is None:
+        raise ValueError("give label= or labels= (train/val records, with id= where known) or id= (test records)")
     tf = tensorflow_on_host()
     feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_jpeg]))}
     if labels is not None:
@@ -66,7 +69,7 @@ def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Se
         feature["labels"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(c) for c in labels]))
     elif label is not None:
         feature["class"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))
-    else:
+    if id is not None:
         id_bytes = id.encode("utf-8") if isinstance(id, str) else bytes(id)
         feature["id"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[id_bytes]))
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()

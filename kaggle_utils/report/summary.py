@@ -1,9 +1,10 @@
-"""The block a run ends with: best score and where, time, speed, the files, the next command.
+"""The blocks a run and a prediction end with: what was done, how well, time, the files, the next command.
 
 Why a block: a terminal run used to end on one ``wrote submission.csv`` line (nothing at all
 without a test split), so a user had to open ``metrics.json`` to learn whether the run was
 any good. Everything here is read from the run folder, so the same lines describe a finished
-run, a resumed one, or a folder reported later.
+run, a resumed one, or a folder reported later. ``predict`` ends the same way
+(:func:`prediction_lines`): which checkpoints with which weights and TTA, how many rows, the files.
 """
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from .curves import CURVES_FILE
 from .folder import read_metrics
 from .tables import PER_CLASS_FILE
 
-__all__ = ["FILES", "next_lines", "summary_lines"]
+__all__ = ["FILES", "next_lines", "prediction_lines", "summary_lines"]
 
 # the files a user looks for, in the order they are named; anything else in the folder is the run's own
-FILES = ("submission.csv", CURVES_FILE, PER_CLASS_FILE, "metrics.json", "history.csv", "best.msgpack",
-         "last.msgpack", "config.json", "tensorboard/", "data/")
+FILES = ("submission.csv", "probabilities.csv", CURVES_FILE, PER_CLASS_FILE, "metrics.json", "history.csv",
+         "best.msgpack", "last.msgpack", "config.json", "tensorboard/", "data/")
 
 
 def _duration(seconds: float) -> str:
@@ -64,13 +65,13 @@ def _time_lines(report: dict, wall_s: float | None) -> list[str]:
     return lines
 
 
-def _file_line(out: Path) -> str:
+def _file_line(out: Path, files: Sequence[str] = FILES) -> str:
     shown = []
-    for name in FILES:
+    for name in files:
         path = out / name.rstrip("/")
         if not (path.is_dir() if name.endswith("/") else path.is_file()):
             continue
-        if name == "submission.csv":
+        if name in ("submission.csv", "probabilities.csv"):
             with open(path) as f:
                 rows = sum(1 for _ in f) - 1
             name = f"{name} ({rows} rows)"
@@ -98,5 +99,33 @@ def summary_lines(out: str | Path, *, wall_s: float | None = None, next_steps: S
     last = history[-1] if history else {}
     head = f"run finished: {out} (step {last.get('step', 0)}, epoch {last.get('epoch', 0)}; {report.get('stop_reason', '?')})"
     body = [_best_line(report), *_time_lines(report, wall_s), _file_line(out), *next_steps]
+    rule = "-" * min(max(len(head), 40), 100)
+    return [rule, head, *body, rule]
+
+
+def _model_line(model: dict) -> str:
+    """One model of a prediction: its checkpoint (and where it was saved), weight, evaluation size, TTA."""
+    saved = f"step {model['step']}" if model.get("step") is not None else ""
+    if model.get("monitor") and model.get("value") is not None:
+        saved += f", {model['monitor']} {model['value']:.4f}"
+    return (f"  {model['checkpoint']}" + (f" ({saved})" if saved else "") + f": weight {model['weight']:.3f}, "
+            f"{model['image_size']} px, " + ("flip TTA" if model["tta"] else "no TTA"))
+
+
+def prediction_lines(out: str | Path, models: Sequence[dict], *, rows: int, test: str, wall_s: float | None = None,
+                     next_steps: Sequence[str] = ()) -> list[str]:
+    """The block ``predict`` ends with.
+
+    ``models``: one dict per checkpoint of the mean (``checkpoint``, ``weight``, ``tta``,
+    ``image_size``, and from its manifest ``step``, ``monitor``, ``value`` when known).
+    """
+    out = Path(out)
+    kind = "the weighted mean" if len({round(m["weight"], 9) for m in models}) > 1 else "the mean"
+    head = (f"predicted: {rows} test images of {test} with {len(models)} model(s), {kind} of their probabilities"
+            if len(models) > 1 else f"predicted: {rows} test images of {test} with one model")
+    body = [_model_line(m) for m in models]
+    if wall_s is not None:
+        body.append(f"time: {_duration(wall_s)} total (reading the models, compiling, predicting)")
+    body += [_file_line(out, ("submission.csv", "probabilities.csv")), *next_steps]
     rule = "-" * min(max(len(head), 40), 100)
     return [rule, head, *body, rule]

@@ -20,7 +20,8 @@ In the order a run uses them:
    :func:`write_predictions` (``submission.csv``, ``probabilities.csv``), which a run uses too.
 
 :func:`train` (``trainer``) is all of it in order, into one folder: what the job and notebook 04 call.
-:func:`cross_validate` (``cv``, folds from ``folds``) runs it once per fold over one pool of records.
+:func:`cross_validate` (``cv``, folds from ``folds``, ``--fold-group`` from ``groups``) runs it once per fold
+over one pool of records.
 """
 from .build import (Training, build_model, build_training, device_augmentation, eval_transform, fit_run,
                     fit_settings, host_augment, initial_variables, train_dataset, train_transform, val_dataset)

@@ -19,8 +19,9 @@ space-separated, and ``cv.json`` holds the multilabel task's scores (exact-match
 micro F1 at the run's ``--threshold``).
 
 Records are named in ``folds.csv`` and ``oof.csv`` by their ``id`` feature when every pool record
-has a unique one (the competition's records), else by ``split/file#index`` (the sample and
-``--source`` conversions write ids into test records only).
+has a unique one (the competition's records, ``--source`` conversions), else by
+``split/file#index`` (the sample writes ids into test records only). ``fold_group`` keeps each
+group in one fold, the groups read from a CSV by those ids (:mod:`kaggle_utils.run.groups`).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from .. import checkpoint
 from ..config import ConfigError, TrainConfig
 from .data import RunData, converted_source, open_data, sample_or_folder
 from .folds import FOLDS_FILE, assign_folds, settle_folds
+from .groups import FoldGroups, group_file, read_groups
 
 __all__ = ["CVResult", "cross_validate"]
 
@@ -70,35 +72,40 @@ class Pool:
             return str(self.labels[row])
         present = np.flatnonzero(self.labels[row] > 0.5)
         return " ".join(self.class_names[c] if self.class_names else str(c) for c in present)
+    groups: np.ndarray | None = None  # --fold-group's group of each record
 
     def pairs(self, rows) -> tuple[tuple[str, int], ...]:
         return tuple((str(self.files[r]), int(self.indices[r])) for r in np.flatnonzero(rows))
 
 
 def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_folds: Sequence[int] | None = None,
-                   fold_group: str | None = None, resume: bool = False, overwrite: bool = False,
-                   progress: bool = True, hooks: Sequence = ()) -> CVResult:
+                   fold_group: str | None = None, fold_group_file: str | Path | None = None, resume: bool = False,
+                   overwrite: bool = False, progress: bool = True, hooks: Sequence = ()) -> CVResult:
     """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files; see above.
 
     ``config`` is one run's (every fold trains with it); ``resume`` goes on with an existing CV
     folder (without it, one is refused), ``overwrite`` starts it again; ``hooks`` are given to
-    each fold's run in turn (:func:`~kaggle_utils.run.train`). ``fold_group`` is refused for now:
-    the records carry no column to read groups from (:func:`~kaggle_utils.run.folds.assign_folds`
-    can deal groups).
+    each fold's run in turn (:func:`~kaggle_utils.run.train`). ``fold_group``: a column whose
+    groups stay in one fold, read from ``fold_group_file`` (default: a CSV ``--source``).
     """
     from .trainer import train
 
     out = Path(out)
-    chosen = _check_args(folds, only_folds, fold_group, resume, overwrite, config)
+    chosen = _check_args(folds, only_folds, resume, overwrite, config)
     if (out / FOLDS_FILE).is_file() and not (resume or overwrite):
         raise ConfigError(f"--out {out} already holds a CV ({out / FOLDS_FILE}): pass --resume to go on with it "
                           "(finished folds are skipped) or --overwrite to start it again")
-    out.mkdir(parents=True, exist_ok=True)
+    groups_at = group_file(config, fold_group, fold_group_file)
+    if groups_at is not None and config.data.source is not None:
+        _check_source_groups(config, groups_at, fold_group)  # before the source is converted into OUT/data
     trained = {}
     with _pool_data(config, out) as (fold_config, data):
-        pool = _pool(data, folds, config.seed)
+        groups = None if groups_at is None else read_groups(groups_at, fold_group, data.columns[0])
+        pool = _pool(data, folds, config.seed, groups)
+        out.mkdir(parents=True, exist_ok=True)
         if _main():
-            settle_folds(out, list(pool.keys), pool.folds, k=folds, seed=config.seed, overwrite=overwrite)
+            settle_folds(out, list(pool.keys), pool.folds, k=folds, seed=config.seed, overwrite=overwrite,
+                         groups=None if groups is None else (groups.column, pool.groups))
         if overwrite:
             _start_over(out)
         for k in chosen:
@@ -139,15 +146,11 @@ def _start_over(out: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def _check_args(folds, only_folds, fold_group, resume, overwrite, config) -> list[int]:
+def _check_args(folds, only_folds, resume, overwrite, config) -> list[int]:
     if folds < 2:
         raise ConfigError(f"--folds {folds}: cross-validation needs at least 2 folds")
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
-    if fold_group is not None:
-        raise ConfigError(f"--fold-group {fold_group}: the TFRecords a CV reads carry no column besides the image and "
-                          "its class, so groups cannot be read yet; make the groups' folds yourself, or leave "
-                          "--fold-group out")
     chosen = list(range(folds)) if only_folds is None else sorted(set(only_folds))
     outside = [k for k in chosen if not 0 <= k < folds]
     if outside:
@@ -161,22 +164,40 @@ def _pool_data(config: TrainConfig, out: Path) -> Iterator[tuple[TrainConfig, Ru
     if config.data.source is not None:
         root = converted_source(config, out)
         fold_config = config.replace(source=None, test_source=None, image_dir=None, test_image_dir=None,
-                                     data_dir=str(root.resolve()))
+                                     tfds_data_dir=None, data_dir=str(root.resolve()))
         yield fold_config, open_data(fold_config, root)
         return
     with sample_or_folder(config) as root:
         yield config, open_data(config, root)
 
 
-def _pool(data: RunData, k: int, seed: int) -> Pool:
+def _check_source_groups(config: TrainConfig, path: Path, column: str) -> None:
+    """Every image of ``--source`` has a group in ``path`` (a CSV source's own rows have, each, by its id)."""
+    from ..data.convert import source_from_spec
+
+    data = config.data
+    groups = read_groups(path, column, data.id_column or "id")
+    if path.resolve() != Path(data.source).resolve():
+        source = source_from_spec(data.source, image_dir=data.image_dir, id_column=groups.id_column,
+                                  label_column=data.label_column or "label", tfds_data_dir=data.tfds_data_dir)
+        groups.lookup(source.ids, f"images of --source {data.source}")
+
+
+def _pool(data: RunData, k: int, seed: int, groups: FoldGroups | None = None) -> Pool:
     from ..data.selection import scan_records
 
     records = scan_records(data.splits["train"] + data.splits["val"])
     labels = records.multi_hot(data.max_label + 1) if data.multi_label else records.labels
     ids = records.ids
     if not (all(ids) and len(set(ids)) == len(ids)):  # no (unique) id feature: named by where they lie
+        if groups is not None:
+            raise ConfigError(f"--fold-group {groups.column}: the records in {data.root} carry no unique 'id' feature "
+                              f"to match {groups.path} by (the digits sample has none; records converted by an older "
+                              "version of the kit: convert them again)")
         ids = np.array([f"{Path(f).parent.name}/{Path(f).name}#{i}" for f, i in zip(records.files, records.indices)])
-    return Pool(records.files, records.indices, labels, ids, assign_folds(labels, k, seed), data.class_names)
+    group_of = None if groups is None else groups.lookup(list(ids), f"records of {data.root}")
+    return Pool(records.files, records.indices, labels, ids, assign_folds(labels, k, seed, groups=group_of),
+                data.class_names, group_of)
 
 
 def _write_fold_oof(fold_out: Path, k: int, pool: Pool, data: RunData) -> None:

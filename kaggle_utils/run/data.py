@@ -70,7 +70,7 @@ def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = 
         raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
     target, staged = Path(out_dir) / "data", Path(out_dir) / STAGED
     columns = dict(id_column=data.id_column or "id", label_column=data.label_column or "label")
-    train = source_from_spec(data.source, image_dir=data.image_dir, **columns)
+    train = source_from_spec(data.source, image_dir=data.image_dir, tfds_data_dir=data.tfds_data_dir, **columns)
     test = _test_source(data, columns) if data.test_source else None
     settings = dict(image_size=config.model.image_size, val_fraction=data.val_fraction, seed=config.seed,
                     skip_errors=data.skip_errors)
@@ -137,7 +137,8 @@ def _test_source(data, columns: dict):
 
     image_dir = data.test_image_dir or data.image_dir
     try:
-        return source_from_spec(data.test_source, image_dir=image_dir, labeled=False, **columns)
+        return source_from_spec(data.test_source, image_dir=image_dir, labeled=False, tfds_data_dir=data.tfds_data_dir,
+                                **columns)
     except MissingImageError as err:
         if data.test_image_dir is not None:
             raise
@@ -172,6 +173,9 @@ def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
     elif config.data.test_source is not None or config.data.test_image_dir is not None:
         raise ConfigError("--test-source and --test-image-dir need --source (the training images); with --data-dir "
                           "the test split is DIR/test/")
+    elif config.data.tfds_data_dir is not None:
+        raise ConfigError(f"--tfds-data-dir {config.data.tfds_data_dir} goes with --source tfds:NAME (it says where "
+                          "that dataset is prepared); with --data-dir it reads nothing")
     else:
         with sample_or_folder(config) as root:
             yield root

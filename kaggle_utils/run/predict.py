@@ -33,7 +33,7 @@ from ..config import ConfigError, TrainConfig
 from .build import eval_transform
 from .data import find_splits, infer_image_size, named_classes, scan_test_ids
 from .resolve import make_task
-from .saved import load_run
+from .saved import checkpoint_file, load_run
 
 __all__ = ["Member", "expand_checkpoint", "load_members", "open_test_split", "predict_ensemble", "predict_member",
            "predicted_labels", "write_predictions"]
@@ -52,6 +52,7 @@ class Member:
     variables: dict
     config: TrainConfig
     weight: float
+    file: Path | None = None  # the checkpoint read: path itself, or the run folder's best (else last) one
 
 
 def _is_run(folder: Path) -> bool:
@@ -91,7 +92,8 @@ def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | N
         paths = expand_checkpoint(given)
         for path in paths:
             model, variables, config = load_run(path)
-            members.append(Member(path, model, variables, config, weight / len(paths) / sum(weights)))
+            members.append(Member(path, model, variables, config, weight / len(paths) / sum(weights),
+                                  file=checkpoint_file(path)))
     for member in members[1:]:
         _check_same_classes(members[0], member)
     return members

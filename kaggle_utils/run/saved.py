@@ -24,7 +24,8 @@ def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given:
     return path
 
 
-def _checkpoint_file(path: Path) -> Path:
+def checkpoint_file(path: Path) -> Path:
+    """The checkpoint a run folder is read from (its best, else its last); a file as itself."""
     if path.is_dir():
         for name in ("best.msgpack", "last.msgpack"):
             if (path / name).is_file():
@@ -43,7 +44,7 @@ def load_run(path: str | Path) -> tuple[object, dict, TrainConfig]:
     """
     from ..variable_trees import abstract_variables
 
-    file = _checkpoint_file(Path(path))
+    file = checkpoint_file(Path(path))
     manifest_file = checkpoint.manifest_path(file)
     if not manifest_file.is_file():
         raise checkpoint.CheckpointError(f"{file} has no manifest {manifest_file.name} beside it: cannot tell which "
