@@ -53,6 +53,38 @@ def sample(tmp_path_factory):
     return make_sample_dataset(tmp_path_factory.mktemp("sample"), image_size=16)
 
 
+@pytest.fixture(scope="session")
+def tiny_tfds(tmp_path_factory):
+    """A tensorflow-datasets dataset prepared here (no download): digits 0..29 train, 30..39 test, 8x8 RGB PNGs.
+
+    Session-wide because tfds registers a builder class by name once per process."""
+    import numpy as np
+    import tensorflow_datasets as tfds
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+
+    class TinyDigits(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(8, 8, 3), encoding_format="png"),
+                "label": tfds.features.ClassLabel(names=[f"d{i}" for i in range(10)])}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(0, 30), "test": self._generate_examples(30, 40)}
+
+        def _generate_examples(self, start, stop):
+            for i in range(start, stop):
+                gray = np.round(digits.images[i] * 255 / 16).astype(np.uint8)
+                yield i, {"image": np.repeat(gray[..., None], 3, axis=-1), "label": int(digits.target[i])}
+
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    TinyDigits(data_dir=data_dir).download_and_prepare()
+    return data_dir
+
+
 def pytest_unconfigure(config):
     if _SESSION_CACHE is not None:
         shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

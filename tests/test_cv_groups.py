@@ -14,7 +14,6 @@ from kaggle_utils.config import ConfigError, TrainConfig
 from kaggle_utils.run.folds import assign_folds, read_fold_groups
 
 from job_helpers import TEST_MODEL
-from test_data_sources import tiny_tfds  # noqa: F401  (a fixture: a tfds dataset prepared offline)
 from test_job_data import _digit_images, _save_png
 
 
@@ -231,7 +230,7 @@ def test_groups_that_cannot_be_found_are_refused_in_one_line_before_anything_is_
 # --------------------------------------------------------------------------- a tfds source
 
 
-def test_a_tfds_source_is_converted_with_its_ids_and_test_split_and_grouped_by_a_group_file(tiny_tfds, tmp_path):  # noqa: F811
+def test_a_tfds_source_is_converted_with_its_ids_and_test_split_and_grouped_by_a_group_file(tiny_tfds, tmp_path):
     """Past the conversion a CV reads OUT/data as it reads any source's (the folds' training: test_cv.py)."""
     from kaggle_utils.data import DataError, list_tfrecords
     from kaggle_utils.run import scan_test_ids

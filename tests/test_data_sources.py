@@ -228,31 +228,6 @@ def test_skip_errors_leaves_it_out_and_counts_it(with_a_broken_file):
 # --------------------------------------------------------------------------------------
 # tensorflow-datasets, prepared here (no download)
 # --------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_tfds(tmp_path_factory):
-    import tensorflow_datasets as tfds
-
-    class TinyDigits(tfds.core.GeneratorBasedBuilder):
-        """Digits 0..29 train, 30..39 test, as 8x8 RGB PNGs."""
-        VERSION = tfds.core.Version("1.0.0")
-
-        def _info(self):
-            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-                "image": tfds.features.Image(shape=(8, 8, 3), encoding_format="png"),
-                "label": tfds.features.ClassLabel(names=[f"d{i}" for i in range(10)])}))
-
-        def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples(0, 30), "test": self._generate_examples(30, 40)}
-
-        def _generate_examples(self, start, stop):
-            for i in range(start, stop):
-                yield i, {"image": np.asarray(digit(i).convert("RGB")), "label": int(DIGITS.target[i])}
-
-    data_dir = str(tmp_path_factory.mktemp("tfds"))
-    TinyDigits(data_dir=data_dir).download_and_prepare()
-    return data_dir
-
-
 def test_tfds_source_reads_every_example_once_with_its_label(tiny_tfds):
     source = kd.tfds_source("tiny_digits", "train", data_dir=tiny_tfds)
     assert source.class_names == [f"d{i}" for i in range(10)] and source.num_examples == 30
