@@ -103,14 +103,13 @@ def test_auto_picks_the_batch_whose_compiled_step_fits_the_budget(sample):
 def test_a_budget_below_one_image_is_refused_before_anything_is_written(sample, tmp_path, capsys):
     from kaggle_utils import job
 
-    data = run.open_data(auto_config(sample), sample.root)
-    budget, _ = budget_for(auto_config(sample), data, 1)
     out = tmp_path / "out"
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(SystemExit) as stop:  # 0.0001 GiB: 105 KiB, less than the tiny model's weights
         job.main(["train", "--data-dir", sample.root, "--model", TEST_MODEL, "--batch-per-device", "auto",
-                  "--memory-budget", f"{budget * 0.9:.9f}", "--steps", "1", "--out", str(out), "--no-progress"])
+                  "--memory-budget", "0.0001", "--steps", "1", "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "--batch-per-device auto: the smallest batch per device (1 image) needs" in err
+    assert "more than the 0.0922 MiB of the budget (--memory-budget 0.0001 GiB less a 10% margin)" in err  # 0.1024 MiB less 10%
     assert not out.exists()
 
 
