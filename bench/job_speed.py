@@ -4,6 +4,7 @@
     python bench/job_speed.py --routes none randaugment --steps 10 --rounds 3
     python bench/job_speed.py --size 224 --batch 128 --precision fp16 --steps 20   # on a T4
     python bench/job_speed.py --data-dir /kaggle/input/tpu-getting-started/tfrecords-jpeg-512x512
+    python bench/job_speed.py --size 300 --batch 64 --host-cores 4 --steps 20   # can a T4 x2's 4 vCPUs feed a GPU?
 
 For each ``--data.augment`` route (``none``, ``randaugment`` TF on the host, ``imgaug`` in worker
 processes, ``randaugment-device`` inside the jitted step) it runs the job's own pieces
@@ -14,10 +15,17 @@ processes, ``randaugment-device`` inside the jitted step) it runs the job's own 
   device prefetch; the figure is the loop's own ``train/img_per_s`` of each log window of
   ``--steps`` steps, the first window (pipeline start, compilation) left out;
 * step alone: the same compiled step on a few batches of the same pipeline already on the
-  device, ``--steps`` back-to-back calls blocked on the last.
+  device, ``--steps`` back-to-back calls blocked on the last;
+* host feed: the route's input pipeline alone (``train_dataset``), ``--steps`` batches per window,
+  no device: what the host can deliver.
 
 A job/step ratio below ``--threshold`` means the input (or, on a CPU, the input's share of the
-same cores) holds the step back: "input-bound". Routes share a compiled step where their steps
+same cores) holds the step back: "input-bound"; otherwise the step is "fed". ``--host-cores N``
+asks the question for a machine with N cores (Kaggle's T4 x2 has 4 vCPUs): the process is pinned
+to N of its cores (``os.sched_setaffinity``, inherited by the imgaug worker processes, whose
+default count follows it) before TensorFlow and JAX size their thread pools, and TensorFlow's
+inter- and intra-op pools are set to N. The GPU's own work needs no host core, but JAX's dispatch
+and the transfer to the device share the N cores with the input, as they would on that machine. Routes share a compiled step where their steps
 are equal (all but ``randaugment-device``). Rounds are interleaved (every route's job and step,
 then again) and medians are reported, since other processes may share the machine. The
 evaluation ``fit_run`` ends with runs after the timed windows, on one validation file only.
@@ -51,7 +59,28 @@ def job_config(args, route: str):
 
 
 def verdict(ratio: float, threshold: float) -> str:
-    return "input-bound" if ratio < threshold else "step-bound"
+    return "input-bound" if ratio < threshold else "fed"
+
+
+def restrict_host(cores: int | None) -> str:
+    """Pins this process to the first ``cores`` of the cores it may use (its children inherit it); how the
+    report names the host. Call it before TensorFlow or JAX start: they size their thread pools then."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cores is None:
+        return f"{len(allowed)} host cores"
+    os.sched_setaffinity(0, allowed[:cores])
+    return f"{cores} of {len(allowed)} host cores (pinned)"
+
+
+def limit_tensorflow_threads(cores: int | None) -> None:
+    """TensorFlow's inter- and intra-op thread pools at ``cores`` threads (tf.data's own pool follows the
+    pinned cores); before TensorFlow's first op, which fixes them."""
+    from kaggle_utils.data import tensorflow_on_host
+
+    if cores is not None:
+        tf = tensorflow_on_host()
+        tf.config.threading.set_inter_op_parallelism_threads(cores)
+        tf.config.threading.set_intra_op_parallelism_threads(cores)
 
 
 class _WindowRates:
@@ -78,6 +107,24 @@ class Route:
             dataset.close()
         self.device_batches = [training.steps.put_batch(b) for b in batches]
         self.state = training.steps.put_state(training.state)
+
+    def feed_rates(self, steps: int, windows: int) -> list[float]:
+        """Images/s of the route's input pipeline alone, ``windows`` windows of ``steps`` batches (one more first,
+        untimed: the pipeline's start)."""
+        from kaggle_utils import run
+
+        dataset = run.train_dataset(self.config, self.plan, self.data, epoch=2)
+        rates = []
+        try:
+            batches = iter(dataset)
+            for window in range(-1, windows):
+                start = time.perf_counter()
+                images = sum(len(next(batches)["image"]) for _ in range(steps))
+                if window >= 0:
+                    rates.append(images / (time.perf_counter() - start))
+        finally:
+            dataset.close()
+        return rates
 
     def job_rates(self) -> list[float]:
         """Images/s of the job's timed log windows (the first window left out)."""
@@ -133,9 +180,10 @@ def measure(args) -> dict:
             tensorflow_on_host().config.experimental.enable_op_determinism()
         start = time.perf_counter()
         routes = build_routes(args, data)
-        runs = {name: {"job": [], "step": []} for name in routes}
+        runs = {name: {"feed": [], "job": [], "step": []} for name in routes}
         for round_index in range(args.rounds):
             for name, route in routes.items():
+                runs[name]["feed"].append(route.feed_rates(args.steps, args.windows))
                 runs[name]["job"].append(route.job_rates())
                 runs[name]["step"].append(route.step_rates(args.steps, args.windows))
             print(f"round {round_index + 1}/{args.rounds} done at {time.perf_counter() - start:.0f} s, "
@@ -145,10 +193,10 @@ def measure(args) -> dict:
                 "stored_size": data.stored_size}
 
 
-def report(result: dict, args, load_start: float) -> None:
+def report(result: dict, args, load_start: float, host: str) -> None:
     import jax
 
-    from kaggle_utils.data import tensorflow_on_host
+    from kaggle_utils.data import default_worker_count, tensorflow_on_host
 
     config = result["config"]
     print(f"\n{config.model.name} at {config.model.image_size}px (stored {result['stored_size']}), "
@@ -156,16 +204,16 @@ def report(result: dict, args, load_start: float) -> None:
           f"{'deterministic' if config.data.deterministic else 'nondeterministic'} input; "
           f"{args.rounds} rounds x {args.windows} windows x {args.steps} steps; jax {jax.__version__} ({jax.default_backend()}: "
           f"{jax.device_count()} x {jax.devices()[0].device_kind}), tensorflow {tensorflow_on_host().__version__}; "
-          f"cpus={os.cpu_count()}; loadavg {load_start:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"{host}, {default_worker_count()} imgaug workers; loadavg {load_start:.1f} -> {os.getloadavg()[0]:.1f}; "
           f"{result['seconds']:.0f} s\n")
-    print("| route | job img/s | step-alone img/s | job / step | per-round job / step | verdict |")
-    print("|---|---|---|---|---|---|")
+    print("| route | host feeds img/s | step-alone img/s | job img/s | job / step | per-round job / step | verdict |")
+    print("|---|---|---|---|---|---|---|")
     for name, runs in result["runs"].items():
-        job = statistics.median(r for rates in runs["job"] for r in rates)
-        step = statistics.median(r for rates in runs["step"] for r in rates)
+        feed, job, step = (statistics.median(r for rates in runs[part] for r in rates)
+                           for part in ("feed", "job", "step"))
         per_round = " ".join(f"{statistics.median(j) / statistics.median(s):.2f}"
                              for j, s in zip(runs["job"], runs["step"]))
-        print(f"| {name} | {job:.1f} | {step:.1f} | **{job / step:.2f}** | {per_round} | "
+        print(f"| {name} | {feed:.1f} | {step:.1f} | {job:.1f} | **{job / step:.2f}** | {per_round} | "
               f"{verdict(job / step, args.threshold)} |")
 
 
@@ -188,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="without tf.data op determinism (the job's --no-deterministic): parallel maps stay "
                              "parallel, the input order is not reproducible")
     parser.add_argument("--threshold", type=float, default=0.9, help="job/step below this: input-bound")
+    parser.add_argument("--host-cores", type=int, default=None,
+                        help="run on this many of the host's cores (Kaggle's T4 x2: 4), threads and imgaug workers "
+                             "included (default: all this process may use)")
     return parser
 
 
@@ -204,21 +255,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--size {args.size}: must be >= 8")
     if not 0 < args.threshold <= 1:
         parser.error(f"--threshold {args.threshold}: must be in (0, 1]")
+    allowed = len(os.sched_getaffinity(0))
+    if args.host_cores is not None and not 1 <= args.host_cores <= allowed:
+        parser.error(f"--host-cores {args.host_cores}: must be in [1, {allowed}] (the cores this process may use)")
     args.routes = list(dict.fromkeys(args.routes))  # each route once, in the order given
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    host = restrict_host(args.host_cores)  # before TensorFlow and JAX start their thread pools
     from kaggle_utils.config import ConfigError
     from kaggle_utils.data import DataError
 
+    limit_tensorflow_threads(args.host_cores)
     load_start = os.getloadavg()[0]
     try:
         result = measure(args)
     except (ConfigError, DataError) as err:
         raise SystemExit(f"job_speed.py: error: {err}") from None
-    report(result, args, load_start)
+    report(result, args, load_start, host)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,14 @@ class ConfigError(ValueError):
     """A config value that cannot run; the message names the flag."""
 
 
+def _int_or_auto(text: str) -> int | str:
+    """The flag type of a field that is a number or ``"auto"`` (metadata ``parse``: its annotation cannot say)."""
+    return "auto" if text.lower() == "auto" else int(text)
+
+
+_int_or_auto.__name__ = "integer or auto"  # argparse names the type in its message
+
+
 def _field(default, help: str, **metadata):
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults are not allowed in a frozen config")
@@ -98,8 +106,14 @@ class DataConfig:
     class_names: tuple[str, ...] = _field((), "submission labels by class index (default: those a converted records "
                                               "folder or --source records; empty: the index itself)")
     batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
-    batch_per_device: int | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
-                                                "BATCH_SIZE_PER_CORE); global = this x device count")
+    batch_per_device: int | str | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
+                                                      "BATCH_SIZE_PER_CORE); global = this x device count; auto: the "
+                                                      "largest whose compiled train step fits the device's memory "
+                                                      "(less a margin), found before anything is written",
+                                                parse=_int_or_auto)
+    memory_budget: float | None = _field(None, "with --batch-per-device auto: GiB one device may use (default: what "
+                                               "the device reports, memory_stats()['bytes_limit'], on GPU and TPU; a "
+                                               "CPU reports none, so give it there)", resume_may_change=True)
     augment: str = _field("none", "none | randaugment (TF, on the host) | imgaug (worker processes) | "
                                   "randaugment-device (JAX, inside the jitted train step: no host work)",
                           choices=("none", "randaugment", "imgaug", "randaugment-device"))
@@ -276,6 +290,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
             elif typing.get_origin(kind) is tuple:
                 kwargs.update(action="append", metavar=typing.get_args(kind)[0].__name__.upper())
             else:
+                kind = field.metadata.get("parse", kind)
                 kwargs["type"] = _optional(kind) if optional else kind
                 if "choices" in field.metadata:
                     kwargs["choices"] = field.metadata["choices"]

@@ -148,8 +148,32 @@ def test_job_speed_keeps_flags_given_and_refuses_bad_ones(job_speed, capsys):
 
 def test_verdict_reads_the_ratio_against_the_threshold(job_speed):
     assert job_speed.verdict(0.5, 0.9) == "input-bound"
-    assert job_speed.verdict(0.95, 0.9) == "step-bound"
-    assert job_speed.verdict(0.9, 0.9) == "step-bound"
+    assert job_speed.verdict(0.95, 0.9) == "fed"
+    assert job_speed.verdict(0.9, 0.9) == "fed"
+
+
+def test_job_speed_host_cores_flag_and_a_report_line_per_route(job_speed, capsys):
+    import os
+
+    allowed = len(os.sched_getaffinity(0))
+    assert job_speed.parse_args(["--host-cores", "1"]).host_cores == 1
+    assert job_speed.parse_args([]).host_cores is None  # every core this process may use
+    for cores in ("0", str(allowed + 1)):
+        with pytest.raises(SystemExit) as stop:
+            job_speed.parse_args(["--host-cores", cores])
+        assert stop.value.code == 2 and f"--host-cores {cores}: must be in [1, {allowed}]" in capsys.readouterr().err
+    assert job_speed.restrict_host(None) == f"{allowed} host cores"  # without the flag nothing is pinned
+
+    args = job_speed.parse_args(["--routes", "imgaug", "randaugment-device", "--rounds", "1"])
+    rates = {"imgaug": (40.0, 30.0, 100.0), "randaugment-device": (500.0, 95.0, 100.0)}  # feed, job, step
+    result = {"runs": {name: {"feed": [[feed]], "job": [[job]], "step": [[step]]}
+                       for name, (feed, job, step) in rates.items()},
+              "seconds": 1.0, "config": job_speed.job_config(args, "none"), "stored_size": 64}
+    job_speed.report(result, args, 0.0, "4 of 16 host cores (pinned)")
+    out = capsys.readouterr().out
+    assert "4 of 16 host cores (pinned)" in out and "| route | host feeds img/s | step-alone img/s | job img/s |" in out
+    assert "| imgaug | 40.0 | 100.0 | 30.0 | **0.30** | 0.30 | input-bound |" in out
+    assert "| randaugment-device | 500.0 | 100.0 | 95.0 | **0.95** | 0.95 | fed |" in out
 
 
 # --------------------------------------------------------------------------- stage_speed.py

@@ -119,3 +119,23 @@ def test_resume_also_checks_the_manifest_of_the_checkpoint_it_reads(finished_run
     with pytest.raises(OutDirError, match=r"per last.json \(the manifest of the checkpoint --resume reads\) "
                                           r"\(--lr: 0.01 -> 0.02\)"):
         run.train(tiny_config(sample, lr=0.02), out, resume=True, progress=False)
+
+
+def test_resume_of_an_auto_batch_run_keeps_the_batch_config_json_records(finished_run, sample, tmp_path, monkeypatch):
+    """A new search could choose another batch (another device or JAX version): --resume takes the recorded one."""
+    import shutil
+
+    from kaggle_utils.run import memory_plan
+
+    def no_search(*_, **__):
+        raise AssertionError("--resume searched for a batch instead of reading config.json")
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    monkeypatch.setattr(memory_plan, "fit_batch", no_search)
+    config = tiny_config(sample, batch_size=None, batch_per_device="auto", memory_budget=1.0)
+    result = run.train(config, out, resume=True, progress=False)
+    assert result.plan.global_batch == 64 and result.config.data.batch_size == 64
+    assert "the global batch 64" in result.plan.batch_fit and "--resume" in result.plan.batch_fit
+    record = json.loads((out / "config.json").read_text())
+    assert record["given"]["batch_per_device"] == "auto" and record["config"]["data"]["batch_size"] == 64

@@ -39,14 +39,16 @@ class AugmentWorkerError(RuntimeError):
 
 
 def default_worker_count() -> int:
-    """One worker per CPU core, up to 16.
+    """One worker per CPU core this process may run on (its affinity: a container's or a pinned job's
+    share, which ``os.cpu_count()`` ignores), up to 16.
 
     The workers decode as well as augment, so the tf.data process needs little CPU of its
     own (a small fraction of a worker's per image: bench/README.md): no core is held back for
     it. Workers only run while the prefetch buffer has room, so they yield to the training
     step once the input is ahead.
     """
-    return max(1, min(16, os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(16, cores or 1))
 
 
 def _pickle_for_worker(fn) -> bytes:

@@ -1,6 +1,7 @@
 """A resolved run's pieces: model, initial variables, task, optimizer, steps, state; and its loop."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import NamedTuple
@@ -11,7 +12,22 @@ import jax.numpy as jnp
 from ..config import ConfigError, TrainConfig
 from ..precision import Precision
 from .data import RunData
-from .resolve import Plan, make_task, run_manifest
+
+# ``Plan`` in the annotations is kaggle_utils.run.resolve.Plan, not imported: resolve imports this module (the
+# largest batch that fits, kaggle_utils.run.memory_plan, compiles the step built here).
+
+
+def make_task(config: TrainConfig):
+    from ..train import make_task as make
+
+    return make(config.task.task, label_smoothing=config.task.label_smoothing, focal_gamma=config.task.focal_gamma,
+                threshold=config.task.threshold)
+
+
+def run_manifest(config: TrainConfig, plan: Plan) -> dict:
+    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model."""
+    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
+
 
 def build_model(config: TrainConfig):
     """The module a run trains: the variant with a classifier of ``head_width`` outputs."""
@@ -75,8 +91,14 @@ class Training(NamedTuple):
     schedule: object
 
 
-def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None) -> Training:
-    """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config."""
+def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None,
+                   mode: str | None = None) -> Training:
+    """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config.
+
+    ``variables`` may be abstract (``jax.ShapeDtypeStruct`` leaves, ``variable_trees.abstract_variables``):
+    the state is then abstract too, enough to compile the steps without initialising anything
+    (:mod:`kaggle_utils.run.memory_plan`). ``mode`` (default the config's) and ``mesh`` as for ``make_steps``.
+    """
     from .. import surgery
     from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_steps, warmup_cosine
 
@@ -98,10 +120,12 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
                              tta_flip=config.task.tta, accumulate_steps=config.optim.accumulate_steps,
                              **device_augmentation(config))
     trained = surgery.freeze_batchnorm(model, list(config.model.freeze)) if config.model.freeze else model
-    steps = make_steps(trained, tx, step_config, mode=config.loop.mode, mesh=mesh)
-    state = jax.device_get(create_train_state(variables, tx, seed=config.seed, ema=config.optim.ema_decay > 0,
-                                              loss_scale=Precision(config.model.precision).loss_scaling))
-    return Training(model, steps, state, schedule)
+    steps = make_steps(trained, tx, step_config, mode=mode or config.loop.mode, mesh=mesh)
+    state = functools.partial(create_train_state, tx=tx, seed=config.seed, ema=config.optim.ema_decay > 0,
+                              loss_scale=Precision(config.model.precision).loss_scaling)
+    abstract = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(variables))
+    return Training(model, steps, jax.eval_shape(state, variables) if abstract else jax.device_get(state(variables)),
+                    schedule)
 
 
 def host_augment(config: TrainConfig) -> str | None:

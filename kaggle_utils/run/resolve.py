@@ -14,6 +14,7 @@ import jax
 from .. import runtime
 from ..precision import Precision, choose_precision
 from ..config import ConfigError, TrainConfig, flag_of
+from .build import make_task, run_manifest  # noqa: F401 (kept importable from here)
 from .data import RunData
 
 SCRATCH_LR, FINETUNE_LR = 1e-2, 2e-3  # AdamW peak per 256 images
@@ -35,6 +36,7 @@ class Plan:
     std: tuple[float, ...]
     lr_multipliers: dict[str, float] | None = None  # per part of the network (--layer-decay, --head-lr-mult)
     precision_reason: str = ""  # why --precision is what it is on this machine
+    batch_fit: str = ""  # with --batch-per-device auto: the batch chosen, bytes vs budget, compiles and seconds
 
     def describe(self, config: TrainConfig) -> str:
         from ..train import describe_lr_groups
@@ -46,7 +48,8 @@ class Plan:
                 f"device(s); peak learning rate {self.peak_lr:.3g} ({config.optim.lr:g} per 256 images){groups}; "
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
                 f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
-                f"{Precision(config.model.precision).describe()} ({self.precision_reason})")
+                f"{Precision(config.model.precision).describe()} ({self.precision_reason})"
+                + (f"; {self.batch_fit}" if self.batch_fit else ""))
 
 
 def global_batch(config: TrainConfig) -> int:
@@ -54,6 +57,11 @@ def global_batch(config: TrainConfig) -> int:
     data = config.data
     if data.batch_size is not None and data.batch_per_device is not None:
         raise ConfigError("--batch-size (global) and --batch-per-device exclude each other: give one")
+    if data.batch_per_device == "auto":
+        raise ConfigError("--batch-per-device auto is chosen by run.resolve (it compiles the train step); "
+                          "global_batch needs a number")
+    if isinstance(data.batch_per_device, str):
+        raise ConfigError(f"--batch-per-device {data.batch_per_device!r}: must be a number or auto")
     size = data.batch_per_device * n if data.batch_per_device is not None else data.batch_size
     size = runtime.global_batch(n) if size is None else size
     flag = "--batch-per-device" if data.batch_per_device is not None else "--batch-size"
@@ -75,7 +83,8 @@ def _check_values(config: TrainConfig) -> None:
     for name, value in positive.items():
         if value is not None and value < 1:
             raise ConfigError(f"{flag_of(name)} {value}: must be at least 1")
-    for name, value in {"lr": config.optim.lr, "clip_norm": config.optim.clip_norm}.items():
+    for name, value in {"lr": config.optim.lr, "clip_norm": config.optim.clip_norm,
+                        "memory_budget": config.data.memory_budget}.items():
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"{flag_of(name)} {value}: must be a finite number > 0")
     for name, value, low, high in (("label_smoothing", config.task.label_smoothing, 0, 1),
@@ -155,7 +164,27 @@ def _check_monitor_mode(config: TrainConfig) -> None:
 
 
 def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig, Plan]:
-    """``config`` with nothing left open for this machine and data, and the numbers it implies."""
+    """``config`` with nothing left open for this machine and data, and the numbers it implies.
+
+    ``--batch-per-device auto`` becomes the largest batch whose compiled train step fits the
+    device (:mod:`kaggle_utils.run.memory_plan`; the plan says how it was found). The resolved
+    config records it as the global ``batch_size``, so a resumed run keeps it.
+    """
+    if config.data.batch_per_device != "auto":
+        if config.data.memory_budget is not None:
+            raise ConfigError(f"--memory-budget {config.data.memory_budget:g} is read only with --batch-per-device "
+                              "auto: give both, or neither")
+        return _resolve(config, data, task)
+    from .memory_plan import fit_batch
+
+    k = config.optim.accumulate_steps
+    provisional, plan = _resolve(config.replace(batch_per_device=k), data, task)  # the step's shapes but the batch
+    fit = fit_batch(provisional, plan, task=task, per_device_limit=data.num_train // jax.device_count())
+    config, plan = _resolve(config.replace(batch_per_device=fit.per_device), data, task)
+    return config, dataclasses.replace(plan, batch_fit=fit.describe())
+
+
+def _resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig, Plan]:
     from ..efficientnet import pretrained_cfg
     from ..surgery import padded_width
 
@@ -207,15 +236,3 @@ def _lr_multipliers(config: TrainConfig) -> dict[str, float] | None:
         return None
     stages = len(create_model(config.model.name).stages)
     return group_multipliers(stages, layer_decay=optim.layer_decay, head_lr_mult=optim.head_lr_mult)
-
-
-def make_task(config: TrainConfig):
-    from ..train import make_task as make
-
-    return make(config.task.task, label_smoothing=config.task.label_smoothing, focal_gamma=config.task.focal_gamma,
-                threshold=config.task.threshold)
-
-
-def run_manifest(config: TrainConfig, plan: Plan) -> dict:
-    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model."""
-    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}

@@ -22,6 +22,7 @@ from .. import checkpoint, compilation, outdir
 from ..config import TrainConfig
 from .build import build_model, build_training, fit_run, initial_variables
 from .data import RunData, commit_conversion, data_root, open_data
+from .memory_plan import recorded_batch
 from .resolve import Plan, check_config, resolve
 from .saved import write_config
 
@@ -77,7 +78,9 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
     main = jax.process_index() == 0
     with _owned(out), (contextlib.nullcontext(data.root) if data is not None else data_root(config, out)) as root:
         data = data if data is not None else open_data(config, root)
-        resolved, plan = resolve(config, data, task)
+        chosen, batch_note = recorded_batch(config, out) if resume else (config, "")
+        resolved, plan = resolve(chosen, data, task)
+        plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
         model = build_model(resolved)
         training = build_training(resolved, plan, model, initial_variables(resolved, model), task=task)
         if main:  # every check passed: only now may the folder change

@@ -1,0 +1,207 @@
+"""``--batch-per-device auto``: the largest per-device batch whose compiled train step fits the device's memory.
+
+Why compile instead of estimate: what a step holds at once (parameters, optimizer state and
+EMA, the batch, the activations kept for the backward pass, XLA's temporaries) depends on the
+model, the image size, ``--precision``, ``--remat`` and ``--accumulate-steps`` (only one
+micro-batch's activations are alive at a time), and XLA's buffer assignment knows it exactly.
+Compiling the run's own train step for abstract inputs (``jax.ShapeDtypeStruct``: no data, no
+initialised weights) gives ``memory_analysis()``: the bytes of the step's arguments, outputs
+and temporaries, less the donated state its outputs reuse (:func:`step_bytes`).
+
+The step is compiled on one device (a one-device mesh, jit): a device of an N-device run holds
+the same program for its share of the batch, plus the gradient all-reduce's buffers, which the
+margin covers.
+
+The budget is what the device's allocator may hand out, ``memory_stats()["bytes_limit"]`` (GPUs
+and TPUs report it; with JAX's default preallocation a GPU's is 75% of the card), or
+``--memory-budget`` GiB. A CPU reports none, so there the budget must be given. :data:`MARGIN`
+of the budget stays free for what the train step's analysis does not count: the prefetched input
+batches, the evaluation step's buffers, the allocator's fragmentation.
+
+The search (:func:`largest_batch`) needs few compiles because the bytes grow about linearly with
+the batch: micro-batch 1, then 8, then the batch where the line through the last two reaches
+the budget, then its neighbour to confirm; the probes stay strictly inside the bracket of "fits"
+and "does not fit", and two probes in a row on the same side switch to doubling or bisection, so
+it also ends where the bytes are not linear. Its answer assumes the bytes do not shrink as the
+batch grows. Compiles and seconds are printed in the plan line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from ..config import ConfigError, TrainConfig
+
+__all__ = ["MARGIN", "BatchFit", "device_budget", "fit_batch", "largest_batch", "recorded_batch", "step_bytes",
+           "train_step_memory"]
+
+MARGIN = 0.10  # of the budget, kept free (see the module docstring)
+FIRST_STEP = 8  # the second probe: micro-batch 8, where the bytes' slope is already the batch's
+GIB = 2 ** 30
+# XLA's CPU code generation without LLVM's expensive passes: the same buffers, so the same memory analysis, in about
+# half the compile time (jax 0.7.2 and 0.10.2). Not used on GPU and TPU, where that equality is untested.
+_CPU_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchFit:
+    """The batch ``--batch-per-device auto`` chose, and what it was measured against."""
+
+    per_device: int
+    needed: int  # bytes the compiled train step needs per device at ``per_device``
+    budget: int  # bytes
+    budget_source: str  # "--memory-budget 2 GiB", "bytes_limit of NVIDIA T4"
+    compiles: int
+    seconds: float
+    data_bound: bool = False  # a larger batch might fit, but the data give no step at that global batch
+
+    def describe(self) -> str:
+        bound = "; the data's size bounds it" if self.data_bound else ""
+        return (f"batch per device auto: {self.per_device}, its train step needs {_gib(self.needed)} of "
+                f"{_gib(self.budget * (1 - MARGIN))} ({self.budget_source} less a {MARGIN:.0%} margin){bound}; "
+                f"{self.compiles} compiles, {self.seconds:.1f} s")
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.3g} GiB" if n >= GIB / 100 else f"{n / 2 ** 20:.3g} MiB"
+
+
+def step_bytes(compiled) -> int:
+    """Device bytes a compiled executable needs while it runs: arguments + outputs + temporaries - donated
+    (aliased) buffers + code, or the analysis' own peak where that is larger."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        raise ConfigError(f"--batch-per-device auto: the {jax.default_backend()} backend gives no memory analysis "
+                          "of a compiled step; give --batch-per-device N or --batch-size")
+    total = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+             - stats.alias_size_in_bytes + stats.generated_code_size_in_bytes)
+    return max(total, getattr(stats, "peak_memory_in_bytes", 0) or 0)
+
+
+def device_budget(memory_budget_gib: float | None, device=None) -> tuple[int, str]:
+    """``(bytes, where they come from)``: ``--memory-budget`` GiB, else the device's own ``bytes_limit``."""
+    if memory_budget_gib is not None:
+        if not (memory_budget_gib > 0 and math.isfinite(memory_budget_gib)):
+            raise ConfigError(f"--memory-budget {memory_budget_gib}: must be a finite number of GiB > 0")
+        return int(memory_budget_gib * GIB), f"--memory-budget {memory_budget_gib:g} GiB"
+    device = jax.local_devices()[0] if device is None else device
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    if not limit:
+        raise ConfigError(f"--batch-per-device auto needs a memory budget: the {device.platform} device "
+                          f"({device.device_kind}) reports none (no bytes_limit in memory_stats()); give "
+                          "--memory-budget GiB, or --batch-per-device N")
+    return int(limit), f"bytes_limit of {device.device_kind}"
+
+
+def largest_batch(bytes_at: Callable[[int], int], usable: float, *, limit: int) -> tuple[int, dict[int, int]]:
+    """The largest batch ``m`` in ``[1, limit]`` with ``bytes_at(m) <= usable`` (0 if not even 1 fits), and
+    ``{m: bytes_at(m)}`` of every batch it measured (one compile each)."""
+    measured: dict[int, int] = {}
+
+    def fits(m: int) -> bool:
+        measured[m] = bytes_at(m)
+        return measured[m] <= usable
+
+    if limit < 1 or not fits(1):
+        return 0, measured
+    lo, hi = 1, limit + 1  # lo fits; hi does not (limit + 1: beyond what the data allow)
+    sides: list[bool] = []
+    confirming = False  # the last probe was lo + 1 taken against the rule below: the next may not be
+    while hi - lo > 1:
+        probe, fallback = _line_estimate(measured, lo, hi, usable)
+        if len(sides) >= 2 and sides[-1] == sides[-2] and (probe > lo + 1 or confirming):
+            probe, confirming = fallback, False  # two on one side: the line misleads here
+        else:
+            confirming = len(sides) >= 2 and sides[-1] == sides[-2]
+        sides.append(fits(probe))
+        lo, hi = (probe, hi) if sides[-1] else (lo, probe)
+    return lo, measured
+
+
+def _line_estimate(measured: dict[int, int], lo: int, hi: int, usable: float) -> tuple[int, int]:
+    """``(where the line through the two measured batches nearest the edge reaches usable, the midpoint or
+    double lo)``, both strictly inside ``(lo, hi)``."""
+    if hi in measured:
+        a, b, fallback = lo, hi, (lo + hi) // 2
+    else:
+        below = [m for m in measured if m < lo]
+        a, b = (max(below), lo) if below else (None, lo)
+        fallback = 2 * lo if below else FIRST_STEP
+    slope = (measured[b] - measured[a]) / (b - a) if a is not None else 0.0
+    estimate = math.floor(lo + (usable - measured[lo]) / slope) if slope > 0 else fallback
+    return max(lo + 1, min(hi - 1, estimate)), max(lo + 1, min(hi - 1, fallback))
+
+
+def _abstract_batch(config: TrainConfig, per_device: int) -> dict:
+    """One device's batch as the input pipeline delivers it, as shapes: uint8 images, labels, mask."""
+    size = config.model.image_size
+    label = (jax.ShapeDtypeStruct((per_device, config.model.num_classes), jnp.float32)
+             if config.task.task == "multilabel" else jax.ShapeDtypeStruct((per_device,), jnp.int32))
+    return {"image": jax.ShapeDtypeStruct((per_device, size, size, 3), jnp.uint8), "label": label,
+            "mask": jax.ShapeDtypeStruct((per_device,), jnp.bool_)}
+
+
+def train_step_memory(config: TrainConfig, plan, *, task=None) -> Callable[[int], int]:
+    """``per-device batch -> bytes`` of the run's train step on one device, compiled for abstract inputs (no data,
+    no initialised weights); ``config`` and ``plan`` resolved with any batch (the shapes are replaced)."""
+    from ..parallel import make_mesh
+    from ..variable_trees import abstract_variables
+    from .build import build_model, build_training
+
+    size = config.model.image_size
+    model = build_model(config)
+    variables = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
+    training = build_training(config, plan, model, variables, task=task, mode="jit",
+                              mesh=make_mesh(jax.local_devices()[:1]))
+
+    def bytes_at(per_device: int) -> int:
+        lowered = training.steps.train_jitted.lower(training.state, _abstract_batch(config, per_device))
+        return step_bytes(lowered.compile(_CPU_FAST_COMPILE) if jax.default_backend() == "cpu" else lowered.compile())
+
+    return bytes_at
+
+
+def fit_batch(config: TrainConfig, plan, *, task=None, per_device_limit: int) -> BatchFit:
+    """The largest per-device batch (a multiple of ``--accumulate-steps``, at most ``per_device_limit``) whose
+    train step fits the budget; ``config`` and ``plan`` resolved with any per-device batch (it is replaced)."""
+    budget, source = device_budget(config.data.memory_budget)
+    start = time.perf_counter()
+    k = config.optim.accumulate_steps
+    bytes_at = train_step_memory(config, plan, task=task)
+    usable = budget * (1 - MARGIN)
+    limit = max(1, per_device_limit // k)  # a batch of k per device is allowed where --steps-per-epoch says so
+    micro, measured = largest_batch(lambda m: bytes_at(m * k), usable, limit=limit)
+    if micro == 0:
+        smallest = f"{k} micro-batches of 1 image" if k > 1 else "1 image"
+        raise ConfigError(f"--batch-per-device auto: the smallest batch per device ({smallest}) needs "
+                          f"{_gib(measured[1])}, more than the {_gib(usable)} of the budget ({source} less a "
+                          f"{MARGIN:.0%} margin) for {config.model.name} at {config.model.image_size}px in "
+                          f"{config.model.precision}; give a larger --memory-budget, or try --remat blocks, a half "
+                          "--precision, a smaller --image-size")
+    return BatchFit(per_device=micro * k, needed=measured[micro], budget=budget, budget_source=source,
+                    compiles=len(measured), seconds=time.perf_counter() - start,
+                    data_bound=micro == limit)
+
+
+def recorded_batch(config: TrainConfig, out) -> tuple[TrainConfig, str]:
+    """``--resume`` of a ``--batch-per-device auto`` run: ``config`` with the global batch ``out/config.json``
+    records, and the plan's note saying so; a new search could choose another batch (another device, another
+    JAX) and the run could not continue. Without a readable record, ``config`` as it is (resume then says why)."""
+    if config.data.batch_per_device != "auto":
+        return config, ""
+    path = Path(out) / "config.json"
+    try:
+        batch = json.loads(path.read_text())["config"]["data"]["batch_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return config, ""
+    if not isinstance(batch, int) or batch < 1:
+        return config, ""
+    note = f"batch per device auto: the global batch {batch} {path} records (--resume searches no new one)"
+    return config.replace(batch_per_device=None, memory_budget=None, batch_size=batch), note
