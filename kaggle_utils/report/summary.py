@@ -19,7 +19,7 @@ __all__ = ["FILES", "next_lines", "summary_lines"]
 
 # the files a user looks for, in the order they are named; anything else in the folder is the run's own
 FILES = ("submission.csv", CURVES_FILE, PER_CLASS_FILE, "metrics.json", "history.csv", "best.msgpack",
-         "last.msgpack", "config.json", "tensorboard/", "data/")
+         "last.msgpack", "config.json", "lr_find.png", "lr_find.csv", "tensorboard/", "data/")
 
 
 def _duration(seconds: float) -> str:

@@ -75,12 +75,17 @@ class Training(NamedTuple):
     schedule: object
 
 
-def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None) -> Training:
-    """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config."""
+def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None,
+                   schedule=None) -> Training:
+    """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config.
+
+    ``schedule``: the learning rate by step instead of the plan's warmup and cosine (the LR range test's sweep).
+    """
     from .. import surgery
     from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_steps, warmup_cosine
 
-    schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
+    if schedule is None:
+        schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
     frozen = None
     if config.model.freeze:
         try:

@@ -17,6 +17,7 @@ from ..config import ConfigError, TrainConfig, flag_of
 from .data import RunData
 
 SCRATCH_LR, FINETUNE_LR = 1e-2, 2e-3  # AdamW peak per 256 images
+MIN_LR_FIND_STEPS = 10  # fewer points than this make no curve to read a rate from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +44,16 @@ class Plan:
         k = config.optim.accumulate_steps
         pieces = f" in {k} micro-batches of {self.per_device_batch // k}" if k > 1 else ""
         return (f"global batch {self.global_batch} = {self.per_device_batch} per device{pieces} x {self.device_count} "
-                f"device(s); peak learning rate {self.peak_lr:.3g} ({config.optim.lr:g} per 256 images){groups}; "
+                f"device(s); peak learning rate {_lr_text(self.peak_lr, config.optim.lr)}{groups}; "
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
                 f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
                 f"{Precision(config.model.precision).describe()} ({self.precision_reason})")
+
+
+def _lr_text(peak_lr: float, lr: float | str) -> str:
+    if lr == "auto":
+        return "auto (the LR range test finds it)"
+    return f"{peak_lr:.3g} ({lr:g} per 256 images)"
 
 
 def global_batch(config: TrainConfig) -> int:
@@ -75,7 +82,13 @@ def _check_values(config: TrainConfig) -> None:
     for name, value in positive.items():
         if value is not None and value < 1:
             raise ConfigError(f"{flag_of(name)} {value}: must be at least 1")
-    for name, value in {"lr": config.optim.lr, "clip_norm": config.optim.clip_norm}.items():
+    lr = config.optim.lr
+    if isinstance(lr, str) and lr != "auto" or isinstance(lr, bool):
+        raise ConfigError(f"--lr {lr!r}: must be a finite number > 0 (per 256 images) or 'auto'")
+    steps = config.optim.lr_find_steps
+    if steps is not None and steps < MIN_LR_FIND_STEPS:
+        raise ConfigError(f"--lr-find-steps {steps}: must be at least {MIN_LR_FIND_STEPS} (the range test's curve)")
+    for name, value in {"lr": None if lr == "auto" else lr, "clip_norm": config.optim.clip_norm}.items():
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"{flag_of(name)} {value}: must be a finite number > 0")
     for name, value, low, high in (("label_smoothing", config.task.label_smoothing, 0, 1),
@@ -200,7 +213,7 @@ def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig,
 
     plan = Plan(device_count=jax.device_count(), global_batch=batch, per_device_batch=batch // jax.device_count(),
                 steps_per_epoch=steps_per_epoch, total_steps=total, warmup_steps=warmup,
-                peak_lr=scaled_lr(config.optim.lr, batch),
+                peak_lr=math.nan if config.optim.lr == "auto" else scaled_lr(config.optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
                 mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), lr_multipliers=_lr_multipliers(config),
                 precision_reason=precision_reason)
