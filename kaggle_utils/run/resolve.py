@@ -30,7 +30,7 @@ class Plan:
     steps_per_epoch: int
     total_steps: int
     warmup_steps: int
-    peak_lr: float
+    peak_lr: float  # NaN while lr is "auto": the LR range test (run.lr_find) has not found it yet
     head_width: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
@@ -40,7 +40,8 @@ class Plan:
     def describe(self, config: TrainConfig) -> str:
         from ..train import describe_lr_groups
 
-        groups = f"; {describe_lr_groups(self.peak_lr, self.lr_multipliers)}" if self.lr_multipliers else ""
+        found = math.isfinite(self.peak_lr)  # NaN: --lr auto, before the range test
+        groups = f"; {describe_lr_groups(self.peak_lr, self.lr_multipliers)}" if self.lr_multipliers and found else ""
         k = config.optim.accumulate_steps
         pieces = f" in {k} micro-batches of {self.per_device_batch // k}" if k > 1 else ""
         return (f"global batch {self.global_batch} = {self.per_device_batch} per device{pieces} x {self.device_count} "
