@@ -13,31 +13,33 @@ from job_helpers import TEST_MODEL
 LRS = lr_find.sweep(100)
 
 
-def valley(lowest: int, noise: float = 0.0, seed: int = 0):
-    """A loss curve over ``LRS``: a parabola in log(lr) with its minimum at ``LRS[lowest]``, then an explosion."""
+def drop(steepest: int, lowest: int, noise: float = 0.0, seed: int = 0):
+    """A loss curve over ``LRS`` of the usual shape: flat, falling fastest at ``LRS[steepest]``, lowest at
+    ``LRS[lowest]``, then exploding."""
     x = np.log10(LRS)
-    loss = 1.0 + 0.2 * (x - x[lowest]) ** 2
+    loss = 2.3 - 1.5 / (1 + np.exp(-(x - x[steepest]) / 0.3)) + 3.0 * np.maximum(0, x - x[lowest]) ** 2
     return loss + noise * np.random.default_rng(seed).standard_normal(len(loss))
 
 
-@pytest.mark.parametrize("lowest", [35, 60, 80])
-def test_the_rule_picks_a_tenth_of_the_rate_at_the_lowest_loss(lowest):
-    picked, at_min = lr_find.pick_lr(LRS, valley(lowest))
-    assert at_min == pytest.approx(LRS[lowest]) and picked == pytest.approx(LRS[lowest] / 10)
+@pytest.mark.parametrize("steepest, lowest", [(30, 50), (55, 75), (70, 85)])
+def test_the_rule_picks_the_rate_of_the_steepest_fall(steepest, lowest):
+    picked, at_min = lr_find.pick_lr(LRS, drop(steepest, lowest))
+    assert picked == pytest.approx(LRS[steepest]) and LRS[lowest - 3] <= at_min <= LRS[lowest]
 
 
 def test_the_rule_reads_through_noise_and_an_exploded_step():
-    loss = valley(60, noise=0.05, seed=3)
+    loss = drop(55, 75, noise=0.03, seed=3)
     loss[-1] = np.nan  # the step that exploded
     picked, _ = lr_find.pick_lr(LRS, loss)
-    assert LRS[57] / 10 <= picked <= LRS[63] / 10  # within three points (a quarter decade) of the true valley
+    assert LRS[52] <= picked <= LRS[58]  # within three points (a quarter decade) of the steepest fall
 
 
 def test_the_smoothing_is_centred():
-    """A trailing mean would move the minimum to a larger rate (by half its window); the centred one keeps it."""
-    smoothed = lr_find.smooth(valley(50))
-    assert len(smoothed) == len(LRS) and int(np.argmin(smoothed)) == 50
-    assert smoothed[0] == pytest.approx(valley(50)[:3].mean())  # the ends: the neighbours there are
+    """A trailing mean would move every feature to a larger rate (by half its window); the centred one keeps it."""
+    valley = (np.log10(LRS) + 2) ** 2
+    smoothed = lr_find.smooth(valley)
+    assert len(smoothed) == len(LRS) and int(np.argmin(smoothed)) == int(np.argmin(valley))
+    assert smoothed[0] == pytest.approx(valley[:3].mean())  # the ends: the neighbours there are
 
 
 def test_a_curve_that_never_falls_picks_nothing():
