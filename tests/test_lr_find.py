@@ -1,5 +1,6 @@
 """``--lr auto``: the range test's rule on curves of known shape, one job run end to end, resume, refusals."""
 import json
+import types
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from kaggle_utils import job, run
 from kaggle_utils.config import ConfigError, TrainConfig
 from kaggle_utils.run import lr_find
+from kaggle_utils.run.resolve import FINETUNE_LR, SCRATCH_LR
 
 from job_helpers import TEST_MODEL
 
@@ -47,6 +49,17 @@ def test_a_curve_that_never_falls_picks_nothing():
     assert lr_find.pick_lr(LRS[:40], rising) == (None, None)
     flat = np.full(40, 2.3) + 0.001 * np.sin(np.arange(40))
     assert lr_find.pick_lr(LRS[:40], flat) == (None, None)
+
+
+def test_a_curve_that_never_falls_keeps_the_default_rate_and_says_so(tmp_path):
+    plan = types.SimpleNamespace(global_batch=64)
+    rising = list(2.0 + np.linspace(0, 1, 40))
+    scratch = lr_find._finding(TrainConfig(), plan, list(LRS[:40]), rising, "reached 10")
+    tuned = lr_find._finding(TrainConfig().replace(weights="w.msgpack"), plan, list(LRS[:40]), rising, "reached 10")
+    assert (scratch.lr, tuned.lr) == (SCRATCH_LR, FINETUNE_LR) and not scratch.found
+    assert "the loss never fell by 2% over 40 steps" in scratch.describe() and "<- picked" not in scratch.text_curve()
+    assert [p.name for p in scratch.write(tmp_path)] == ["lr_find.csv", "lr_find.png"]
+    assert scratch.note()["found"] is False and scratch.note()["lr"] == SCRATCH_LR
 
 
 def test_the_test_stops_when_the_loss_explodes():
