@@ -121,7 +121,7 @@ class DataConfig:
 class OptimConfig:
     lr: float | str | None = _field(None, "AdamW peak learning rate per 256 images, scaled to the global batch, or "
                                           "auto: an LR range test on the training data picks it before the run "
-                                          "(kaggle_utils.run.lr_find; default 1e-2 from scratch, 2e-3 with --weights)",
+                                          "(kaggle_utils.run.lr_find; default 1e-2, from scratch or with --weights)",
                                     parse="learning_rate")
     lr_find_steps: int | None = _field(None, "with --lr auto: steps of the LR range test (default: 100, fewer when "
                                              "the run is shorter, at least 40)", resume_may_change=True)
