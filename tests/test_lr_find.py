@@ -159,3 +159,15 @@ def test_a_bad_lr_from_python_is_refused_before_any_write(sample, tmp_path):
         run.train(TrainConfig().replace(data_dir=sample.root, model=TEST_MODEL, lr="auto", lr_find_steps=3),
                   tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_removes_an_earlier_range_test_and_a_folder_with_one_is_a_run(tmp_path):
+    """A new run into the folder must not show the previous run's curve as its own."""
+    from kaggle_utils import outdir
+
+    for name in ("lr_find.csv", "lr_find.png"):
+        (tmp_path / name).write_text("earlier run")
+    with pytest.raises(outdir.OutDirError, match="holds lr_find.csv, lr_find.png but no config.json"):
+        outdir.prepare(tmp_path, TrainConfig(), resume=False, overwrite=False)
+    outdir.prepare(tmp_path, TrainConfig(), resume=False, overwrite=True)
+    assert not list(tmp_path.iterdir())
