@@ -191,20 +191,20 @@ def range_test(config: TrainConfig, plan: Plan, data: RunData, model, variables,
     peaks = jnp.asarray(rates * plan.global_batch / 256, jnp.float32)
     schedule = lambda applied: peaks[jnp.minimum(applied, count - 1)]  # noqa: E731  (AdamW's count: applied steps)
     training = build_training(config, plan, model, variables, task=task, mesh=mesh, schedule=schedule)
-    steps_ = training.steps
-    state = steps_.put_state(training.state)
+    compiled = training.steps
+    state = compiled.put_state(training.state)
     lrs, losses, stop = [], [], f"reached {LR_MAX:g}"
     dataset = train_dataset(config, plan, data, epoch=0)  # not epoch 1's order: the run reads that one
     bar = progress_bar(total=count, desc="lr range test", leave=False, disable=not progress, unit="step")
     try:
-        for batch in steps_.prefetch(itertools.islice(dataset, count)):
-            state, metrics = steps_.train(state, batch)
-            host = steps_.get(metrics)
+        for batch in compiled.prefetch(itertools.islice(dataset, count)):
+            state, metrics = compiled.train(state, batch)
+            host = compiled.get(metrics)
             bar.update(1)
             if int(host["optim"]["steps"]) == 0:  # fp16 loss scaling skipped the step: it applied no rate
                 continue
             lrs.append(float(rates[len(lrs)]))
-            losses.append(float(steps_.config.task.finish(host["task"], full=False)["loss"]))
+            losses.append(float(compiled.config.task.finish(host["task"], full=False)["loss"]))
             if exploded(losses):
                 stop = f"stopped at {lrs[-1]:.2g}: the loss exploded"
                 break
