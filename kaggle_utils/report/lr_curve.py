@@ -28,6 +28,10 @@ def write_lr_find_plot(out: str | Path, finding) -> Path:
     if finding.min_loss_lr is not None:
         ax.axvline(finding.min_loss_lr, color="grey", linestyle=":", label=f"lowest loss at {finding.min_loss_lr:.2g}")
     ax.axvline(finding.lr, color="C3", linestyle="--", label=f"picked {finding.lr:.2g} ({finding.rule})")
+    smoothed = [v for v in finding.smoothed if v == v]
+    if smoothed:  # the fall is the part to read: the explosion above 1.5 x the first loss is cut off
+        low, start = min(smoothed + [v for v in finding.losses if v == v]), smoothed[0]
+        ax.set_ylim(low - 0.1 * (start - low) - 1e-3, max(1.5 * start, low + 1e-3))
     ax.set_xscale("log")
     ax.set_xlabel("learning rate per 256 images")
     ax.set_ylabel("training loss")
