@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import types
 import typing
@@ -48,6 +49,25 @@ def _int_or_auto(text: str) -> int | str:
 
 
 _int_or_auto.__name__ = "integer or auto"  # argparse names the type in its message
+
+
+def learning_rate(text: str) -> float | str | None:
+    """``--lr``: a number > 0 (per 256 images), ``auto`` (an LR range test picks it) or ``none`` (the default)."""
+    word = text.strip().lower()
+    if word in ("auto", "none"):
+        return None if word == "none" else "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate: give a number > 0 (per 256 images, "
+                                         "e.g. 0.01) or auto") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} is not a learning rate: it must be a finite number > 0 (per 256 "
+                                         "images, e.g. 0.01) or auto")
+    return value
+
+
+learning_rate.__name__ = "learning rate"  # argparse names the type in its message
 
 
 def _field(default, help: str, **metadata):
@@ -134,8 +154,12 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    lr: float | None = _field(None, "AdamW peak learning rate per 256 images, scaled to the global batch (default "
-                                    "1e-2 from scratch, 2e-3 with --weights)")
+    lr: float | str | None = _field(None, "AdamW peak learning rate per 256 images, scaled to the global batch, or "
+                                          "auto: an LR range test on the training data picks it before the run "
+                                          "(kaggle_utils.run.lr_find; default 1e-2, from scratch or with --weights)",
+                                    parse=learning_rate)
+    lr_find_steps: int | None = _field(None, "with --lr auto: steps of the LR range test (default: 100, fewer when "
+                                             "the run is shorter, at least 40)", resume_may_change=True)
     warmup_epochs: float = _field(1.0, "linear warmup length in epochs (at most --warmup-max-fraction of the run)")
     warmup_max_fraction: float = _field(0.2, "warmup never takes more than this fraction of the run's steps")
     weight_decay: float = _field(0.05, "AdamW weight decay (matrices and kernels only)")
@@ -343,8 +367,6 @@ def differences(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any,
 
 def resume_may_change(name: str, cls: type = None) -> bool:
     return bool(_flag_table(cls or TrainConfig)[name][1].metadata.get("resume_may_change"))
-
-
 
 
 def _from_dict(cls, data: dict, where: str):

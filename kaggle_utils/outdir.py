@@ -27,7 +27,8 @@ __all__ = ["LOCK_NAME", "OUTPUTS", "OutDirError", "check_writable", "owned", "pr
 
 LOCK_NAME = ".kaggle_utils.lock"
 OUTPUTS = ("config.json", "best.msgpack", "best.json", "last.msgpack", "last.json", "metrics.json", "history.csv",
-           "submission.csv", "val_counts.json", "per_class.csv", "curves.png")  # the last three: kaggle_utils.report
+           "submission.csv", "val_counts.json", "per_class.csv", "curves.png",  # these three: kaggle_utils.report
+           "lr_find.csv", "lr_find.png")  # --lr auto's range test (kaggle_utils.run.lr_find)
 
 
 class OutDirError(ConfigError):

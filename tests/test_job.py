@@ -144,7 +144,7 @@ def test_batch_per_device_is_multiplied_by_the_devices(sample, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--lr", "0"], "--lr 0.0: must be a finite number > 0"),
+    (["--lr", "0"], "argument --lr: 0 is not a learning rate: it must be a finite number > 0"),
     (["--steps-per-epoch", "0"], "--steps-per-epoch 0: must be at least 1"),
     (["--epochs", "0"], "--epochs 0: must be at least 1"),
     (["--eval-every", "0"], "--eval-every 0: must be at least 1"),

@@ -20,7 +20,7 @@ __all__ = ["FILES", "next_lines", "prediction_lines", "summary_lines"]
 
 # the files a user looks for, in the order they are named; anything else in the folder is the run's own
 FILES = ("submission.csv", "probabilities.csv", CURVES_FILE, PER_CLASS_FILE, "metrics.json", "history.csv",
-         "best.msgpack", "last.msgpack", "config.json", "tensorboard/", "data/")
+         "best.msgpack", "last.msgpack", "config.json", "lr_find.png", "lr_find.csv", "tensorboard/", "data/")
 
 
 def _duration(seconds: float) -> str:

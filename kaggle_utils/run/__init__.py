@@ -19,6 +19,9 @@ In the order a run uses them:
    (:func:`load_members`, :func:`open_test_split`, :func:`predict_ensemble`), and
    :func:`write_predictions` (``submission.csv``, ``probabilities.csv``), which a run uses too.
 
+6. ``lr_find``: ``lr="auto"`` (``--lr auto``): the LR range test :func:`train` runs before the loop,
+   and :func:`find_lr`, the same test alone for a notebook (an :class:`LrFinding`: curve and pick).
+
 :func:`train` (``trainer``) is all of it in order, into one folder: what the job and notebook 04 call.
 :func:`cross_validate` (``cv``, folds from ``folds``, ``--fold-group`` from ``groups``) runs it once per fold
 over one pool of records.
@@ -28,6 +31,7 @@ from .build import (Training, build_model, build_training, device_augmentation, 
 from .cv import CVResult, cross_validate
 from .data import (SAMPLE, RunData, commit_conversion, converted_source, data_root, find_splits, infer_image_size,
                    named_classes, open_data, sample_or_folder, scan_labels, scan_test_ids, submission_labels)
+from .lr_find import LrFinding, find_lr, pick_lr
 from .predict import Member, expand_checkpoint, load_members, open_test_split, predict_ensemble, write_predictions
 from .resolve import Plan, check_config, global_batch, make_task, resolve, run_manifest
 from .saved import load_run, write_config
@@ -39,7 +43,8 @@ __all__ = [
     "eval_transform",
     "expand_checkpoint",
     "find_splits", "fit_run", "fit_settings", "global_batch", "host_augment", "infer_image_size", "initial_variables",
-    "load_members", "load_run", "make_task", "named_classes", "open_data", "open_test_split", "predict_ensemble",
+    "LrFinding", "find_lr", "load_members", "load_run", "make_task", "named_classes", "open_data", "open_test_split",
+    "pick_lr", "predict_ensemble",
     "predict_test_split", "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids",
     "submission_labels", "train", "train_dataset", "train_transform", "val_dataset", "write_config",
     "write_predictions",

@@ -92,17 +92,19 @@ class Training(NamedTuple):
 
 
 def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None,
-                   mode: str | None = None) -> Training:
+                   mode: str | None = None, schedule=None) -> Training:
     """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config.
 
     ``variables`` may be abstract (``jax.ShapeDtypeStruct`` leaves, ``variable_trees.abstract_variables``):
     the state is then abstract too, enough to compile the steps without initialising anything
     (:mod:`kaggle_utils.run.memory_plan`). ``mode`` (default the config's) and ``mesh`` as for ``make_steps``.
+    ``schedule``: the learning rate by step instead of the plan's warmup and cosine (the LR range test's sweep).
     """
     from .. import surgery
     from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_steps, warmup_cosine
 
-    schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
+    if schedule is None:
+        schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
     frozen = None
     if config.model.freeze:
         try:

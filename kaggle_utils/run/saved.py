@@ -14,12 +14,17 @@ from ..config import TrainConfig
 from .build import build_model
 from .resolve import Plan
 
-def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None) -> Path:
-    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan."""
+def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None,
+                 notes: dict | None = None) -> Path:
+    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan.
+
+    ``notes``: more top-level records, e.g. ``lr_find`` (how ``--lr auto`` found the config's lr).
+    """
     from ..config import overrides
 
     path = Path(out_dir) / "config.json"
-    record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan)}
+    record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan),
+              **(notes or {})}
     checkpoint.atomic_write_text(path, json.dumps(record, indent=2, default=list) + "\n")
     return path
 

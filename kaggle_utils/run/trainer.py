@@ -3,8 +3,9 @@
 In the spirit of the Flax ImageNet example's ``train_and_evaluate(config, workdir)``. Every
 check that can refuse the run (values, data, labels, test ids, model, weights, frozen parts,
 monitor, the output folder's own run) runs before anything in ``out`` is written or removed:
-a refused ``--overwrite`` leaves the previous run whole. Then the loop, then the test split
-predicted by the best checkpoint. The folder's pictures and tables (``curves.png``,
+a refused ``--overwrite`` leaves the previous run whole. Then, with ``lr="auto"``, the LR range
+test (:mod:`.lr_find`; not on ``--resume``, which reads the rate found before from config.json),
+the loop, then the test split predicted by the best checkpoint. The folder's pictures and tables (``curves.png``,
 ``per_class.csv``) come from :mod:`kaggle_utils.report`, called once at the end; what a caller
 does around it (flags, words) is presentation.
 """
@@ -22,6 +23,7 @@ from .. import checkpoint, compilation, outdir
 from ..config import TrainConfig
 from .build import build_model, build_training, fit_run, initial_variables
 from .data import RunData, commit_conversion, data_root, open_data
+from .lr_find import reuse_found_lr, settle_lr
 from .memory_plan import recorded_batch
 from .resolve import Plan, check_config, resolve
 from .saved import write_config
@@ -75,14 +77,18 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
     """
     check_config(config, task)
     out = Path(out)
+    lr_note = None
     main = jax.process_index() == 0
     with _owned(out), (contextlib.nullcontext(data.root) if data is not None else data_root(config, out)) as root:
         data = data if data is not None else open_data(config, root)
         chosen, batch_note = recorded_batch(config, out) if resume else (config, "")
         resolved, plan = resolve(chosen, data, task)
         plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
+        if resume:  # --lr auto: the rate this run's range test found, kept in config.json
+            resolved, plan, lr_note = reuse_found_lr(out, resolved, plan)
         model = build_model(resolved)
-        training = build_training(resolved, plan, model, initial_variables(resolved, model), task=task)
+        variables = initial_variables(resolved, model)
+        training = build_training(resolved, plan, model, variables, task=task)
         if main:  # every check passed: only now may the folder change
             outdir.prepare(out, resolved, resume=resume, overwrite=overwrite)
             checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
@@ -90,9 +96,12 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
         data = commit_conversion(data, out)  # a --source conversion made for this run becomes OUT/data
         if resolved.data.deterministic:
             _deterministic_input()
+        if resolved.optim.lr == "auto":
+            resolved, plan, training, lr_note = settle_lr(resolved, plan, data, model, variables, out, task=task,
+                                                          progress=progress)
         if main:
             print(plan.describe(resolved))
-            write_config(out, resolved, plan, given=config)
+            write_config(out, resolved, plan, given=config, notes={"lr_find": lr_note} if lr_note else None)
         result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
                          writers=writers)
         best = _best_variables(out, result)

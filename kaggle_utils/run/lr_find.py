@@ -1,0 +1,293 @@
+"""``--lr auto``: an LR range test (Smith 2015; fastai's ``lr_find``) picks the run's peak learning rate.
+
+A few dozen optimizer steps on the training data, from the run's own initial state (model,
+weights, frozen parts, lr groups, precision, augmentation: the run's own ``build_training``), with
+the rate growing geometrically from ``LR_MIN`` to ``LR_MAX`` per 256 images. The loss of each step is
+recorded; the test stops early once the loss explodes (not finite, or its trailing mean above
+``EXPLODE_FACTOR`` x its lowest trailing mean). The state it trained is thrown away: the run then
+starts from the same initial state as with a fixed ``--lr``.
+
+The rule (:func:`pick_lr`, fastai's ``steep``): the rate where the smoothed loss falls fastest per
+decade, before its minimum. There the rate trains fastest while staying well below the one where
+training breaks (the minimum, a step before the loss climbs). Measured on four small fine-tunes
+(bench/README.md, "Learning rate of a short fine-tune"), Smith's and fastai v1's "a tenth of the
+rate at the lowest loss" picked 3e-3 to 9e-3, below the best fixed rates, and fastai's later
+``valley`` picked ~1e-4 on curves of 40 points (the flat start counts into its longest falling
+stretch); the steepest fall picked 1e-2 to 2e-2, where the best fixed rates were. The curve is
+smoothed *centred* (a mean over ``WINDOW`` neighbours), not with fastai's trailing average, whose
+lag of several steps (a large part of a decade at ~5-12 steps per decade) would shift every feature
+to a larger rate. A curve whose smoothed loss never falls below its start by ``MIN_DROP`` has no
+fall to read: the rule then says so (``None``) and the run keeps the default rate.
+
+The found rate is the run's ``lr`` in ``config.json``, with a note (``"lr_find"``) saying it was
+found; ``--resume`` with ``--lr auto`` takes it from there and does not test again.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import itertools
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import checkpoint
+from ..config import TrainConfig
+from .build import build_model, build_training, initial_variables, train_dataset
+from .data import RunData
+from .resolve import FINETUNE_LR, SCRATCH_LR, Plan
+
+__all__ = ["LR_FIND_CSV", "LrFinding", "find_lr", "pick_lr", "range_test", "reuse_found_lr", "settle_lr",
+           "smooth"]
+
+LR_MIN, LR_MAX = 1e-7, 10.0  # per 256 images: from "changes nothing" to "destroys any network"
+DEFAULT_STEPS, FEWEST_DEFAULT_STEPS = 100, 40
+WINDOW = 5  # points of the centred mean that smooths the curve (and of the trailing mean of the stop check)
+EXPLODE_FACTOR = 4.0
+MIN_DROP = 0.02  # the smoothed loss must fall 2% below its start for the curve to have a minimum worth reading
+RULE = "steepest fall of the loss"
+LR_FIND_CSV = "lr_find.csv"
+
+
+@dataclasses.dataclass(frozen=True)
+class LrFinding:
+    """One range test: the curve (a point per applied step), the rate it picked, why it stopped."""
+
+    lrs: tuple[float, ...]  # per 256 images, the rate of each step
+    losses: tuple[float, ...]  # the training loss of each step's batch
+    smoothed: tuple[float, ...]
+    lr: float  # the pick, per 256 images (the default rate when the loss never fell)
+    min_loss_lr: float | None  # where the smoothed loss is lowest; None: it never fell
+    stop: str  # why the test ended
+    global_batch: int
+    rule: str = RULE
+
+    @property
+    def found(self) -> bool:
+        return self.min_loss_lr is not None
+
+    def describe(self) -> str:
+        """The log's line: what was picked and by which rule (or why nothing was)."""
+        peak = self.lr * self.global_batch / 256
+        if not self.found:
+            return (f"LR range test: the loss never fell by {MIN_DROP:.0%} over {len(self.lrs)} steps ({self.stop}); "
+                    f"keeping the default {self.lr:g} per 256 images")
+        return (f"LR range test: --lr {self.lr:.3g} per 256 images (peak {peak:.3g} at batch {self.global_batch}), "
+                f"{self.rule}, lowest loss at {self.min_loss_lr:.3g}; {len(self.lrs)} steps, {self.stop}")
+
+    def text_curve(self, width: int = 40) -> str:
+        """A row per decade of the sweep (and the minimum and the pick): rate, smoothed loss, a bar."""
+        lrs, smoothed = np.asarray(self.lrs), np.asarray(self.smoothed)
+        rows = {int(np.argmin(np.abs(np.log10(lrs) - d))) for d in range(-7, 2) if lrs[0] <= 10.0 ** d <= lrs[-1]}
+        marks = {}
+        if self.found:
+            low = int(np.argmin(np.abs(lrs - self.min_loss_lr)))
+            pick = int(np.argmin(np.abs(np.log(lrs) - math.log(self.lr))))
+            marks = {low: "  <- lowest", pick: "  <- picked"}
+        finite = smoothed[np.isfinite(smoothed)]
+        low_value, high_value = float(finite.min()), float(finite.max())
+        span = max(high_value - low_value, 1e-12)
+        lines = []
+        for i in sorted(rows | set(marks) | {len(lrs) - 1}):
+            value = smoothed[i]
+            bar = "#" * (1 + round((width - 1) * (value - low_value) / span)) if math.isfinite(value) else "!"
+            lines.append(f"  lr {lrs[i]:8.2e}  loss {value:8.4f} {bar}{marks.get(i, '')}")
+        return "\n".join(lines)
+
+    def csv_text(self) -> str:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(["step", "lr", "peak_lr", "loss", "smoothed_loss"])
+        for step, (lr, loss, smooth_loss) in enumerate(zip(self.lrs, self.losses, self.smoothed)):
+            writer.writerow([step, f"{lr:.6g}", f"{lr * self.global_batch / 256:.6g}", f"{loss:.6g}",
+                             f"{smooth_loss:.6g}"])
+        return buffer.getvalue()
+
+    def note(self) -> dict:
+        """What config.json keeps of the test (``lr_find``): the found rate and how it was found."""
+        return {"lr": self.lr, "found": self.found, "rule": self.rule, "steps": len(self.lrs),
+                "min_loss_lr": self.min_loss_lr, "stop": self.stop, "sweep": [LR_MIN, LR_MAX]}
+
+    def write(self, out: str | Path) -> list[Path]:
+        """``OUT/lr_find.csv`` (the curve's numbers) and ``OUT/lr_find.png``, each written atomically."""
+        from ..report.lr_curve import write_lr_find_plot  # presentation, above run/: a lazy import
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        table = out / LR_FIND_CSV
+        checkpoint.atomic_write_text(table, self.csv_text())
+        return [table, write_lr_find_plot(out, self)]
+
+
+# --------------------------------------------------------------------------- the curve and the rule
+
+
+def sweep(steps: int, lr_min: float = LR_MIN, lr_max: float = LR_MAX) -> np.ndarray:
+    """The rate of each step: geometric from ``lr_min`` to ``lr_max``, as many points per decade everywhere."""
+    return np.geomspace(lr_min, lr_max, steps)
+
+
+def smooth(losses, window: int = WINDOW) -> np.ndarray:
+    """Centred mean over ``window`` neighbours (fewer at the ends); no lag, unlike a trailing average."""
+    losses = np.asarray(losses, np.float64)
+    half = window // 2
+    return np.array([losses[max(0, i - half):i + half + 1].mean() for i in range(len(losses))])
+
+
+def exploded(losses, factor: float = EXPLODE_FACTOR, window: int = WINDOW) -> bool:
+    """The stop check after each step: a non-finite loss, or the trailing mean above ``factor`` x its lowest."""
+    if not math.isfinite(losses[-1]):
+        return True
+    if len(losses) < window:
+        return False
+    trailing = np.convolve(np.asarray(losses, np.float64), np.ones(window) / window, mode="valid")
+    return bool(trailing[-1] > factor * trailing.min())
+
+
+def pick_lr(lrs, losses, window: int = WINDOW) -> tuple[float | None, float | None]:
+    """``(picked rate, rate of the lowest smoothed loss)`` of a curve; ``(None, None)`` when it never fell.
+
+    The pick is the rate of the steepest fall (``d loss / d log lr`` most negative) up to the lowest
+    point. Non-finite losses (the step that exploded) are left out before smoothing.
+    """
+    lrs, losses = np.asarray(lrs, np.float64), np.asarray(losses, np.float64)
+    keep = np.isfinite(losses)
+    lrs, losses = lrs[keep], losses[keep]
+    if len(losses) < window:
+        return None, None
+    smoothed = smooth(losses, window)
+    low = int(np.argmin(smoothed))
+    if smoothed[low] > (1 - MIN_DROP) * smoothed[0]:
+        return None, None
+    slope = np.gradient(smoothed[:low + 1], np.log(lrs[:low + 1]))  # low >= 1: the loss fell
+    return float(lrs[int(np.argmin(slope))]), float(lrs[low])
+
+
+def default_steps(plan: Plan) -> int:
+    """``DEFAULT_STEPS``, or the run's own length when that is shorter (never below ``FEWEST_DEFAULT_STEPS``)."""
+    return int(min(DEFAULT_STEPS, max(FEWEST_DEFAULT_STEPS, plan.total_steps)))
+
+
+# --------------------------------------------------------------------------- the test
+
+
+def range_test(config: TrainConfig, plan: Plan, data: RunData, model, variables, *, task=None, steps: int | None = None,
+               mesh=None, progress: bool = False) -> LrFinding:
+    """Runs the range test from ``variables`` (left as they are) with the run's optimizer and steps.
+
+    ``config`` and ``plan`` are resolved (:func:`~kaggle_utils.run.resolve`); their ``lr`` is not read.
+    """
+    from ..train.progress import progress_bar
+
+    count = steps or config.optim.lr_find_steps or default_steps(plan)
+    rates = sweep(count)
+    peaks = jnp.asarray(rates * plan.global_batch / 256, jnp.float32)
+    schedule = lambda applied: peaks[jnp.minimum(applied, count - 1)]  # noqa: E731  (AdamW's count: applied steps)
+    training = build_training(config, plan, model, variables, task=task, mesh=mesh, schedule=schedule)
+    compiled = training.steps
+    state = compiled.put_state(training.state)
+    lrs, losses, stop = [], [], f"reached {LR_MAX:g}"
+    dataset = train_dataset(config, plan, data, epoch=0)  # not epoch 1's order: the run reads that one
+    bar = progress_bar(total=count, desc="lr range test", leave=False, disable=not progress, unit="step")
+    try:
+        for batch in compiled.prefetch(itertools.islice(dataset, count)):
+            state, metrics = compiled.train(state, batch)
+            host = compiled.get(metrics)
+            bar.update(1)
+            if int(host["optim"]["steps"]) == 0:  # fp16 loss scaling skipped the step: it applied no rate
+                continue
+            lrs.append(float(rates[len(lrs)]))
+            losses.append(float(compiled.config.task.finish(host["task"], full=False)["loss"]))
+            if exploded(losses):
+                stop = f"stopped at {lrs[-1]:.2g}: the loss exploded"
+                break
+    finally:
+        bar.close()
+        dataset.close()
+    return _finding(config, plan, lrs, losses, stop)
+
+
+def _finding(config: TrainConfig, plan: Plan, lrs: list, losses: list, stop: str) -> LrFinding:
+    picked, at_min = pick_lr(lrs, losses)
+    # 3 significant digits: a rate a user can type as --lr to repeat the run, no false precision
+    picked = float(f"{picked:.3g}") if picked is not None else FINETUNE_LR if config.model.weights else SCRATCH_LR
+    finite = [(lr, loss) for lr, loss in zip(lrs, losses) if math.isfinite(loss)]
+    lrs, losses = [lr for lr, _ in finite], [loss for _, loss in finite]
+    return LrFinding(tuple(lrs), tuple(losses), tuple(float(v) for v in smooth(losses)), picked, at_min, stop,
+                     plan.global_batch)
+
+
+def with_lr(config: TrainConfig, plan: Plan, lr: float) -> tuple[TrainConfig, Plan]:
+    """The resolved config and plan with ``lr`` (per 256 images) in place of ``auto``."""
+    from ..train import scaled_lr
+
+    return config.replace(lr=lr), dataclasses.replace(plan, peak_lr=scaled_lr(lr, plan.global_batch))
+
+
+def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model, variables, out: str | Path | None, *, task=None,
+              progress: bool = True):
+    """The range test of a run, reported (log lines; ``lr_find.csv``/``.png`` in ``out`` on process 0).
+
+    Returns ``(config, plan, training, note)``: the config and plan with the found rate, the run's
+    training built afresh from ``variables`` with it, and the note for ``config.json``.
+    """
+    finding = range_test(config, plan, data, model, variables, task=task, progress=progress)
+    if jax.process_index() == 0:
+        print(finding.describe())
+        print(finding.text_curve())
+        if out is not None:
+            finding.write(out)
+    config, plan = with_lr(config, plan, finding.lr)
+    return config, plan, build_training(config, plan, model, variables, task=task), finding.note()
+
+
+def reuse_found_lr(out: str | Path, config: TrainConfig, plan: Plan) -> tuple[TrainConfig, Plan, dict | None]:
+    """For ``--resume`` with ``--lr auto``: the rate the run's range test found, from ``OUT/config.json``.
+
+    Unchanged (and no note) when the folder holds no found rate: the folder checks then say what is
+    wrong. The note is kept, too, when the found rate is given by hand (``--lr 0.0123``).
+    """
+    path = Path(out) / "config.json"
+    try:
+        record = json.loads(path.read_text())
+        note, lr = record["lr_find"], record["config"]["optim"]["lr"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return config, plan, None
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr != note.get("lr"):
+        return config, plan, None
+    if config.optim.lr == lr:  # the found rate given by hand: the same run, and its note stays
+        return config, plan, note
+    if config.optim.lr != "auto":
+        return config, plan, None
+    return (*with_lr(config, plan, float(lr)), note)
+
+
+def find_lr(config: TrainConfig, data: RunData | None = None, *, task=None, out: str | Path | None = None,
+            steps: int | None = None, progress: bool = True) -> LrFinding:
+    """The range test of ``config`` alone, for a notebook: no run folder, nothing written unless ``out`` is given.
+
+    ``data``: a :class:`RunData` already opened for this config (default: opened here, from
+    ``--data-dir``, ``--source`` converted in a temporary folder, or the embedded sample).
+    Use the pick with ``config.replace(lr=finding.lr)``.
+    """
+    from .data import data_root, open_data
+    from .resolve import resolve
+
+    with contextlib.ExitStack() as stack:
+        if data is None:
+            staging = stack.enter_context(tempfile.TemporaryDirectory(prefix="kaggle_utils_lr_find_"))
+            data = open_data(config, stack.enter_context(data_root(config, staging)))
+        resolved, plan = resolve(config.replace(lr="auto"), data, task)
+        model = build_model(resolved)
+        finding = range_test(resolved, plan, data, model, initial_variables(resolved, model), task=task,
+                             steps=steps, progress=progress)
+    if out is not None and jax.process_index() == 0:
+        finding.write(out)
+    return finding
