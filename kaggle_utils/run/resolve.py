@@ -13,8 +13,9 @@ import jax
 
 from .. import runtime
 from ..precision import Precision, choose_precision
-from ..config import ConfigError, TrainConfig, flag_of
+from ..config import ConfigError, DataConfig, TrainConfig, flag_of
 from .data import RunData
+from .stages import check_progressive_flags, describe_stages, progressive_stages
 
 SCRATCH_LR, FINETUNE_LR = 1e-2, 2e-3  # AdamW peak per 256 images
 
@@ -35,6 +36,7 @@ class Plan:
     std: tuple[float, ...]
     lr_multipliers: dict[str, float] | None = None  # per part of the network (--layer-decay, --head-lr-mult)
     precision_reason: str = ""  # why --precision is what it is on this machine
+    stages: tuple = ()  # --progressive-stages: kaggle_utils.train.progressive.Stage of each stage, in order
 
     def describe(self, config: TrainConfig) -> str:
         from ..train import describe_lr_groups
@@ -46,7 +48,8 @@ class Plan:
                 f"device(s); peak learning rate {self.peak_lr:.3g} ({config.optim.lr:g} per 256 images){groups}; "
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
                 f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
-                f"{Precision(config.model.precision).describe()} ({self.precision_reason})")
+                f"{Precision(config.model.precision).describe()} ({self.precision_reason})"
+                f"{describe_stages(config, self.stages)}")
 
 
 def global_batch(config: TrainConfig) -> int:
@@ -85,6 +88,12 @@ def _check_values(config: TrainConfig) -> None:
                                    ("warmup_max_fraction", config.optim.warmup_max_fraction, 0, 1)):
         if not low <= value < high:
             raise ConfigError(f"{flag_of(name)} {value}: must be in [{low}, {high})")
+    if not 0 <= config.data.randaugment_magnitude <= 30:
+        raise ConfigError(f"--randaugment-magnitude {config.data.randaugment_magnitude}: must be in [0, 30] (imgaug's "
+                          "scale)")
+    if config.data.augment == "none" and config.data.randaugment_magnitude != DataConfig.randaugment_magnitude:
+        raise ConfigError("--randaugment-magnitude needs --augment randaugment, imgaug or randaugment-device: with "
+                          "--augment none nothing would use it")
     if config.optim.weight_decay < 0 or config.optim.warmup_epochs < 0:
         raise ConfigError("--weight-decay and --warmup-epochs must be >= 0")
     for name in ("mixup_alpha", "cutmix_alpha"):
@@ -129,6 +138,7 @@ def check_config(config: TrainConfig, task=None) -> None:
     from ..train import history_columns
 
     _check_values(config)
+    check_progressive_flags(config)
     task = task or make_task(config)
     columns = history_columns(task)
     if config.loop.monitor not in columns:
@@ -203,7 +213,7 @@ def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig,
                 peak_lr=scaled_lr(config.optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
                 mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), lr_multipliers=_lr_multipliers(config),
-                precision_reason=precision_reason)
+                precision_reason=precision_reason, stages=progressive_stages(config))
     return config, plan
 
 
