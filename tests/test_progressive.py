@@ -189,3 +189,10 @@ def test_killed_mid_stage_then_resumed_ends_like_the_uninterrupted_run(staged_ru
     states = [checkpoint.load(d / "last.msgpack")["state"] for d in (full, out)]
     for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_cross_validation_trains_every_fold_in_stages(sample, tmp_path):
+    result = run.cross_validate(staged_config(sample), tmp_path / "cv", folds=2, progress=False)
+    assert result.scores is not None and sorted(result.trained) == [0, 1]
+    for fold in result.trained.values():
+        assert [(r["stage"], r["image_size"]) for r in fold.history] == [(1, 16), (2, 24), (3, 32)]
