@@ -137,6 +137,9 @@ class DataConfig:
     augment: str = _field("none", "none | randaugment (TF, on the host) | imgaug (worker processes) | "
                                   "randaugment-device (JAX, inside the jitted train step: no host work)",
                           choices=("none", "randaugment", "imgaug", "randaugment-device"))
+    randaugment_magnitude: float = _field(15.0, "RandAugment's magnitude on imgaug's 0-30 scale, for every --augment "
+                                                "route (imgaug rounds it to an integer); with --progressive-stages "
+                                                "the last stage's")
     mixup_alpha: float = _field(0.0, "Mixup's Beta(alpha, alpha) (0: off); on the device, soft targets")
     cutmix_alpha: float = _field(0.0, "CutMix's Beta(alpha, alpha) (0: off)")
     mix_prob: float = _field(1.0, "probability of mixing a batch (with --mixup-alpha / --cutmix-alpha)")
@@ -203,6 +206,15 @@ class LoopConfig:
     compile_cache: str | None = _field(None, "folder of JAX's persistent compilation cache, to keep between sessions "
                                              "so a resumed or repeated run does not compile again (default: "
                                              "OUT/jax_cache)", resume_may_change=True)
+    progressive_stages: int = _field(0, "EfficientNetV2's progressive learning in N stages of whole epochs (0: off): "
+                                        "the image size grows from --progressive-min-size to --image-size, "
+                                        "RandAugment's magnitude from 5 and the Mixup / CutMix alphas from 0 to "
+                                        "their flags' values; evaluation stays at the eval size")
+    progressive_min_size: int | None = _field(None, "with --progressive-stages: the official code's ibase, from "
+                                                    "which the stage sizes grow (default 128, or half --image-size "
+                                                    "when that is smaller)")
+    progressive_dropout: bool = _field(False, "with --progressive-stages: grow the dropout too, from 0.1 to "
+                                              "--drop-rate (the paper's schedule, which the official code omits)")
 
 
 SECTIONS = ("model", "data", "optim", "task", "loop")

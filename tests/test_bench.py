@@ -201,3 +201,23 @@ def test_stage_speed_refuses_bad_numbers_naming_the_flags(stage_speed, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "--rounds 0, --size 4:" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- progressive.py
+
+def test_progressive_bench_compares_one_config_with_and_without_stages_the_job_accepts(tmp_path):
+    progressive = load_script("progressive")
+    args = progressive.parse_args([])
+    data = run.RunData(tmp_path, {}, stored_size=args.size, num_train=1258, max_label=9, description="x")
+    fixed, plan = run.resolve(progressive.fixed_config(args, "digits"), data)
+    staged, staged_plan = run.resolve(progressive.progressive_config(args, "digits"), data)
+    assert plan.stages == () and [s.image_size for s in staged_plan.stages] == [24, 32, 40, 48]
+    assert staged.replace(progressive_stages=0, progressive_min_size=None, progressive_dropout=False) == fixed
+
+
+def test_progressive_bench_times_a_run_to_its_first_row_at_the_target():
+    progressive = load_script("progressive")
+    history = [{"epoch": 1, "seconds": 10.0, "val_acc": 0.5}, {"epoch": 2, "seconds": 4.0, "val_acc": 0.92},
+               {"epoch": 3, "seconds": 4.0, "val_acc": 0.95}]
+    assert progressive.time_to(history, 0.9, {1: 6.0, 2: 1.0, 3: 2.0}) == (14.0, 7.0)  # stage 3's compile is later
+    assert progressive.time_to(history, 0.99, {1: 6.0}) == (None, None)

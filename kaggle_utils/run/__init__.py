@@ -8,7 +8,8 @@ In the order a run uses them:
    before anything trains.
 2. ``resolve``: :func:`resolve`, the config with everything left open filled in for this
    machine and this data (classes, image size, precision, global batch, learning rate), and the
-   :class:`Plan` of numbers derived from it (steps, warmup, peak learning rate).
+   :class:`Plan` of numbers derived from it (steps, warmup, peak learning rate, and with
+   ``--progressive-stages`` each stage's size and regularisation: ``stages``).
 3. ``build``: :func:`build_model`, :func:`initial_variables` (a new head on ported weights
    starts at zero, so a fine-tune's first loss is ln C), :func:`build_training` (task,
    optimizer, device augmentation and mixing, steps, state) and :func:`fit_run` (the loop with
@@ -35,17 +36,19 @@ from .lr_find import LrFinding, find_lr, pick_lr
 from .predict import Member, expand_checkpoint, load_members, open_test_split, predict_ensemble, write_predictions
 from .resolve import Plan, check_config, global_batch, make_task, resolve, run_manifest
 from .saved import load_run, write_config
+from .stages import describe_stages, epoch_config, progressive_stages, stage_config
 from .trainer import RunResult, predict_test_split, train
 
 __all__ = [
     "CVResult", "Member", "Plan", "RunData", "RunResult", "SAMPLE", "Training", "build_model", "build_training",
-    "check_config", "commit_conversion", "converted_source", "cross_validate", "data_root", "device_augmentation",
+    "check_config", "commit_conversion", "converted_source", "cross_validate", "data_root", "describe_stages",
+    "device_augmentation", "epoch_config",
     "eval_transform",
     "expand_checkpoint",
     "find_splits", "fit_run", "fit_settings", "global_batch", "host_augment", "infer_image_size", "initial_variables",
     "LrFinding", "find_lr", "load_members", "load_run", "make_task", "named_classes", "open_data", "open_test_split",
-    "pick_lr", "predict_ensemble",
-    "predict_test_split", "resolve", "run_manifest", "sample_or_folder", "scan_labels", "scan_test_ids",
+    "pick_lr", "predict_ensemble", "predict_test_split", "progressive_stages", "resolve", "run_manifest",
+    "sample_or_folder", "scan_labels", "scan_test_ids", "stage_config",
     "submission_labels", "train", "train_dataset", "train_transform", "val_dataset", "write_config",
     "write_predictions",
 ]

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from ..config import ConfigError, TrainConfig
 from ..precision import Precision
 from .data import RunData
+from .stages import epoch_config, stage_steps
 
 # ``Plan`` in the annotations is kaggle_utils.run.resolve.Plan, not imported: resolve imports this module (the
 # largest batch that fits, kaggle_utils.run.memory_plan, compiles the step built here).
@@ -69,12 +70,12 @@ def initial_variables(config: TrainConfig, model) -> dict:
 
 def device_augmentation(config: TrainConfig) -> dict:
     """The train step's ``augment`` (device RandAugment) and ``mix`` (Mixup / CutMix) of a config."""
-    from ..device_augment import MixConfig, make_device_augment, mix
+    from ..device_augment import MixConfig, RandAugmentConfig, make_device_augment, mix
 
     data = config.data
     out = {}
     if data.augment == "randaugment-device":
-        out["augment"] = make_device_augment("randaugment-device")
+        out["augment"] = make_device_augment(RandAugmentConfig(magnitude=data.randaugment_magnitude))
     if data.mixup_alpha > 0 or data.cutmix_alpha > 0:
         # the task has smoothed the targets already; mixing only blends them
         mixing = MixConfig(num_classes=config.model.num_classes, mixup_alpha=data.mixup_alpha,
@@ -89,6 +90,7 @@ class Training(NamedTuple):
     steps: object  # kaggle_utils.train.Steps
     state: object  # host TrainState
     schedule: object
+    stage_steps: tuple = ()  # with --progressive-stages: each stage's compiled steps, in order (the last: steps)
 
 
 def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None,
@@ -119,20 +121,34 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
                         frozen=frozen, lr_multipliers=groups)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=plan.mean, std=plan.std,
                              task=task or make_task(config), ema_decay=config.optim.ema_decay or 0.999,
-                             tta_flip=config.task.tta, accumulate_steps=config.optim.accumulate_steps,
-                             **device_augmentation(config))
-    trained = surgery.freeze_batchnorm(model, list(config.model.freeze)) if config.model.freeze else model
-    steps = make_steps(trained, tx, step_config, mode=mode or config.loop.mode, mesh=mesh)
+                             tta_flip=config.task.tta, accumulate_steps=config.optim.accumulate_steps)
+
+    def steps_of(run_config: TrainConfig):  # the run's steps, or a stage's (its dropout, augmentation and mixing)
+        rate = run_config.model.drop_rate
+        stepped = model if rate == config.model.drop_rate else model.clone(drop_rate=rate)
+        trained = surgery.freeze_batchnorm(stepped, list(config.model.freeze)) if config.model.freeze else stepped
+        augmented = dataclasses.replace(step_config, **device_augmentation(run_config))
+        return make_steps(trained, tx, augmented, mode=mode or config.loop.mode, mesh=mesh)
+
+    steps = steps_of(config)
     state = functools.partial(create_train_state, tx=tx, seed=config.seed, ema=config.optim.ema_decay > 0,
                               loss_scale=Precision(config.model.precision).loss_scaling)
     abstract = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(variables))
     return Training(model, steps, jax.eval_shape(state, variables) if abstract else jax.device_get(state(variables)),
-                    schedule)
+                    schedule, stage_steps(config, plan.stages, steps, steps_of))
 
 
-def host_augment(config: TrainConfig) -> str | None:
-    """The input pipeline's augmentation (None when there is none, or when it runs on the device)."""
-    return None if config.data.augment in ("none", "randaugment-device") else config.data.augment
+def host_augment(config: TrainConfig):
+    """The input pipeline's augmentation at ``--randaugment-magnitude`` (None: there is none, or it runs on the device).
+
+    imgaug's RandAugment takes an integer magnitude: the flag's value, rounded.
+    """
+    from ..data import ImgaugRandAugment, RandAugment
+
+    augment, magnitude = config.data.augment, config.data.randaugment_magnitude
+    if augment == "randaugment":
+        return RandAugment(magnitude=magnitude)
+    return ImgaugRandAugment(m=round(magnitude)) if augment == "imgaug" else None
 
 
 def train_transform(config: TrainConfig, stored_size: int):
@@ -197,8 +213,8 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
     """The loop over ``data`` with the config's settings and writers (TensorBoard in ``out_dir``)."""
     from ..train import TensorBoardWriter, fit
 
-    def train_batches(epoch):
-        dataset = train_dataset(config, plan, data, epoch)
+    def train_batches(epoch):  # with --progressive-stages: at the epoch's stage's size and augmentation
+        dataset = train_dataset(epoch_config(config, plan.stages, epoch), plan, data, epoch)
         try:
             yield from dataset
         finally:
@@ -210,4 +226,5 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
         writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard"))
     return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
                val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
-               writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress)
+               writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
+               stages=tuple(zip(plan.stages, training.stage_steps)))

@@ -13,9 +13,10 @@ import jax
 
 from .. import runtime
 from ..precision import Precision, choose_precision
-from ..config import ConfigError, TrainConfig, flag_of
+from ..config import ConfigError, DataConfig, TrainConfig, flag_of
 from .build import make_task, run_manifest  # noqa: F401 (kept importable from here)
 from .data import RunData
+from .stages import check_progressive_flags, describe_stages, progressive_stages
 
 # AdamW peak per 256 images. A short fine-tune of pretrained weights trains best at the from-scratch rate
 # too: 2e-3 under-trained every set of bench/README.md's "Learning rate of a short fine-tune"
@@ -40,6 +41,7 @@ class Plan:
     lr_multipliers: dict[str, float] | None = None  # per part of the network (--layer-decay, --head-lr-mult)
     precision_reason: str = ""  # why --precision is what it is on this machine
     batch_fit: str = ""  # with --batch-per-device auto: the batch chosen, bytes vs budget, compiles and seconds
+    stages: tuple = ()  # --progressive-stages: kaggle_utils.train.progressive.Stage of each stage, in order
 
     def describe(self, config: TrainConfig) -> str:
         from ..train import describe_lr_groups
@@ -53,6 +55,7 @@ class Plan:
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
                 f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
                 f"{Precision(config.model.precision).describe()} ({self.precision_reason})"
+                f"{describe_stages(config, self.stages)}"
                 + (f"; {self.batch_fit}" if self.batch_fit else ""))
 
 
@@ -110,6 +113,12 @@ def _check_values(config: TrainConfig) -> None:
                                    ("warmup_max_fraction", config.optim.warmup_max_fraction, 0, 1)):
         if not low <= value < high:
             raise ConfigError(f"{flag_of(name)} {value}: must be in [{low}, {high})")
+    if not 0 <= config.data.randaugment_magnitude <= 30:
+        raise ConfigError(f"--randaugment-magnitude {config.data.randaugment_magnitude}: must be in [0, 30] (imgaug's "
+                          "scale)")
+    if config.data.augment == "none" and config.data.randaugment_magnitude != DataConfig.randaugment_magnitude:
+        raise ConfigError("--randaugment-magnitude needs --augment randaugment, imgaug or randaugment-device: with "
+                          "--augment none nothing would use it")
     if config.optim.weight_decay < 0 or config.optim.warmup_epochs < 0:
         raise ConfigError("--weight-decay and --warmup-epochs must be >= 0")
     for name in ("mixup_alpha", "cutmix_alpha"):
@@ -154,6 +163,7 @@ def check_config(config: TrainConfig, task=None) -> None:
     from ..train import history_columns
 
     _check_values(config)
+    check_progressive_flags(config)
     task = task or make_task(config)
     columns = history_columns(task)
     if config.loop.monitor not in columns:
@@ -238,7 +248,7 @@ def _resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig
                 peak_lr=math.nan if config.optim.lr == "auto" else scaled_lr(config.optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
                 mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), lr_multipliers=_lr_multipliers(config),
-                precision_reason=precision_reason)
+                precision_reason=precision_reason, stages=progressive_stages(config))
     return config, plan
 
 

@@ -41,6 +41,7 @@ from ..parallel import local_rows
 from ..precision import overflow_verdict
 from . import run_dir
 from .progress import progress_bar
+from .progressive import STAGE_COLUMNS, StagedSteps
 from .settings import TIMING_COLUMNS, FitSettings, make_monitor
 from .steps import Steps
 from .tasks import Task
@@ -54,8 +55,9 @@ __all__ = ["TIMING_COLUMNS", "FitResult", "FitSettings", "Hook", "TrainingDiverg
 LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
 
 
-def history_columns(task: Task, *, loss_scaling: bool = False) -> tuple[str, ...]:
-    return ("epoch", "step", *(f"train_{m}" for m in task.metric_names(full=False)),
+def history_columns(task: Task, *, loss_scaling: bool = False, staged: bool = False) -> tuple[str, ...]:
+    """``staged``: a progressive run's rows also say their stage and its image size."""
+    return ("epoch", "step", *(STAGE_COLUMNS if staged else ()), *(f"train_{m}" for m in task.metric_names(full=False)),
             *(f"val_{m}" for m in task.metric_names(full=True)), "lr",
             *(LOSS_SCALE_COLUMNS if loss_scaling else ()), *TIMING_COLUMNS)
 
@@ -129,19 +131,24 @@ def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = 2,
 def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], settings: FitSettings, *,
         val_batches: Callable[[], Iterable[dict]] | None = None, out_dir: str | Path | None = None,
         lr_schedule: Callable[[int], float] | None = None, hooks: Sequence = (), writers: Sequence = (),
-        resume: bool = False, manifest: dict | None = None, progress: bool = True, prefetch: int = 2) -> FitResult:
+        resume: bool = False, manifest: dict | None = None, progress: bool = True, prefetch: int = 2,
+        stages: Sequence = ()) -> FitResult:
     """Trains ``state`` (a host TrainState) as ``settings`` say; returns the final host state and the history.
 
     ``val_batches()`` yields the validation split; without it the validation columns are NaN
     and ``settings.monitor`` should be a training column. ``manifest`` (e.g. the run's config)
-    goes into the JSON written beside each checkpoint.
+    goes into the JSON written beside each checkpoint. ``stages``: ``(Stage, Steps)`` pairs of a
+    progressive run (:mod:`~kaggle_utils.train.progressive`): each stage's epochs train with its
+    own steps (``steps`` then only evaluates), its rows and scalars carry ``stage`` and
+    ``image_size``, and its first step reports its compile time.
     """
     task = steps.config.task
-    columns = history_columns(task, loss_scaling=state.loss_scale is not None)
+    columns = history_columns(task, loss_scaling=state.loss_scale is not None, staged=bool(stages))
     watch = make_monitor(settings, columns)
+    staged = StagedSteps(stages, epochs=-(-settings.total_steps // settings.steps_per_epoch)) if stages else None
     loop = _Loop(steps, task, columns, watch, settings, train_batches, val_batches, _as_hooks(hooks), list(writers),
                  out_dir=Path(out_dir) if out_dir is not None else None, manifest=dict(manifest or {}),
-                 lr_schedule=lr_schedule, progress=progress, prefetch=prefetch)
+                 lr_schedule=lr_schedule, progress=progress, prefetch=prefetch, staged=staged)
     try:
         return loop.run(state, resume=resume)
     finally:
@@ -152,7 +159,7 @@ class _Loop:
     """The state of one ``fit`` call; ``run`` is the loop, the rest are its actions."""
 
     def __init__(self, steps, task, columns, watch, settings: FitSettings, train_batches, val_batches, hooks,
-                 writers, *, out_dir, manifest, lr_schedule, progress, prefetch):
+                 writers, *, out_dir, manifest, lr_schedule, progress, prefetch, staged=None):
         self.steps, self.task, self.columns, self.watch = steps, task, columns, watch
         self.train_batches, self.val_batches, self.hooks, self.writers = train_batches, val_batches, hooks, writers
         self.out_dir, self.manifest, self.keep = out_dir, manifest, settings.keep
@@ -167,6 +174,8 @@ class _Loop:
         self.window = None  # device sums since the last log
         self.best = None
         self.stop_reason = "completed"
+        self.staged, self.stage = staged, None  # progressive: the StagedSteps, the stage now training
+        self.stage_compile_s: dict[str, float] = {}  # stage number -> its first step's compiling, in this process
 
     # ---- bookkeeping
     def _epoch_of(self, step: int) -> int:
@@ -198,6 +207,7 @@ class _Loop:
         host_state = state
         self.clock = {"log": time.perf_counter(), "row": time.perf_counter()}
         self.compiled_before, self.first_step_done = compilation.seconds(), False
+        self.first_step_from = (self.clock["row"], self.compiled_before)  # (time, compile seconds) it is timed from
         self._call_hooks("on_run_start", state, self.history)
         step = int(state.step)
         while step < self.total_steps and self.stop_reason == "completed":
@@ -218,10 +228,11 @@ class _Loop:
         bar = progress_bar(total=end - (epoch - 1) * self.steps_per_epoch, initial=done_before,
                            desc=f"epoch {epoch}/{self._epoch_of(self.total_steps - 1)}", disable=not self.show,
                            unit="step")
+        train = self._enter_stage(epoch)
         batches = itertools.islice(self.train_batches(epoch), done_before, done_before + end - step)
         clock = self.clock
         for batch in self.steps.prefetch(batches, self.prefetch):
-            dev_state, metrics = self.steps.train(dev_state, batch)
+            dev_state, metrics = train(dev_state, batch)
             self.pending, self.window = _accumulate(self.pending, metrics), _accumulate(self.window, metrics)
             step += 1
             if not self.first_step_done:
@@ -249,6 +260,16 @@ class _Loop:
             self._call_hooks("on_epoch_end", epoch, host_state)
         return dev_state, host_state, step
 
+    def _enter_stage(self, epoch: int):
+        """The train step of ``epoch``; a progressive run's stage changing here has its first step timed again."""
+        if self.staged is None:
+            return self.steps.train
+        stage, steps = self.staged.at(epoch)
+        if stage != self.stage:
+            self.stage, self.first_step_done = stage, False
+            self.first_step_from = (time.perf_counter(), compilation.seconds())
+        return steps.train
+
     # ---- actions
     def _log(self, dev_state, step: int, epoch: int, bar, clock) -> None:
         host = self.steps.get(self.window)  # the one device -> host sync of the window
@@ -262,6 +283,7 @@ class _Loop:
                    "train/img_per_s": int(sums["count"]) / seconds}
         scale = None if dev_state.loss_scale is None else self.steps.get(dev_state.loss_scale)
         scalars.update(_loss_scale_figures(scale))
+        scalars.update(StagedSteps.fields(self.stage) if self.stage is not None else {})
         if scale is not None:
             stuck = overflow_verdict(scale)
             if stuck:
@@ -285,6 +307,7 @@ class _Loop:
         train_sums = self.steps.get(self.pending)["task"]
         train = self.task.finish(train_sums, full=False)
         row = {"epoch": epoch, "step": step, **{c: float("nan") for c in self.columns[2:]}}
+        row.update(StagedSteps.fields(self.stage) if self.stage is not None else {})
         row.update({f"train_{k}": v for k, v in train.items() if f"train_{k}" in row})
         row["img_per_s"] = int(train_sums["count"]) / max(train_seconds, 1e-9)
         if self.val_batches is not None:
@@ -331,12 +354,20 @@ class _Loop:
                 self._write_reports()
 
     def _report_first_step(self, metrics) -> None:
-        """One line: how long the first step took and how much of it was compiling (one sync, once)."""
+        """One line: how long the first step (of the run, or of each stage) took and how much of it was compiling.
+
+        One sync, once per stage; a stage's compile seconds also go to ``metrics.json``.
+        """
         jax.block_until_ready(metrics)
         self.first_step_done = True
+        started, compiled_before = self.first_step_from
+        took, compiled = time.perf_counter() - started, compilation.seconds() - compiled_before
+        where = ""
+        if self.stage is not None:
+            self.stage_compile_s[str(self.stage.number)] = round(compiled, 3)
+            where = f"stage {self.stage.number}/{self.staged.count} at {self.stage.image_size}px: "
         if _is_main():
-            took = time.perf_counter() - self.clock["row"]
-            tqdm.write(f"first step after {took:.1f} s, {self.compile_seconds():.1f} s of it compiling")
+            tqdm.write(f"{where}first step after {took:.1f} s, {compiled:.1f} s of it compiling")
 
     def compile_seconds(self) -> float:
         """Seconds this run has spent compiling (train, eval and anything else it ran) since it began."""
@@ -344,7 +375,13 @@ class _Loop:
 
     def _write_reports(self) -> None:
         run_dir.write_reports(self.out_dir, self.history, self.columns, best=self.best, monitor=self.watch.name,
-                              stop_reason=self.stop_reason, extra={"compile_s": round(self.compile_seconds(), 3)})
+                              stop_reason=self.stop_reason, extra={"compile_s": round(self.compile_seconds(), 3),
+                                                                   **self._stage_report()})
+
+    def _stage_report(self) -> dict:
+        """metrics.json's ``stage_compile_s``: each stage's first-step compiling in this process (a resumed run
+        reports the stages it compiled itself)."""
+        return {} if self.staged is None else {"stage_compile_s": dict(self.stage_compile_s)}
 
 
 def _loss_scale_figures(scale) -> dict:

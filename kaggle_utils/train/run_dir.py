@@ -33,7 +33,7 @@ from .. import checkpoint
 __all__ = ["CHECKPOINT_PATTERN", "load_last", "previous_checkpoints", "save_best", "save_last", "write_reports"]
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.msgpack$")
-_INT_COLUMNS = ("epoch", "step", "skipped_steps")
+_INT_COLUMNS = ("epoch", "step", "stage", "image_size", "skipped_steps")
 
 
 def _json_safe(value):
