@@ -253,7 +253,11 @@ def test_cv_job_with_only_folds_trains_those_and_waits_for_the_rest(cv, sample, 
 def test_cv_job_refuses_bad_fold_flags_in_one_line(sample, tmp_path, capsys):
     base = ["cv", "--data-dir", str(sample.root), "--model", TEST_MODEL, "--out", str(tmp_path)]
     for extra, words in ((["--folds", "1"], "--folds 1"), (["--folds", "2", "--only-folds", "2"], "fold 2 is not"),
-                         (["--folds", "2", "--fold-group", "patient"], "--fold-group patient")):
+                         (["--folds", "2", "--fold-group", "patient"], "--fold-group patient"),
+                         (["--folds", "2", "--lr", "auto", "--lr-find-steps", "3"], "--lr-find-steps 3"),
+                         # needs the data's image size (16): refused after the pool is read, before folds.csv
+                         (["--folds", "2", "--epochs", "2", "--progressive-stages", "2", "--progressive-min-size",
+                           "64"], "--progressive-min-size 64")):
         with pytest.raises(SystemExit) as exit_info:
             job.main(base + extra)
         err = capsys.readouterr().err

@@ -88,10 +88,12 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
     each fold's run in turn (:func:`~kaggle_utils.run.train`). ``fold_group``: a column whose
     groups stay in one fold, read from ``fold_group_file`` (default: a CSV ``--source``).
     """
+    from .resolve import check_config, resolve
     from .trainer import train
 
     out = Path(out)
     chosen = _check_args(folds, only_folds, resume, overwrite, config)
+    check_config(config)
     if (out / FOLDS_FILE).is_file() and not (resume or overwrite):
         raise ConfigError(f"--out {out} already holds a CV ({out / FOLDS_FILE}): pass --resume to go on with it "
                           "(finished folds are skipped) or --overwrite to start it again")
@@ -102,6 +104,11 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
     with _pool_data(config, out) as (fold_config, data):
         groups = None if groups_at is None else read_groups(groups_at, fold_group, data.columns[0])
         pool = _pool(data, folds, config.seed, groups)
+        # what a fold's run would refuse from the data (its image size, the stages), refused before the CV's own
+        # files are written; --batch-per-device auto is searched here once, for every fold
+        _, plan = resolve(fold_config, _fold_data(data, pool, chosen[0]))
+        if fold_config.data.batch_per_device == "auto":
+            fold_config = fold_config.replace(batch_per_device=plan.per_device_batch, memory_budget=None)
         out.mkdir(parents=True, exist_ok=True)
         if _main():
             settle_folds(out, list(pool.keys), pool.folds, k=folds, seed=config.seed, overwrite=overwrite,
