@@ -104,11 +104,11 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
     with _pool_data(config, out) as (fold_config, data):
         groups = None if groups_at is None else read_groups(groups_at, fold_group, data.columns[0])
         pool = _pool(data, folds, config.seed, groups)
-        # what a fold's run would refuse from the data (its image size, the stages), refused before the CV's own
-        # files are written; --batch-per-device auto is searched here once, for every fold
-        _, plan = resolve(fold_config, _fold_data(data, pool, chosen[0]))
-        if fold_config.data.batch_per_device == "auto":
-            fold_config = fold_config.replace(batch_per_device=plan.per_device_batch, memory_budget=None)
+        if chosen:  # what a fold's run would refuse from the data (its image size, the stages), refused before the
+            # CV's own files are written; --batch-per-device auto is searched here once, for every fold
+            _, plan = resolve(fold_config, _fold_data(data, pool, chosen[0]))
+            if fold_config.data.batch_per_device == "auto":
+                fold_config = fold_config.replace(batch_per_device=plan.per_device_batch, memory_budget=None)
         out.mkdir(parents=True, exist_ok=True)
         if _main():
             settle_folds(out, list(pool.keys), pool.folds, k=folds, seed=config.seed, overwrite=overwrite,
