@@ -62,9 +62,13 @@ def write_curves(out: str | Path, report: dict, *, title: str | None = None) -> 
         title = f"{title + ': ' if title else ''}best {monitor} {best[monitor]:.4g} at step {best['step']} (dashed)"
     if title:
         figure.suptitle(title)
+    return save_png(figure, Path(out) / CURVES_FILE)
+
+
+def save_png(figure, path: Path) -> Path:
+    """A drawn figure to ``path``, atomically: a run killed mid-write leaves the previous picture, not half of one."""
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90)
-    path = Path(out) / CURVES_FILE
     checkpoint.atomic_write_bytes(path, buffer.getvalue())
     return path

@@ -5,10 +5,9 @@ a range test inside a notebook neither switches the notebook's backend nor opens
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-from .. import checkpoint
+from .curves import save_png
 
 __all__ = ["LR_FIND_PLOT", "write_lr_find_plot"]
 
@@ -38,9 +37,4 @@ def write_lr_find_plot(out: str | Path, finding) -> Path:
     ax.set_title(f"LR range test: {len(finding.lrs)} steps, {finding.stop}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90)
-    path = Path(out) / LR_FIND_PLOT
-    checkpoint.atomic_write_bytes(path, buffer.getvalue())
-    return path
+    return save_png(figure, Path(out) / LR_FIND_PLOT)
