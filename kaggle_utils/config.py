@@ -213,6 +213,10 @@ class LoopConfig:
     progressive_min_size: int | None = _field(None, "with --progressive-stages: the official code's ibase, from "
                                                     "which the stage sizes grow (default 128, or half --image-size "
                                                     "when that is smaller)")
+    progressive_rule: str = _field("official", "with --progressive-stages: the stage sizes, official (google/automl's "
+                                              "code: stage i of N at min + (size - min)(i + 1)/N, none at the "
+                                              "minimum) | paper (Algorithm 1: min + (size - min) i/(N - 1), the first "
+                                              "at the minimum)", choices=("official", "paper"))
     progressive_dropout: bool = _field(False, "with --progressive-stages: grow the dropout too, from 0.1 to "
                                               "--drop-rate (the paper's schedule, which the official code omits)")
 

@@ -37,6 +37,23 @@ def test_low_end_values_start_no_higher_than_they_end_and_dropout_stays_unless_s
     assert [s.drop_rate for s in scheduled] == [0.05, 0.05]
 
 
+def test_the_paper_rule_starts_at_the_minimum_and_grows_evenly_to_the_size():
+    # Algorithm 1: S_i = S_0 + (S_e - S_0) i / (M - 1): 128 + 172 i / 3 = 128, 185.3, 242.7, 300 -> multiples of 8
+    stages = progressive_schedule(4, 10, image_size=300, min_size=128, magnitude=15, rule="paper")
+    assert [s.image_size for s in stages] == [128, 184, 240, 300]
+    assert [s.epochs for s in stages] == [2, 3, 2, 3]  # the epochs and values are the official rule's
+    np.testing.assert_allclose([s.magnitude for s in stages], np.linspace(5, 15, 4))
+
+
+def test_stages_whose_sizes_coincide_are_merged_with_the_later_one_s_values():
+    # official rule, 16 -> 32 px in 3 stages: 21.3, 26.7, 32 round to 24, 24, 32
+    stages = progressive_schedule(3, 6, image_size=32, min_size=16, magnitude=15, mixup_alpha=0.4)
+    assert [(s.number, s.first_epoch, s.epochs, s.image_size) for s in stages] == [(1, 1, 4, 24), (2, 5, 2, 32)]
+    assert [(s.magnitude, s.mixup_alpha) for s in stages] == [(10, 0.2), (15, 0.4)]  # stage 2 of 3's, then the run's
+    with pytest.raises(ValueError, match="every stage from 24 to 32 px rounds to 32 px"):
+        progressive_schedule(2, 2, image_size=32, min_size=24, magnitude=15)  # 28 rounds to 32: nothing to grow
+
+
 def fake_data(tmp_path, stored_size=32):
     return run.RunData(tmp_path, {}, stored_size=stored_size, num_train=1000, max_label=9, description="x")
 
@@ -48,12 +65,18 @@ def test_the_plan_computes_the_stages_and_its_line_lists_them(tmp_path):
     config, plan = run.resolve(config, fake_data(tmp_path))
     assert [(s.first_epoch, s.epochs, s.image_size) for s in plan.stages] == [(1, 1, 16), (2, 1, 24), (3, 2, 32)]
     line = plan.describe(config)
-    assert ("progressive learning in 3 stages (size, RandAugment magnitude, mixup alpha, dropout; evaluation at 32px): "
+    assert ("progressive learning in 3 stages (official rule; size, RandAugment magnitude, mixup alpha, dropout; "
+            "evaluation at 32px): "
             "1: epoch 1 at 16px m 5 mixup 0 dropout 0.1; 2: epoch 2 at 24px m 10 mixup 0.2 dropout 0.2; "
             "3: epochs 3-4 at 32px m 15 mixup 0.4 dropout 0.3") in line
-    # without --progressive-min-size a small image starts from half its size: 16 + 16 (i + 1) / 3 -> 24, 24, 32
-    _, default = run.resolve(config.replace(progressive_min_size=None), fake_data(tmp_path))
-    assert [s.image_size for s in default.stages] == [24, 24, 32]
+    # without --progressive-min-size a small image starts from half its size: 16 + 16 (i + 1) / 3 -> 24, 24, 32,
+    # the first two merged (the plan says so); the paper's rule from 16: 16, 24, 32
+    config = config.replace(progressive_min_size=None)
+    _, default = run.resolve(config, fake_data(tmp_path))
+    assert [(s.first_epoch, s.image_size) for s in default.stages] == [(1, 24), (3, 32)]
+    assert "progressive learning in 2 stages of 3 asked, those of one size merged" in default.describe(config)
+    _, paper = run.resolve(config.replace(progressive_rule="paper"), fake_data(tmp_path))
+    assert [s.image_size for s in paper.stages] == [16, 24, 32]
     assert run.resolve(config.replace(progressive_stages=0, progressive_min_size=None, progressive_dropout=False),
                        fake_data(tmp_path))[1].stages == ()
 
@@ -68,6 +91,9 @@ def test_the_plan_computes_the_stages_and_its_line_lists_them(tmp_path):
     ({"image_size": 12}, "--image-size 12 is too small to grow into"),
     ({"progressive_stages": 0, "progressive_dropout": True}, "--progressive-dropout needs --progressive-stages"),
     ({"progressive_stages": 0, "progressive_min_size": 16}, "--progressive-min-size needs --progressive-stages"),
+    ({"progressive_stages": 0, "progressive_rule": "paper"}, "--progressive-rule needs --progressive-stages"),
+    ({"progressive_stages": 2, "progressive_min_size": 24},
+     r"--progressive-stages 2 \(--progressive-min-size 24, --image-size 32\): every stage from 24 to 32 px rounds"),
     ({"randaugment_magnitude": 31}, r"--randaugment-magnitude 31: must be in \[0, 30\]"),
     ({"augment": "none", "randaugment_magnitude": 9}, "--randaugment-magnitude needs --augment"),
 ])

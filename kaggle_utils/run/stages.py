@@ -45,7 +45,8 @@ def check_progressive_flags(config: TrainConfig) -> None:
         raise ConfigError(f"--progressive-stages {n}: must be >= 0 (0: off)")
     if n == 0:
         given = [flag for flag, value in (("--progressive-min-size", loop.progressive_min_size is not None),
-                                          ("--progressive-dropout", loop.progressive_dropout)) if value]
+                                          ("--progressive-dropout", loop.progressive_dropout),
+                                          ("--progressive-rule", loop.progressive_rule != "official")) if value]
         if given:
             raise ConfigError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --progressive-stages N "
                               "(N >= 2): without stages nothing would use them")
@@ -71,12 +72,17 @@ def progressive_stages(config: TrainConfig) -> tuple:
     check_progressive_flags(config)
     if config.loop.progressive_stages == 0:
         return ()
-    size = config.model.image_size
-    data = config.data
-    return progressive_schedule(config.loop.progressive_stages, config.loop.epochs, image_size=size,
-                                min_size=_min_size(config, size), magnitude=data.randaugment_magnitude,
-                                mixup_alpha=data.mixup_alpha, cutmix_alpha=data.cutmix_alpha,
-                                drop_rate=config.model.drop_rate, schedule_dropout=config.loop.progressive_dropout)
+    size, data = config.model.image_size, config.data
+    min_size = _min_size(config, size)
+    try:
+        return progressive_schedule(config.loop.progressive_stages, config.loop.epochs, image_size=size,
+                                    min_size=min_size, magnitude=data.randaugment_magnitude,
+                                    mixup_alpha=data.mixup_alpha, cutmix_alpha=data.cutmix_alpha,
+                                    drop_rate=config.model.drop_rate, schedule_dropout=config.loop.progressive_dropout,
+                                    rule=config.loop.progressive_rule)
+    except ValueError as err:
+        raise ConfigError(f"--progressive-stages {config.loop.progressive_stages} (--progressive-min-size {min_size}, "
+                          f"--image-size {size}): {err}") from None
 
 
 def stage_config(config: TrainConfig, stage) -> TrainConfig:
@@ -114,5 +120,8 @@ def describe_stages(config: TrainConfig, stages: tuple) -> str:
         epochs = f"epoch {stage.first_epoch}" if stage.epochs == 1 else f"epochs {stage.first_epoch}-{stage.last_epoch}"
         return f"{stage.number}: {epochs} at {' '.join(show(stage) for _, show in values)}"
 
-    return (f"; progressive learning in {len(stages)} stages ({', '.join(name for name, _ in values)}; evaluation at "
+    asked = config.loop.progressive_stages
+    merged = f" of {asked} asked, those of one size merged" if asked != len(stages) else ""
+    return (f"; progressive learning in {len(stages)} stages{merged} ({config.loop.progressive_rule} rule; "
+            f"{', '.join(name for name, _ in values)}; evaluation at "
             f"{data.eval_image_size or config.model.image_size}px): " + "; ".join(map(one, stages)))
