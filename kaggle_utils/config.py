@@ -83,11 +83,14 @@ _ALIASES = {"dtype": ("precision", {None: "auto", "float32": "fp32", "bfloat16":
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    name: str = _field("tf_efficientnetv2_b0", "registered EfficientNet name (see kaggle_utils.efficientnet)",
-                       flag="model")
+    name: str = _field("tf_efficientnetv2_b0", "a registered model: an EfficientNet (timm's name) or your own "
+                                               "(kaggle_utils.models.register_model)", flag="model")
     weights: str | None = _field(None, "ported weights (.msgpack from weights_port) to fine-tune; the head is new "
                                        "and starts at zero")
-    freeze: tuple[str, ...] = _field((), "with --weights: regex of parameter paths to keep frozen (repeatable)")
+    init_from: str | None = _field(None, "a finished run folder (its best checkpoint) or one of its checkpoints: start "
+                                         "from its weights, classifier included (the same --model and classes); "
+                                         "unlike --weights (a new head) and --resume (the same run)")
+    freeze: tuple[str, ...] = _field((), "with --weights or --init-from: regex of parameter paths to keep frozen (repeatable)")
     num_classes: int | None = _field(None, "number of classes (default: from the data)")
     image_size: int | None = _field(None, "image side the model sees (default: the stored size of the data)")
     precision: str = _field("auto", "compute precision: auto (bf16 on TPU and on GPUs of compute capability 8.0+, "
@@ -157,15 +160,30 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    lr: float | str | None = _field(None, "AdamW peak learning rate per 256 images, scaled to the global batch, or "
-                                          "auto: an LR range test on the training data picks it before the run "
-                                          "(kaggle_utils.run.lr_find; default 1e-2, from scratch or with --weights)",
-                                    parse=learning_rate)
+    optimizer: str = _field("adamw", "adamw | sgd | lamb | lion | adafactor (optax); each has its own default --lr "
+                                     "and --weight-decay", choices=("adamw", "sgd", "lamb", "lion", "adafactor"))
+    lr: float | str | None = _field(None, "peak learning rate per 256 images, scaled to the global batch, or auto: an "
+                                          "LR range test on the training data picks it before the run "
+                                          "(kaggle_utils.run.lr_find; default: the optimizer's, 1e-2 for adamw, lamb "
+                                          "and adafactor, 1e-3 for lion, 0.1 for sgd)", parse=learning_rate)
     lr_find_steps: int | None = _field(None, "with --lr auto: steps of the LR range test (default: 100, fewer when "
                                              "the run is shorter, at least 40)", resume_may_change=True)
+    schedule: str = _field("cosine", "after the warmup: cosine (to --end-lr-factor x the peak) | linear (the same) | "
+                                     "constant | step (x --decay-rate every --decay-epochs) | onecycle (optax's cosine "
+                                     "one-cycle, rising over the warmup)",
+                           choices=("cosine", "linear", "constant", "step", "onecycle"))
+    end_lr_factor: float = _field(0.0, "cosine and linear schedules: the last rate as a fraction of the peak")
+    decay_epochs: float | None = _field(None, "step schedule: epochs between drops (default: a third of the steps "
+                                              "after the warmup)")
+    decay_rate: float = _field(0.1, "step schedule: each drop multiplies the rate by this")
     warmup_epochs: float = _field(1.0, "linear warmup length in epochs (at most --warmup-max-fraction of the run)")
     warmup_max_fraction: float = _field(0.2, "warmup never takes more than this fraction of the run's steps")
-    weight_decay: float = _field(0.05, "AdamW weight decay (matrices and kernels only)")
+    weight_decay: float | None = _field(None, "weight decay of matrices and kernels (default: the optimizer's, 0.05; "
+                                              "lion 0.5; sgd 1e-4, as L2 on the gradient)")
+    momentum: float = _field(0.9, "sgd's momentum (0: none)")
+    nesterov: bool = _field(False, "sgd: Nesterov momentum")
+    b1: float | None = _field(None, "adamw, lamb, lion: the first moment's decay (default 0.9)")
+    b2: float | None = _field(None, "adamw, lamb, lion: the second moment's decay (default 0.999; lion 0.99)")
     clip_norm: float | None = _field(1.0, "clip gradients to this global norm (none: no clipping)")
     ema_decay: float = _field(0.0, "EMA of the weights for evaluation (0: off)")
     accumulate_steps: int = _field(1, "micro-batches per optimizer step: each device runs its share of the batch in K "

@@ -8,10 +8,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from .. import models
 from ..config import ConfigError, TrainConfig
 from ..precision import Precision
 from .data import RunData
+from .init_from import parent_variables
 from .stages import epoch_config, stage_steps
 
 # ``Plan`` in the annotations is kaggle_utils.run.resolve.Plan, not imported: resolve imports this module (the
@@ -31,20 +34,19 @@ def run_manifest(config: TrainConfig, plan: Plan) -> dict:
 
 
 def build_model(config: TrainConfig):
-    """The module a run trains: the variant with a classifier of ``head_width`` outputs."""
-    from ..efficientnet import create_model
+    """The module a run trains: the registered model (:mod:`kaggle_utils.models`) with ``head_width`` outputs."""
     from ..surgery import padded_width
     from ..train import AXIS
 
     model = config.model
-    return create_model(model.name, num_classes=padded_width(model.num_classes, model.head_multiple or 1),
-                        dtype=Precision(model.precision).compute_dtype, drop_rate=model.drop_rate,
-                        drop_path_rate=model.drop_path_rate,
-                        bn_axis_name=AXIS if model.sync_bn else None, remat=model.remat == "blocks")
+    return models.build_model(model.name, num_classes=padded_width(model.num_classes, model.head_multiple or 1),
+                              dtype=Precision(model.precision).compute_dtype, drop_rate=model.drop_rate,
+                              drop_path_rate=model.drop_path_rate, bn_axis_name=AXIS if model.sync_bn else None,
+                              remat=model.remat == "blocks")
 
 
 def initial_variables(config: TrainConfig, model) -> dict:
-    """Random init, or ported weights for the backbone with a zero classifier.
+    """Random init, ported weights for the backbone with a zero classifier, or ``--init-from``'s run's weights.
 
     A zero head outputs equal logits, so the first loss is ln C and the first gradients reach
     the head only: timm's U(±1/sqrt(fan_out)) init, sized for 1000 outputs, gives a few
@@ -52,6 +54,8 @@ def initial_variables(config: TrainConfig, model) -> dict:
     """
     from ..train import init_variables
 
+    if config.model.init_from:
+        return parent_variables(config, model)
     variables = init_variables(model, config.model.image_size, seed=config.seed)
     if config.model.weights is None:
         return variables
@@ -94,19 +98,30 @@ class Training(NamedTuple):
 
 
 def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None,
-                   mode: str | None = None, schedule=None) -> Training:
+                   mode: str | None = None, schedule=None, tx=None) -> Training:
     """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config.
 
     ``variables`` may be abstract (``jax.ShapeDtypeStruct`` leaves, ``variable_trees.abstract_variables``):
     the state is then abstract too, enough to compile the steps without initialising anything
     (:mod:`kaggle_utils.run.memory_plan`). ``mode`` (default the config's) and ``mesh`` as for ``make_steps``.
-    ``schedule``: the learning rate by step instead of the plan's warmup and cosine (the LR range test's sweep).
+    ``schedule``: the learning rate by step instead of the config's (the LR range test's sweep).
+    ``tx``: an optax transform instead of the config's optimizer and schedule, or a function of the
+    schedule returning one (then the history's ``lr`` is the schedule's); ``--freeze`` and the lr
+    groups still apply around it.
     """
     from .. import surgery
-    from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_steps, warmup_cosine
+    from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_steps
+    from ..train.optim import make_schedule
 
+    optim = config.optim
     if schedule is None:
-        schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
+        decay_steps = round(optim.decay_epochs * plan.steps_per_epoch) if optim.decay_epochs else None
+        schedule = make_schedule(optim.schedule, plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps,
+                                 end_factor=optim.end_lr_factor, decay_steps=decay_steps, decay_rate=optim.decay_rate)
+    if isinstance(tx, optax.GradientTransformation):
+        schedule = None  # the transform's own rate, which the history cannot know
+    elif tx is not None:
+        tx = tx(schedule)  # a function of the schedule
     frozen = None
     if config.model.freeze:
         try:
@@ -117,8 +132,9 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
     if plan.lr_multipliers is not None:
         groups = assign_lr_groups(variables["params"], layer_decay=config.optim.layer_decay,
                                   head_lr_mult=config.optim.head_lr_mult)
-    tx = make_optimizer(schedule, weight_decay=config.optim.weight_decay, clip_norm=config.optim.clip_norm,
-                        frozen=frozen, lr_multipliers=groups)
+    tx = make_optimizer(schedule, optimizer=tx or optim.optimizer, weight_decay=optim.weight_decay,
+                        clip_norm=optim.clip_norm, b1=optim.b1, b2=optim.b2, momentum=optim.momentum,
+                        nesterov=optim.nesterov, frozen=frozen, lr_multipliers=groups)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=plan.mean, std=plan.std,
                              task=task or make_task(config), ema_decay=config.optim.ema_decay or 0.999,
                              tta_flip=config.task.tta, accumulate_steps=config.optim.accumulate_steps)

@@ -160,11 +160,11 @@ def predict_member(steps, variables, files: list[str], config: TrainConfig, *, b
 
 
 def _prediction_steps(config: TrainConfig, model, *, tta: bool, mode: str):
-    from ..efficientnet import pretrained_cfg
+    from ..models import registered
     from ..train import StepConfig, make_steps
 
-    cfg = pretrained_cfg(config.model.name)
-    step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
+    cfg = registered(config.model.name)
+    step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg.mean), std=tuple(cfg.std),
                              task=make_task(config), tta_flip=tta)
     return make_steps(model, None, step_config, mode=mode)
 

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import jax
 
-from .. import runtime
+from .. import models, runtime
 from ..precision import Precision, choose_precision
 from ..config import ConfigError, DataConfig, TrainConfig, flag_of
 from .build import make_task, run_manifest  # noqa: F401 (kept importable from here)
 from .data import RunData
+from .init_from import check_parent
+from ..train.optim import OPTIMIZERS, check_optim_flags
 from .stages import check_progressive_flags, describe_stages, progressive_stages
 
 # AdamW peak per 256 images. A short fine-tune of pretrained weights trains best at the from-scratch rate
@@ -51,12 +53,20 @@ class Plan:
         k = config.optim.accumulate_steps
         pieces = f" in {k} micro-batches of {self.per_device_batch // k}" if k > 1 else ""
         return (f"global batch {self.global_batch} = {self.per_device_batch} per device{pieces} x {self.device_count} "
-                f"device(s); peak learning rate {_lr_text(self.peak_lr, config.optim.lr)}{groups}; "
+                f"device(s); {config.optim.optimizer}, peak learning rate {_lr_text(self.peak_lr, config.optim.lr)}"
+                f"{groups}, {config.optim.schedule} schedule; "
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
                 f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
                 f"{Precision(config.model.precision).describe()} ({self.precision_reason})"
                 f"{describe_stages(config, self.stages)}"
                 + (f"; {self.batch_fit}" if self.batch_fit else ""))
+
+
+def default_lr(config: TrainConfig) -> float:
+    """The rate per 256 images of a config without ``--lr``: the optimizer's (AdamW's fine-tune rate with --weights)."""
+    if config.optim.optimizer == "adamw":
+        return FINETUNE_LR if config.model.weights else SCRATCH_LR
+    return OPTIMIZERS[config.optim.optimizer][0]
 
 
 def _lr_text(peak_lr: float, lr: float | str) -> str:
@@ -119,7 +129,8 @@ def _check_values(config: TrainConfig) -> None:
     if config.data.augment == "none" and config.data.randaugment_magnitude != DataConfig.randaugment_magnitude:
         raise ConfigError("--randaugment-magnitude needs --augment randaugment, imgaug or randaugment-device: with "
                           "--augment none nothing would use it")
-    if config.optim.weight_decay < 0 or config.optim.warmup_epochs < 0:
+    check_optim_flags(config.optim)
+    if (config.optim.weight_decay or 0) < 0 or config.optim.warmup_epochs < 0:
         raise ConfigError("--weight-decay and --warmup-epochs must be >= 0")
     for name in ("mixup_alpha", "cutmix_alpha"):
         if getattr(config.data, name) < 0:
@@ -136,8 +147,17 @@ def _check_values(config: TrainConfig) -> None:
     from ..train import check_lr_group_values
 
     check_lr_group_values(config.optim.layer_decay, config.optim.head_lr_mult)
-    if config.model.freeze and not config.model.weights:
-        raise ConfigError("--freeze needs --weights (freezing a randomly initialised network is a mistake)")
+    family = models.registered(config.model.name).efficientnet
+    lr_groups = config.optim.layer_decay is not None or config.optim.head_lr_mult != 1
+    for flag, used in (("--weights", config.model.weights), ("--layer-decay / --head-lr-mult", lr_groups)):
+        if used and not family:
+            raise ConfigError(f"{flag} reads an EfficientNet's parameter names; --model {config.model.name} is not "
+                              "one (start it from a run of yours with --init-from, or initialise it in its builder)")
+    if config.model.weights and config.model.init_from:
+        raise ConfigError("--weights (a new head) and --init-from (a run's weights, head included) exclude each other")
+    if config.model.freeze and not (config.model.weights or config.model.init_from):
+        raise ConfigError("--freeze needs --weights or --init-from (freezing a randomly initialised network is a "
+                          "mistake)")
     if config.model.weights:
         from .. import checkpoint
 
@@ -146,12 +166,6 @@ def _check_values(config: TrainConfig) -> None:
             checkpoint.check_digest(config.model.weights)
         except checkpoint.CheckpointError as err:
             raise ConfigError(f"--weights: {err}") from None
-    from ..efficientnet import resolve_name
-
-    try:
-        resolve_name(config.model.name)
-    except ValueError as err:
-        raise ConfigError(f"--model: {err}") from None
 
 
 def check_config(config: TrainConfig, task=None) -> None:
@@ -211,7 +225,6 @@ def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig,
 
 
 def _resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig, Plan]:
-    from ..efficientnet import pretrained_cfg
     from ..surgery import padded_width
 
     check_config(config, task)
@@ -227,9 +240,13 @@ def _resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig
         data_dir=data.description, class_names=data.class_names, id_column=data.columns[0],
         label_column=data.columns[1], num_classes=config.model.num_classes or data.max_label + 1,
         image_size=image_size, precision=precision.name, batch_size=global_batch(config),
-        batch_per_device=None, lr=config.optim.lr or (FINETUNE_LR if config.model.weights else SCRATCH_LR),
+        batch_per_device=None, lr=config.optim.lr or default_lr(config),
+        weight_decay=OPTIMIZERS[config.optim.optimizer][1] if config.optim.weight_decay is None else
+        config.optim.weight_decay,
         head_multiple=config.model.head_multiple or (128 if platform == "tpu" else 1),
-        weights=str(Path(config.model.weights).resolve()) if config.model.weights else None)
+        weights=str(Path(config.model.weights).resolve()) if config.model.weights else None,
+        init_from=str(Path(config.model.init_from).resolve()) if config.model.init_from else None)
+    check_parent(config)
     batch = config.data.batch_size
     per_device, k = batch // jax.device_count(), config.optim.accumulate_steps
     if per_device % k:
@@ -240,14 +257,14 @@ def _resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig
         raise ConfigError(f"--batch-size {batch} is larger than the {data.num_train} training examples")
     total = config.loop.steps or config.loop.epochs * steps_per_epoch
     warmup = min(round(config.optim.warmup_epochs * steps_per_epoch), int(config.optim.warmup_max_fraction * total))
-    cfg = pretrained_cfg(config.model.name)
+    cfg = models.registered(config.model.name)
     from ..train import scaled_lr
 
     plan = Plan(device_count=jax.device_count(), global_batch=batch, per_device_batch=batch // jax.device_count(),
                 steps_per_epoch=steps_per_epoch, total_steps=total, warmup_steps=warmup,
                 peak_lr=math.nan if config.optim.lr == "auto" else scaled_lr(config.optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
-                mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), lr_multipliers=_lr_multipliers(config),
+                mean=tuple(cfg.mean), std=tuple(cfg.std), lr_multipliers=_lr_multipliers(config),
                 precision_reason=precision_reason, stages=progressive_stages(config))
     return config, plan
 

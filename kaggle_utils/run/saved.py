@@ -5,14 +5,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from .. import checkpoint
 from ..config import TrainConfig
 from .build import build_model
+from .init_from import checkpoint_file, run_config, run_variables
 from .resolve import Plan
+
 
 def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None,
                  notes: dict | None = None) -> Path:
@@ -29,48 +27,13 @@ def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given:
     return path
 
 
-def checkpoint_file(path: Path) -> Path:
-    """The checkpoint a run folder is read from (its best, else its last); a file as itself."""
-    if path.is_dir():
-        for name in ("best.msgpack", "last.msgpack"):
-            if (path / name).is_file():
-                return path / name
-        raise checkpoint.CheckpointError(f"{path} holds no best.msgpack or last.msgpack: not a run folder of the kit")
-    if not path.is_file():
-        raise checkpoint.CheckpointError(f"{path} does not exist")
-    return path
-
-
 def load_run(path: str | Path) -> tuple[object, dict, TrainConfig]:
     """``(model, variables, config)`` of a run folder (its best checkpoint) or of one of its checkpoints.
 
     ``variables`` are the evaluation variables (the EMA weights when the run kept them), checked
     leaf by leaf against the model the config builds.
     """
-    from ..variable_trees import abstract_variables
-
     file = checkpoint_file(Path(path))
-    manifest_file = checkpoint.manifest_path(file)
-    if not manifest_file.is_file():
-        raise checkpoint.CheckpointError(f"{file} has no manifest {manifest_file.name} beside it: cannot tell which "
-                                         "run wrote it")
-    manifest = json.loads(manifest_file.read_text())
-    if "config" not in manifest:
-        what = manifest.get("model") if isinstance(manifest.get("model"), str) else None
-        raise checkpoint.CheckpointError(
-            f"{file} is not a checkpoint of a training run" + (f": it holds ported {what} weights (weights_port); "
-                                                               f"fine-tune them with train --weights {file}"
-                                                               if what else " (its manifest has no 'config')"))
-    config = TrainConfig.from_dict(manifest["config"], where=f"{manifest_file} config")
+    config = run_config(file)
     model = build_model(config)
-    raw = checkpoint.load(file)
-    if "state" in raw:  # last.msgpack / ckpt-*.msgpack: the whole training state
-        state = raw["state"]
-        params = state.get("ema_params") or state["params"]
-        raw = {"params": params, "batch_stats": state.get("batch_stats", {})}
-    variables = {k: raw[k] for k in ("params", "batch_stats") if k in raw}
-    size = config.model.image_size
-    template = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
-    checkpoint.check_tree(variables, template, what=f"checkpoint {file} for {config.model.name} with "
-                                                   f"{config.model.num_classes} classes")
-    return model, jax.tree.map(lambda v, t: np.asarray(v, t.dtype), variables, template), config
+    return model, run_variables(file, model, config), config

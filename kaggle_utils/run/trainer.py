@@ -18,9 +18,10 @@ from typing import Sequence
 
 import jax
 import numpy as np
+import optax
 
 from .. import checkpoint, compilation, outdir
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig
 from .build import build_model, build_training, fit_run, initial_variables
 from .data import RunData, commit_conversion, data_root, open_data
 from .lr_find import reuse_found_lr, settle_lr
@@ -65,7 +66,7 @@ def _deterministic_input() -> None:
     tensorflow_on_host().config.experimental.enable_op_determinism()
 
 
-def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = (), writers: Sequence = (),
+def train(config: TrainConfig, out: str | Path, *, task=None, tx=None, hooks: Sequence = (), writers: Sequence = (),
           data: RunData | None = None, resume: bool = False, overwrite: bool = False,
           progress: bool = True) -> RunResult:
     """Trains ``config`` into the folder ``out`` and predicts its test split; see the module docstring.
@@ -73,9 +74,14 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
     ``task``: a :class:`~kaggle_utils.train.Task` instead of the config's (e.g. with
     ``with_metric``: its metrics can then be the ``monitor``). ``data``: a :class:`RunData`
     already opened (``open_data``) for this config, so its checks are not repeated.
-    ``hooks`` and ``writers`` as for :func:`~kaggle_utils.train.fit`.
+    ``hooks`` and ``writers`` as for :func:`~kaggle_utils.train.fit`. ``tx``: any optax transform (or
+    a function of the config's lr schedule returning one) instead of the config's optimizer, as for
+    :func:`build_training`; config.json records it under ``tx``.
     """
     check_config(config, task)
+    if tx is not None and config.optim.lr == "auto":
+        raise ConfigError("--lr auto sweeps the rate of the kit's optimizer; with run.train(tx=...) give a number")
+    notes = {"tx": custom_tx_note(tx)} if tx is not None else {}
     out = Path(out)
     lr_note = None
     main = jax.process_index() == 0
@@ -88,7 +94,7 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
             resolved, plan, lr_note = reuse_found_lr(out, resolved, plan)
         model = build_model(resolved)
         variables = initial_variables(resolved, model)
-        training = build_training(resolved, plan, model, variables, task=task)
+        training = build_training(resolved, plan, model, variables, task=task, tx=tx)
         if main:  # every check passed: only now may the folder change
             outdir.prepare(out, resolved, resume=resume, overwrite=overwrite)
             checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
@@ -100,8 +106,8 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
             resolved, plan, training, lr_note = settle_lr(resolved, plan, data, model, variables, out, task=task,
                                                           progress=progress)
         if main:
-            print(plan.describe(resolved))
-            write_config(out, resolved, plan, given=config, notes={"lr_find": lr_note} if lr_note else None)
+            print(plan.describe(resolved) + "".join(f"; {note}" for note in notes.values()))
+            write_config(out, resolved, plan, given=config, notes={**notes, **({"lr_find": lr_note} if lr_note else {})})
         result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
                          writers=writers)
         best = _best_variables(out, result)
@@ -115,6 +121,14 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
                                        batch_size=plan.global_batch, stored_size=data.stored_size,
                                        out_dir=out)
     return RunResult(out, resolved, plan, result, training.steps, path, tuple(str(i) for i in ids))
+
+
+def custom_tx_note(tx) -> str:
+    """config.json's record of a ``run.train(tx=...)``: which config fields its optimizer replaced."""
+    replaced = "--optimizer, --weight-decay, --clip-norm, --b1, --b2, --momentum, --nesterov"
+    if isinstance(tx, optax.GradientTransformation):
+        return f"a custom optax transform replaced {replaced}, --lr and --schedule (history's lr: NaN)"
+    return f"a custom optax transform, {getattr(tx, '__qualname__', type(tx).__name__)}(schedule), replaced {replaced}"
 
 
 def _best_variables(out: Path, result) -> dict:
