@@ -90,7 +90,8 @@ class ModelConfig:
     init_from: str | None = _field(None, "a finished run folder (its best checkpoint) or one of its checkpoints: start "
                                          "from its weights, classifier included (the same --model and classes); "
                                          "unlike --weights (a new head) and --resume (the same run)")
-    freeze: tuple[str, ...] = _field((), "with --weights or --init-from: regex of parameter paths to keep frozen (repeatable)")
+    freeze: tuple[str, ...] = _field((), "with --weights or --init-from: regex of parameter paths to keep frozen "
+                                         "(repeatable)")
     num_classes: int | None = _field(None, "number of classes (default: from the data)")
     image_size: int | None = _field(None, "image side the model sees (default: the stored size of the data)")
     precision: str = _field("auto", "compute precision: auto (bf16 on TPU and on GPUs of compute capability 8.0+, "

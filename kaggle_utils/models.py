@@ -1,17 +1,11 @@
 """The models ``--model`` names: name -> a builder of a Flax module, and the preprocessing its weights expect.
 
-The EfficientNet family (timm's names and the short V2 names) is registered here; a notebook
-registers its own module with :func:`register_model`, and ``--model NAME`` /
-``config.replace(model=NAME)`` then trains it through ``run.train``, ``cross_validate``,
-``predict``, ensembles and reports like an EfficientNet (``--weights`` and ``--layer-decay`` read
-an EfficientNet's parameter names: those are refused for another family).
-
-A builder is called with ``num_classes`` and whichever of ``dtype`` (the compute precision),
-``drop_rate``, ``drop_path_rate``, ``bn_axis_name`` (BatchNorm statistics over the replicas) and
-``remat`` its signature names (all of them with ``**kwargs``). The kit applies the module as
-``model.apply(variables, images)`` to evaluate and with ``mutable=["batch_stats"]`` and a
-``dropout`` rng to train: the module tells the two apart by
-``self.is_mutable_collection("batch_stats")``, as the EfficientNet does.
+The EfficientNet family is registered here, a notebook's own module with :func:`register_model`; ``--model``
+then trains it through ``run.train``, ``cross_validate``, ``predict``, ensembles and reports (``--weights`` and
+``--layer-decay`` read an EfficientNet's parameter names: refused for others). A builder takes ``num_classes``
+and those of ``dtype``, ``drop_rate``, ``drop_path_rate``, ``bn_axis_name``, ``remat`` it names. The kit applies
+the module as ``apply(variables, images)`` to evaluate and with ``mutable=["batch_stats"]`` and a ``dropout``
+rng to train: ``self.is_mutable_collection("batch_stats")`` tells the two apart, as in the EfficientNet.
 """
 from __future__ import annotations
 
@@ -29,10 +23,10 @@ __all__ = ["RegisteredModel", "build_model", "register_model", "registered"]
 @dataclasses.dataclass(frozen=True)
 class RegisteredModel:
     builder: Callable
-    mean: tuple[float, ...] = (0.485, 0.456, 0.406)  # of pixel values in [0, 1], as its weights were trained
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)  # of pixels in [0, 1], as its weights were trained
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
     crop_pct: float = 0.875  # the evaluation centre crop of its weights (timm's pretrained_cfg)
-    efficientnet: str | None = None  # the EfficientNet variant it is (ported --weights, lr groups by stage)
+    efficientnet: bool = False  # ported --weights and lr groups by stage read an EfficientNet's parameter names
 
 
 _MODELS: dict[str, RegisteredModel] = {}
@@ -47,14 +41,12 @@ def register_model(name: str, builder: Callable | None = None, **preprocessing):
 
 
 def registered(name: str) -> RegisteredModel:
-    if name not in _MODELS:
-        try:
-            return _MODELS[resolve_name(name)]  # the short V2 names ("m")
-        except ValueError:
-            pass
-        raise ConfigError(f"--model: unknown model {name!r}: choose one of {', '.join(sorted(_MODELS))}, or register yours "
-                         "(kaggle_utils.models.register_model)")
-    return _MODELS[name]
+    """``name``'s entry; a short V2 name ("m") as its timm name."""
+    try:
+        return _MODELS.get(name) or _MODELS[resolve_name(name)]
+    except ValueError:
+        raise ConfigError(f"--model: unknown model {name!r}: choose one of {', '.join(sorted(_MODELS))}, or "
+                          "register yours (kaggle_utils.models.register_model)") from None
 
 
 def build_model(name: str, *, num_classes: int, **options):
@@ -71,4 +63,4 @@ def build_model(name: str, *, num_classes: int, **options):
 for _name in list_models():
     _spec = get_spec(_name)
     register_model(_name, functools.partial(create_model, _name), mean=_spec.mean, std=_spec.std,
-                   crop_pct=_spec.crop_pct, efficientnet=_name)
+                   crop_pct=_spec.crop_pct, efficientnet=True)

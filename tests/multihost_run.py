@@ -8,7 +8,7 @@ import jax
 
 from kaggle_utils.parallel import local_rows, make_mesh
 from kaggle_utils.train import (FitSettings, SoftmaxClassification, StepConfig, create_train_state, fit, init_variables,
-                                make_optimizer, make_steps, warmup_cosine)
+                                make_optimizer, make_steps, make_schedule)
 from train_helpers import TinyCNN, batches, digits
 
 TRAIN, VAL = digits("train"), digits("val")
@@ -16,7 +16,7 @@ GLOBAL_BATCH, STEPS_PER_EPOCH, EPOCHS = 32, 3, 2
 
 
 def run(mode, out_dir, devices=None):
-    schedule = warmup_cosine(0.03, STEPS_PER_EPOCH * EPOCHS, warmup_steps=2)
+    schedule = make_schedule("cosine", 0.03, STEPS_PER_EPOCH * EPOCHS, warmup_steps=2)
     tx = make_optimizer(schedule, weight_decay=1e-4)
     model = TinyCNN(bn_axis_name="data", drop_rate=0.2)
     config = StepConfig(num_classes=10, task=SoftmaxClassification(label_smoothing=0.1))

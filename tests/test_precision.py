@@ -19,7 +19,7 @@ from kaggle_utils.config import TrainConfig
 from kaggle_utils.parallel import AXIS, make_mesh
 from kaggle_utils.precision import INITIAL_SCALE, MIN_SCALE, LossScale, Precision, choose_precision
 from kaggle_utils.train import (FitSettings, SoftmaxClassification, StepConfig, TrainingDiverged, create_train_state,
-                                fit, init_variables, make_optimizer, make_steps, train_step, warmup_cosine)
+                                fit, init_variables, make_optimizer, make_steps, train_step, make_schedule)
 from train_helpers import TinyCNN, batches, digits
 
 T4 = SimpleNamespace(platform="gpu", device_kind="Tesla T4", compute_capability="7.5")
@@ -123,7 +123,7 @@ class PoisonableTask(SoftmaxClassification):
 
 
 def make_engine(precision: str, *, mode="jit", task=None, lr=0.03, total=24):
-    schedule = warmup_cosine(lr, total, warmup_steps=2)
+    schedule = make_schedule("cosine", lr, total, warmup_steps=2)
     tx = make_optimizer(schedule, weight_decay=1e-4)
     model = TinyCNN(num_classes=11, bn_axis_name="data", dtype=Precision(precision).compute_dtype)
     task = task or SoftmaxClassification(label_smoothing=0.0)

@@ -13,7 +13,7 @@ from kaggle_utils import checkpoint
 from kaggle_utils.train import (TIMING_COLUMNS, FitSettings, Hook, MetricError, MultiLabelClassification,
                                 SoftmaxClassification, StepConfig, TensorBoardWriter, TrainingDiverged, WriterError,
                                 create_train_state, fit, history_columns, init_variables, make_optimizer, make_steps,
-                                warmup_cosine)
+                                make_schedule)
 from train_helpers import TinyCNN, batches, digits
 
 TRAIN, VAL = digits("train"), digits("val")
@@ -31,7 +31,7 @@ def val_batches():
 
 
 def make_run(schedule=None, epochs=3):
-    schedule = schedule or warmup_cosine(0.03, epochs * STEPS_PER_EPOCH, warmup_steps=4)
+    schedule = schedule or make_schedule("cosine", 0.03, epochs * STEPS_PER_EPOCH, warmup_steps=4)
     tx = make_optimizer(schedule, weight_decay=1e-4)
     model = TinyCNN(bn_axis_name="data", drop_rate=0.2)
     steps = make_steps(model, tx, CONFIG, mode="jit")
@@ -236,7 +236,7 @@ def multilabel_batches(images, labels, batch_size, **kwargs):
 
 def test_a_multilabel_problem_trains_with_the_bce_task_and_its_f1_is_monitored(tmp_path):
     task = MultiLabelClassification()
-    tx = make_optimizer(warmup_cosine(0.03, 24, warmup_steps=4), weight_decay=1e-4)
+    tx = make_optimizer(make_schedule("cosine", 0.03, 24, warmup_steps=4), weight_decay=1e-4)
     model = TinyCNN(num_classes=12, bn_axis_name="data")
     steps = make_steps(model, tx, StepConfig(num_classes=12, task=task), mode="jit")
     state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))
@@ -260,7 +260,7 @@ def test_a_custom_metric_picks_the_best_checkpoint(tmp_path):
         return recall.min()
 
     task = SoftmaxClassification().with_metric("worst_recall", worst_class_recall)
-    tx = make_optimizer(warmup_cosine(0.03, 24, warmup_steps=4), weight_decay=1e-4)
+    tx = make_optimizer(make_schedule("cosine", 0.03, 24, warmup_steps=4), weight_decay=1e-4)
     model = TinyCNN(bn_axis_name="data")
     steps = make_steps(model, tx, StepConfig(num_classes=10, task=task), mode="jit")
     state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))
@@ -377,7 +377,7 @@ def test_a_run_with_mixup_cutmix_and_device_randaugment_in_the_step_learns(tmp_p
     config = StepConfig(num_classes=10, task=SoftmaxClassification(label_smoothing=0.1),
                         augment=make_device_augment("randaugment-device"),
                         mix=functools.partial(mix, config=mixing))
-    tx = make_optimizer(warmup_cosine(0.03, 32, warmup_steps=4), weight_decay=1e-4)
+    tx = make_optimizer(make_schedule("cosine", 0.03, 32, warmup_steps=4), weight_decay=1e-4)
     model = TinyCNN(bn_axis_name="data")
     steps = make_steps(model, tx, config, mode="jit")
     state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))

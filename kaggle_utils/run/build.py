@@ -110,8 +110,7 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
     groups still apply around it.
     """
     from .. import surgery
-    from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_steps
-    from ..train.optim import make_schedule
+    from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_schedule, make_steps
 
     optim = config.optim
     if schedule is None:

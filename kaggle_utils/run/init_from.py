@@ -1,9 +1,8 @@
-"""A run's checkpoint read back (its config, its variables), and ``--init-from``: a new run from a finished one.
+"""A run's checkpoint read back, and ``--init-from``: a new run from a finished run's weights, classifier included.
 
-``--init-from RUN_OR_CHECKPOINT`` starts from the run's best checkpoint (or the one named), the
-classifier included: a second stage at a larger size, more epochs, a lower rate, another split.
-Unlike ``--weights`` (ported ImageNet weights, a new head) and ``--resume`` (the same run
-continued). The parent's model and classes must be this run's; config.json records its path.
+Unlike ``--weights`` (ported weights, a new head) and ``--resume`` (the same run continued): a second
+stage at a larger size, more epochs, a lower rate, another split. The parent's model and classes must be
+this run's; config.json records its path.
 """
 from __future__ import annotations
 
@@ -67,12 +66,13 @@ def run_variables(file: Path, model, config: TrainConfig) -> dict:
 def _fit_head(variables: dict, config: TrainConfig) -> dict:
     """The classifier cut to the classes and padded to ``config``'s ``--head-multiple`` (a parent on a TPU: 128)."""
     classes, width = config.model.num_classes, padded_width(config.model.num_classes, config.model.head_multiple)
-    params = dict(variables["params"])
-    if "classifier" in params:
-        params["classifier"] = jax.tree.map(
-            lambda v: np.pad(np.asarray(v)[..., :classes], [(0, 0)] * (np.ndim(v) - 1) + [(0, width - classes)]),
-            params["classifier"])
-    return {**variables, "params": params}
+    params = variables["params"]
+
+    def fit(v):
+        return np.pad(np.asarray(v)[..., :classes], [(0, 0)] * (np.ndim(v) - 1) + [(0, width - classes)])
+
+    return {**variables, "params": {**params, "classifier": jax.tree.map(fit, params["classifier"])}
+            } if "classifier" in params else variables
 
 
 def check_parent(config: TrainConfig) -> Path | None:
@@ -85,9 +85,9 @@ def check_parent(config: TrainConfig) -> Path | None:
     except checkpoint.CheckpointError as err:
         raise ConfigError(f"--init-from: {err}") from None
     names = (parent.data.class_names, config.data.class_names)
-    for what, theirs, ours in (("--model", parent.model.name, config.model.name),
-                               ("classes", parent.model.num_classes, config.model.num_classes),
-                               ("class names", *(names if all(names) else ((), ())))):
+    names = names if all(names) else ((), ())  # compared where both runs name their classes
+    for what, theirs, ours in (("--model", parent.model.name, config.model.name), ("class names", *names),
+                               ("classes", parent.model.num_classes, config.model.num_classes)):
         if theirs != ours:
             raise ConfigError(f"--init-from {file}: its run trained {what} {theirs}, this run has {ours}; the "
                               "classifier is kept, so both must match (--weights starts a new head)")
@@ -97,8 +97,6 @@ def check_parent(config: TrainConfig) -> Path | None:
 def parent_variables(config: TrainConfig, model) -> dict:
     """``--init-from``'s variables for ``model`` (this run's), classifier included."""
     file = check_parent(config)
-    variables = run_variables(file, model, config)
     if jax.process_index() == 0:
-        print(f"--init-from {file}: {config.model.name}, {config.model.num_classes} classes, backbone and classifier "
-              "kept")
-    return variables
+        print(f"--init-from {file}: {config.model.name}, {config.model.num_classes} classes, classifier kept")
+    return run_variables(file, model, config)

@@ -14,10 +14,10 @@ import jax
 from .. import models, runtime
 from ..precision import Precision, choose_precision
 from ..config import ConfigError, DataConfig, TrainConfig, flag_of
+from ..train.optim import OPTIMIZERS, check_optim_flags
 from .build import make_task, run_manifest  # noqa: F401 (kept importable from here)
 from .data import RunData
 from .init_from import check_parent
-from ..train.optim import OPTIMIZERS, check_optim_flags
 from .stages import check_progressive_flags, describe_stages, progressive_stages
 
 # AdamW peak per 256 images. A short fine-tune of pretrained weights trains best at the from-scratch rate

