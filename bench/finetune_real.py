@@ -65,6 +65,11 @@ def parse_args(argv=None):
     p.add_argument("--stages", type=int, default=2, help="progressive arms: --progressive-stages")
     p.add_argument("--kit-flags", default="", help="more flags for every kit arm (a variant of the defaults)")
     p.add_argument("--tag", default="", help="a name for this variant in results.jsonl")
+    p.add_argument("--threads", type=int, default=1, help="compute threads of each side (torch's; XLA's "
+                                                              "intra-op): one on a shared machine, where spare "
+                                                              "threads only wait for each other")
+    p.add_argument("--kit-root", default=str(ROOT), help="the kit's checkout the kit arms run (a snapshot: the worktree "
+                                                        "may change during a long bench)")
     p.add_argument("--table", action="store_true", help="print the table of results.jsonl and stop")
     p.add_argument("--torch-worker", help=argparse.SUPPRESS)  # JSON settings: the timm arm, in its own process
     return p.parse_args(argv)
@@ -141,8 +146,9 @@ def run_kit(args, paths: dict, arm: str, seed: int) -> dict:
     out = Path(args.out) / "runs" / f"{args.tag or 'default'}-{arm}-{seed}"
     command = kit_command(args, paths, arm, seed, out)
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    threads = f"--xla_cpu_multi_thread_eigen={str(args.threads > 1).lower()} intra_op_parallelism_threads={args.threads}"
+    done = subprocess.run(command, cwd=args.kit_root, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": args.kit_root, "XLA_FLAGS": threads})
     wall = time.perf_counter() - started
     (out.parent / f"{out.name}.log").write_text(done.stdout + done.stderr)
     if done.returncode:
@@ -180,7 +186,8 @@ def run_timm(args, paths: dict, seed: int) -> dict:
     total = steps_per_epoch * args.epochs
     settings = dict(files=files, labels=labels, classes=classes, test=str(paths["test"]), size=args.size,
                     epochs=args.epochs, batch=args.batch, seed=seed, weights=str(paths["torch_weights"]),
-                    warmup_steps=min(steps_per_epoch, int(0.2 * total)), steps_per_epoch=steps_per_epoch)
+                    warmup_steps=min(steps_per_epoch, int(0.2 * total)), steps_per_epoch=steps_per_epoch,
+                    threads=args.threads)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--out", args.out, "--torch-worker", json.dumps(settings)],
                           cwd=ROOT, capture_output=True, text=True)
@@ -205,7 +212,7 @@ def torch_worker(settings: dict) -> None:
     from timm.optim import create_optimizer_v2
 
     torch.manual_seed(settings["seed"])
-    torch.set_num_threads(2)
+    torch.set_num_threads(settings.get("threads", 1))
     model = timm.create_model(MODEL, num_classes=len(settings["classes"]))
     state = {k: v for k, v in torch.load(settings["weights"], weights_only=True).items()
              if not k.startswith("classifier.")}
@@ -288,11 +295,16 @@ def main(argv=None) -> None:
     paths = prepare(args)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPU(s); load average "
           f"{os.getloadavg()}", flush=True)
+    done = {(r["tag"], r["arm"], r["seed"], r["size"], r["epochs"], r["per_class"])
+            for r in map(json.loads, results.read_text().splitlines() if results.is_file() else [])}
     for seed in args.seeds:
         for arm in args.arms:
+            if (args.tag, arm, seed, args.size, args.epochs, args.per_class) in done:
+                continue  # measured before: results.jsonl keeps what a killed bench had done
             load = os.getloadavg()[0]
             result = run_timm(args, paths, seed) if arm == "timm" else run_kit(args, paths, arm, seed)
             row = {"tag": args.tag, "arm": arm, "seed": seed, "size": args.size, "epochs": args.epochs,
+                   "threads": args.threads,
                    "batch": args.batch, "per_class": args.per_class, "kit_flags": args.kit_flags,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    "load": [load, os.getloadavg()[0]], **result}
