@@ -149,8 +149,8 @@ class DataConfig:
     mix_prob: float = _field(1.0, "probability of mixing a batch (with --mixup-alpha / --cutmix-alpha)")
     mix_switch_prob: float = _field(0.5, "probability of CutMix instead of Mixup when both are on")
     train_crop: str = _field("none", "training crop: none (the stored image, resized to --image-size if that "
-                                     "differs) | random-resized (timm's RandomResizedCrop + flip)",
-                             choices=("none", "random-resized"))
+                                     "differs) | flip (the same, flipped left-right half the time) | random-resized "
+                                     "(timm's RandomResizedCrop + flip)", choices=("none", "flip", "random-resized"))
     eval_image_size: int | None = _field(None, "image side for evaluation and prediction (FixRes; default "
                                                "--image-size)")
     crop_pct: float | None = _field(None, "evaluation / prediction center crop: resize to size / crop_pct, crop "

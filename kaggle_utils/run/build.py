@@ -173,6 +173,8 @@ def train_transform(config: TrainConfig, stored_size: int):
     size = config.model.image_size
     if config.data.train_crop == "random-resized":
         return RandomResizedCrop(size)
+    if config.data.train_crop == "flip":  # a box of the whole (square) image, resized and flipped
+        return RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0))
     return Resize(size) if size != stored_size else None
 
 
