@@ -16,6 +16,9 @@ images of each class, the whole labelled test set scored. Arms, each a subproces
   pretrained config, AdamW 1e-3, weight decay 0.05 off biases and norms, linear warmup + cosine per
   step, label smoothing 0.1) on the very images the kit trains on (the kit's stratified split of the
   same seed, ``kaggle_utils.data.stratified_split``), the same size, epochs, batch and warmup steps;
+* ``timm-zero-head``, ``timm-no-jitter``, ``timm-zero-head-no-jitter``: the ``timm`` arm with the kit's
+  zero-initialised new classifier, without timm's colour jitter (which the kit has not), or both: where a
+  difference between ``kit-timm`` and ``timm`` comes from;
 * ``progressive`` / ``progressive-paper``: ``kit`` with ``--progressive-stages`` from ``--min-size``
   under the official rule and the paper's Algorithm 1 (``--progressive-rule``).
 
@@ -180,14 +183,14 @@ def split_files(source: Path, seed: int) -> tuple[list[str], list[int], list[str
     return [folders.paths[i] for i in train], [int(folders.labels[i]) for i in train], list(folders.class_names)
 
 
-def run_timm(args, paths: dict, seed: int) -> dict:
+def run_timm(args, paths: dict, arm: str, seed: int) -> dict:
     files, labels, classes = split_files(paths["source"], seed)
     steps_per_epoch = len(files) // args.batch
     total = steps_per_epoch * args.epochs
     settings = dict(files=files, labels=labels, classes=classes, test=str(paths["test"]), size=args.size,
                     epochs=args.epochs, batch=args.batch, seed=seed, weights=str(paths["torch_weights"]),
                     warmup_steps=min(steps_per_epoch, int(0.2 * total)), steps_per_epoch=steps_per_epoch,
-                    threads=args.threads)
+                    threads=args.threads, zero_head="zero-head" in arm, color_jitter=0.0 if "no-jitter" in arm else 0.4)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--out", args.out, "--torch-worker", json.dumps(settings)],
                           cwd=ROOT, capture_output=True, text=True)
@@ -219,8 +222,11 @@ def torch_worker(settings: dict) -> None:
     missing = model.load_state_dict(state, strict=False).missing_keys
     assert sorted(missing) == ["classifier.bias", "classifier.weight"], missing
     size = settings["size"]
+    if settings.get("zero_head"):  # the kit's new head (run.initial_variables), instead of timm's init
+        torch.nn.init.zeros_(model.classifier.weight), torch.nn.init.zeros_(model.classifier.bias)
     config = resolve_data_config({"input_size": (3, size, size)}, model=model)
-    train_tf, eval_tf = create_transform(**config, is_training=True), create_transform(**config)
+    train_tf = create_transform(**config, is_training=True, color_jitter=settings.get("color_jitter", 0.4) or None)
+    eval_tf = create_transform(**config)
 
     class Images(torch.utils.data.Dataset):
         def __init__(self, files, labels, transform):
@@ -302,7 +308,7 @@ def main(argv=None) -> None:
             if (args.tag, arm, seed, args.size, args.epochs, args.per_class) in done:
                 continue  # measured before: results.jsonl keeps what a killed bench had done
             load = os.getloadavg()[0]
-            result = run_timm(args, paths, seed) if arm == "timm" else run_kit(args, paths, arm, seed)
+            result = run_timm(args, paths, arm, seed) if arm.startswith("timm") else run_kit(args, paths, arm, seed)
             row = {"tag": args.tag, "arm": arm, "seed": seed, "size": args.size, "epochs": args.epochs,
                    "threads": args.threads,
                    "batch": args.batch, "per_class": args.per_class, "kit_flags": args.kit_flags,

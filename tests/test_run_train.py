@@ -3,9 +3,11 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from kaggle_utils import checkpoint, job, run
 from kaggle_utils.config import ConfigError, TrainConfig
+from kaggle_utils.data import Resize
 from kaggle_utils.efficientnet import create_model
 from kaggle_utils.train import SoftmaxClassification, init_variables
 
@@ -139,3 +141,14 @@ def test_resume_of_an_auto_batch_run_keeps_the_batch_config_json_records(finishe
     assert "the global batch 64" in result.plan.batch_fit and "--resume" in result.plan.batch_fit
     record = json.loads((out / "config.json").read_text())
     assert record["given"]["batch_per_device"] == "auto" and record["config"]["data"]["batch_size"] == 64
+
+
+def test_train_crop_flip_gives_the_whole_image_or_its_mirror():
+    config = TrainConfig().replace(image_size=24, train_crop="flip")
+    image = tf.constant(np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    whole = Resize(24)(image).numpy()
+    flip = run.train_transform(config, stored_size=40)
+    outs = [flip(image, tf.constant([seed, 7])).numpy() for seed in range(16)]
+    mirrored = [np.array_equal(out, whole[:, ::-1]) for out in outs]
+    assert all(m or np.array_equal(out, whole) for m, out in zip(mirrored, outs))
+    assert 0 < sum(mirrored) < len(outs)  # both, by the seed
