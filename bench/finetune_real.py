@@ -163,10 +163,16 @@ def run_kit(args, paths: dict, arm: str, seed: int) -> dict:
     with open(out / "history.csv") as f:
         history = list(csv.DictReader(f))
     plan = next((line for line in done.stdout.splitlines() if line.startswith("global batch")), "")
-    compile_s = json.loads((out / "metrics.json").read_text()).get("compile_s", 0.0)
+    metrics = json.loads((out / "metrics.json").read_text())
+    compiled = {1: metrics.get("compile_s", 0.0)}  # by the epoch it happened in: each stage's first
+    for stage, seconds in metrics.get("stage_compile_s", {}).items():
+        first = next(int(r["epoch"]) for r in history if r.get("stage") == stage)
+        compiled[first] = compiled.get(first, 0.0) + seconds
+        compiled[1] -= seconds
     return {"test_acc": accuracy, "wall_s": wall, "fit_s": sum(float(r["seconds"]) for r in history),
-            "compile_s": compile_s,
+            "compile_s": metrics.get("compile_s", 0.0), "compile_by_epoch": compiled,
             "val_acc": [float(r["val_acc"]) for r in history], "seconds": [float(r["seconds"]) for r in history],
+            "image_sizes": [int(r["image_size"]) for r in history if r.get("image_size")],
             "test_images": len(rows), "plan": plan, "command": " ".join(command[1:])}
 
 
@@ -289,13 +295,37 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def progressive_table(path: Path) -> str:
+    """Each progressive run against the fixed-size kit run of its seed: time to that run's final val_acc, test acc."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    fixed = {(r["tag"], r["size"], r["epochs"], r["seed"]): r for r in rows if r["arm"] == "kit"}
+    lines = ["| run | seed | sizes by epoch | val_acc by epoch | s to the fixed run's final val_acc (without "
+             "compiling) | fit s (compiling) | test acc |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["arm"], r["seed"])):
+        ref = fixed.get((r["tag"], r["size"], r["epochs"], r["seed"]))
+        if not r["arm"].startswith("progressive") and r["arm"] != "kit" or ref is None or "seconds" not in r:
+            continue
+        clock = without = 0.0
+        reached = "not reached"
+        for epoch, (acc, seconds) in enumerate(zip(r["val_acc"], r["seconds"]), 1):
+            clock += seconds
+            without += seconds - r.get("compile_by_epoch", {}).get(str(epoch), 0.0)
+            if acc >= ref["val_acc"][-1]:
+                reached = f"{clock:.0f} ({without:.0f}), epoch {epoch}"
+                break
+        sizes = " ".join(str(s) for s in r.get("image_sizes", [])) or str(r["size"])
+        lines.append(f"| {r['arm']} | {r['seed']} | {sizes} | {' '.join(f'{a:.3f}' for a in r['val_acc'])} | "
+                     f"{reached} | {r['fit_s']:.0f} ({r.get('compile_s', 0):.0f}) | {r['test_acc']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.torch_worker:
         return torch_worker(json.loads(args.torch_worker))
     results = Path(args.out) / "results.jsonl"
     if args.table:
-        print(table(results))
+        print(table(results) + "\n\n" + progressive_table(results))
         return
     Path(args.out).mkdir(parents=True, exist_ok=True)
     paths = prepare(args)
@@ -318,7 +348,7 @@ def main(argv=None) -> None:
                 f.write(json.dumps(row) + "\n")
             print(f"{arm} seed {seed}: test acc {row['test_acc']:.4f}, wall {row['wall_s']:.0f} s, load "
                   f"{load:.1f} -> {row['load'][1]:.1f}", flush=True)
-    print(table(results))
+    print(table(results) + "\n\n" + progressive_table(results))
 
 
 if __name__ == "__main__":
