@@ -48,10 +48,12 @@ TIMM_LR, TIMM_WEIGHT_DECAY, TIMM_SMOOTHING = 1e-3, 0.05, 0.1
 
 
 def timm_recipe_flags(batch: int) -> list[str]:
-    """timm's fine-tune as the kit's flags: its absolute lr as a rate per 256 images, no dropout, drop path, clip."""
+    """timm's fine-tune as the kit's flags: its absolute lr as a rate per 256 images, no dropout, drop path, clip;
+    its random new head."""
     return ["--lr", f"{TIMM_LR * 256 / batch:g}", "--weight-decay", str(TIMM_WEIGHT_DECAY), "--label-smoothing",
             str(TIMM_SMOOTHING), "--train-crop", "random-resized", "--crop-pct", "0.875", "--drop-rate", "0",
-            "--drop-path-rate", "0", "--clip-norm", "none", "--ema-decay", "0", "--warmup-epochs", "1"]
+            "--drop-path-rate", "0", "--clip-norm", "none", "--ema-decay", "0", "--warmup-epochs", "1",
+            "--no-zero-head"]
 
 
 def parse_args(argv=None):

@@ -87,6 +87,8 @@ class ModelConfig:
                                                "(kaggle_utils.models.register_model)", flag="model")
     weights: str | None = _field(None, "ported weights (.msgpack from weights_port) to fine-tune; the head is new "
                                        "and starts at zero")
+    zero_head: bool = _field(True, "with --weights: the new classifier starts at zero (equal logits, first loss ln C); "
+                                   "--no-zero-head: at the model's random init, timm's")
     init_from: str | None = _field(None, "a finished run folder (its best checkpoint) or one of its checkpoints: start "
                                          "from its weights, classifier included (the same --model and classes); "
                                          "unlike --weights (a new head) and --resume (the same run)")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kaggle_utils import checkpoint, job, outdir, run
-from kaggle_utils.config import TrainConfig, config_from_args
+from kaggle_utils.config import ConfigError, TrainConfig, config_from_args
 from kaggle_utils.data import make_sample_dataset
 
 from job_helpers import TEST_MODEL, finish, job_process
@@ -309,6 +309,14 @@ def test_a_fine_tune_starts_from_a_zero_head_at_loss_ln_c(sample, tmp_path):
     _, metrics = steps.train(steps.put_state(training.state), steps.put_batch(batch))
     sums = steps.get(metrics)["task"]
     assert abs(float(sums["loss_sum"]) / int(sums["count"]) - np.log(10)) < 1e-4
+    # --no-zero-head: the model's own random classifier (timm's init), the same backbone
+    random_head = run.initial_variables(config.replace(zero_head=False), model)
+    np.testing.assert_array_equal(random_head["params"]["classifier"]["kernel"],
+                                  init_variables(model, config.model.image_size, seed=config.seed)["params"][
+                                      "classifier"]["kernel"])
+    assert np.any(random_head["params"]["classifier"]["kernel"])
+    with pytest.raises(ConfigError, match="--no-zero-head needs --weights"):
+        run.check_config(config.replace(weights=None, zero_head=False))
 
 
 def test_source_and_data_dir_exclude_each_other(sample, tmp_path, capsys):

@@ -66,9 +66,11 @@ def initial_variables(config: TrainConfig, model) -> dict:
                                            input_size=config.model.image_size)
     variables, report = surgery.inherit(ported, variables)
     params = dict(variables["params"])
-    params["classifier"] = jax.tree.map(jnp.zeros_like, params["classifier"])
+    if config.model.zero_head:
+        params["classifier"] = jax.tree.map(jnp.zeros_like, params["classifier"])
     if jax.process_index() == 0:
-        print(f"--weights {Path(config.model.weights).name}: {report}; classifier starts at zero")
+        print(f"--weights {Path(config.model.weights).name}: {report}; classifier starts at "
+              f"{'zero' if config.model.zero_head else 'random (timm init)'}")
     return {**variables, "params": params}
 
 

@@ -153,6 +153,8 @@ def _check_values(config: TrainConfig) -> None:
         if used and not family:
             raise ConfigError(f"{flag} reads an EfficientNet's parameter names; --model {config.model.name} is not "
                               "one (start it from a run of yours with --init-from, or initialise it in its builder)")
+    if not config.model.zero_head and not config.model.weights:
+        raise ConfigError("--no-zero-head needs --weights: only a new head on ported weights starts at zero")
     if config.model.weights and config.model.init_from:
         raise ConfigError("--weights (a new head) and --init-from (a run's weights, head included) exclude each other")
     if config.model.freeze and not (config.model.weights or config.model.init_from):
