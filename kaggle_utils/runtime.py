@@ -232,7 +232,7 @@ class Runtime:
     on_kaggle: bool
     smoke: bool
     smoke_reason: str
-    config: TrainConfig  # this machine's PLATFORM_DEFAULTS row, with the image size and weights found
+    config: TrainConfig  # this machine's PLATFORM_DEFAULTS row, with the data, image size and weights found
     precision: str  # fp32 | bf16 | fp16: what --precision auto picks on this device
     precision_reason: str
     data_dir: Path | None  # train/ val/ test/ TFRecords, or None: use kaggle_utils.data.make_sample_dataset
@@ -329,8 +329,8 @@ def detect(*, model: str | None = None, image_size: int | None = None, smoke: bo
     config = config.replace(model=model or config.model.name,
                             image_size=found[1] if found is not None else (image_size or config.model.image_size))
     weights = find_weights(config.model.name, root)
-    if weights:
-        config = config.replace(weights=str(weights[0]))
+    config = config.replace(data_dir=str(found[0]) if found is not None else None,
+                            weights=str(weights[0]) if weights else None)
     kit = Path(__file__).resolve().parent.parent
     on_kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ or (root / "input").is_dir()
     return Runtime(

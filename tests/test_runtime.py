@@ -168,7 +168,7 @@ def test_cpu_with_competition_data_trains_on_it(tmp_path):
     # the CPU default size (192) is not mounted: the nearest one that is
     assert (rt.data_dir, rt.image_size) == (tmp_path / "input/competitions/tpu-getting-started/tfrecords-jpeg-224x224",
                                             224)
-    assert rt.model == runtime.defaults("cpu").model.name
+    assert rt.model == runtime.defaults("cpu").model.name and rt.config.data.data_dir == str(rt.data_dir)
     assert runtime.detect(root=tmp_path, image_size=500).image_size == 512
 
 
@@ -205,7 +205,7 @@ def test_weights_are_matched_to_the_model_by_their_manifest(tmp_path, monkeypatc
     assert runtime.find_weights(root=tmp_path) == [b0, m]
     assert runtime.find_weights("m", root=tmp_path) == [m]  # short names too
     assert runtime.detect(root=tmp_path).weights is None  # none of the smoke model (test_efficientnet)
-    assert runtime.detect(root=tmp_path, model="b0").weights == b0
+    assert runtime.detect(root=tmp_path, model="b0").config.model.weights == str(b0)  # what the run fine-tunes
     assert runtime.detect(root=tmp_path, model="tf_efficientnetv2_m").weights == m
     monkeypatch.setenv(runtime.WEIGHTS_ENV, str(m))
     assert runtime.find_weights(root=tmp_path) == [m]
