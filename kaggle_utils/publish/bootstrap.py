@@ -1,11 +1,8 @@
 """The first cell: the README and every notebook that uses the kit hold ``runtime.BOOTSTRAP`` verbatim.
 
-The cell runs before the kit is importable, so it cannot be a function of the kit: it is copied
-text, and copies drift (a notebook with an old search list finds no kit on Kaggle and fails on
-its second line). :data:`kaggle_utils.runtime.BOOTSTRAP` (``python -m kaggle_utils.runtime
---bootstrap`` prints it) is the one source; these checks compare every copy with it, and
-``lint --fix`` rewrites a notebook's stale copy. A notebook that never names ``kaggle_utils``
-needs no bootstrap.
+The cell runs before the kit is importable, so it is copied text, and copies drift (an old search
+list finds no kit on Kaggle). These checks compare every copy with the one source; ``lint --fix``
+rewrites a notebook's stale copy. A notebook that never names ``kaggle_utils`` needs no bootstrap.
 """
 from __future__ import annotations
 
