@@ -37,25 +37,21 @@ class _Found(list):
         self.append(Problem(self.file, key, message))
 
 
-def _read_json(path: Path, found: _Found) -> dict | None:
+def _read_json(path: Path, known: frozenset | None = None) -> tuple[_Found, dict | None]:
+    """The problems found so far and the parsed JSON object (None when there is none); keys outside
+    ``known`` are problems."""
+    found = _Found(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return found("(file)", "does not exist")
+        return found, found("(file)", "does not exist")
     except (OSError, ValueError) as e:
-        return found("(file)", f"not readable JSON: {e}")
+        return found, found("(file)", f"not readable JSON: {e}")
     if not isinstance(data, dict):
-        return found("(file)", f"holds a JSON {type(data).__name__}, not an object")
-    return data
-
-
-def _read_metadata(path: Path, known: frozenset) -> tuple[_Found, dict | None]:
-    """The problems found so far and the parsed JSON (None when it does not parse), unknown keys checked."""
-    found = _Found(path)
-    meta = _read_json(path, found)
-    for key in sorted(set(meta or ()) - known):
+        return found, found("(file)", f"holds a JSON {type(data).__name__}, not an object")
+    for key in sorted(set(data) - known) if known else ():
         found(key, f"unknown key: Kaggle ignores it (misspelt?); known keys: {', '.join(sorted(known))}")
-    return found, meta
+    return found, data
 
 
 def _check_id(found: _Found, key: str, value, *, slug_len: tuple[int, int] | None = None) -> str | None:
@@ -131,7 +127,7 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
     """Problems of one ``kernel-metadata.json`` (and of the notebook its ``code_file`` names;
     ``fix`` strips that notebook's pinned-image keys)."""
     path = Path(path)
-    found, meta = _read_metadata(path, KERNEL_KEYS)
+    found, meta = _read_json(path, KERNEL_KEYS)
     if meta is None:
         return found
     for key in ("id", "title", "code_file", "language", "kernel_type"):
@@ -176,7 +172,7 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
 def lint_dataset_metadata(path: str | Path) -> list[Problem]:
     """Problems of one ``dataset-metadata.json`` (lengths, id, exactly one license, resources present)."""
     path = Path(path)
-    found, meta = _read_metadata(path, DATASET_KEYS)
+    found, meta = _read_json(path, DATASET_KEYS)
     if meta is None:
         return found
     for key, (low, high), required in (("title", (6, 50), True), ("subtitle", (20, 80), False)):
@@ -223,8 +219,7 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
     """A notebook must be readable, free of pinned-image keys and, when it uses the kit, start with the
     bootstrap cell verbatim; ``fix`` strips the keys and rewrites a stale bootstrap (atomic rewrite)."""
     path = Path(path)
-    found = _Found(path)
-    notebook = _read_json(path, found)
+    found, notebook = _read_json(path)
     if notebook is None:
         return found
     if not isinstance(notebook.get("cells"), list):
@@ -288,13 +283,8 @@ def lint(paths: Sequence[str | Path] | None = None, *, fix: bool = False) -> lis
     recursively); default :func:`default_lint_paths`. ``fix`` strips pinned-image keys from the
     notebooks (listed, or named by a ``code_file``) and reports those problems as fixed. A
     notebook reached twice is reported once."""
-    problems: list[Problem] = []
+    unique: dict[tuple, Problem] = {}
     for p in _lint_targets(default_lint_paths() if paths is None else paths):
-        problems += (_linter(p) or lint_kernel_metadata)(p, fix=fix)
-    seen, unique = set(), []
-    for problem in problems:
-        key = (Path(problem.file).resolve(), problem.key, problem.message)
-        if key not in seen:
-            seen.add(key)
-            unique.append(problem)
-    return unique
+        for problem in (_linter(p) or lint_kernel_metadata)(p, fix=fix):
+            unique.setdefault((Path(problem.file).resolve(), problem.key, problem.message), problem)
+    return list(unique.values())

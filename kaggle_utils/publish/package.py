@@ -2,7 +2,6 @@
 the first write, each folder moved into place when complete."""
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..checkpoint import manifest_path
+from ..checkpoint import CheckpointError, check_digest, manifest_path
 from .lint import Problem, lint
 from .metadata import (DATASET_METADATA, DEFAULT_USER, KERNEL_METADATA, KIT_FILES, KIT_PACKAGES, KIT_SLUG,
                        OWNER_PATTERN, REPO, WEIGHTS_SLUG, PackagingError, dataset_metadata_for_kit,
@@ -30,14 +29,6 @@ class PackageResult:
     problems: list[Problem]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _check_weights(files: Sequence[str | Path]) -> dict[Path, dict]:
     """Each weights file with its manifest, checked before anything is written."""
     checked: dict[Path, dict] = {}
@@ -55,9 +46,10 @@ def _check_weights(files: Sequence[str | Path]) -> dict[Path, dict]:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("model"), str):
             raise PackagingError(f"{manifest_file}: names no model; is {f.name} ported weights (weights_port) "
                                  "rather than a training checkpoint?")
-        if manifest.get("sha256") and manifest["sha256"] != _sha256(f):
-            raise PackagingError(f"{f}: sha256 differs from its manifest {manifest_file.name}: the file was "
-                                 "changed or truncated after it was written")
+        try:
+            check_digest(f)
+        except CheckpointError as e:
+            raise PackagingError(f"--weights {e}") from None
         same_name = next((g for g in checked if g.name == f.name), None)
         if same_name is not None:
             raise PackagingError(f"--weights {f} and {same_name} have the same file name")
