@@ -38,10 +38,6 @@ from .precision import choose_precision
 
 ROOT_ENV, SMOKE_ENV = "KAGGLE_UTILS_ROOT", "KAGGLE_UTILS_SMOKE"
 DATA_ENV, WEIGHTS_ENV = "KAGGLE_UTILS_DATA", "KAGGLE_UTILS_WEIGHTS"
-# where a kit (a folder holding kaggle_utils/) may be: this repository, then Kaggle utility scripts, then
-# datasets (newer mounts are input/datasets/<owner>/<slug>)
-LOCAL_KIT_DIRS = (".", "..")
-KAGGLE_KIT_DIRS = ("usr/lib/*", "usr/lib/*/*/*", "input/*", "input/*/*", "input/*/*/*")
 FLOWER_SIZES = (192, 224, 331, 512)  # the competition's tfrecords-jpeg-SxS folders
 DEFAULT_PER_DEVICE_BATCH = 16
 MIN_GLOBAL_BATCH = 64  # BatchNorm statistics and the LR scale want some examples per step
@@ -56,6 +52,8 @@ PLATFORM_DEFAULTS = {
     "smoke": dict(model="test_efficientnet", image_size=32, epochs=2, steps_per_epoch=3),
 }
 
+# The first cell looks for a kit (a folder holding kaggle_utils/) in this repository, then in Kaggle's
+# utility scripts, then in its datasets (newer mounts are input/datasets/<owner>/<slug>).
 BOOTSTRAP = '''\
 # kaggle_utils bootstrap: put the kit on sys.path (this repository, or a Kaggle dataset / utility script)
 import glob, os, sys
@@ -122,19 +120,6 @@ def internet_available(host: str = "huggingface.co", port: int = 443, timeout: f
 def kaggle_root(root: str | os.PathLike | None = None) -> Path:
     """``root``, else ``$KAGGLE_UTILS_ROOT``, else ``/kaggle``."""
     return Path(root if root is not None else os.environ.get(ROOT_ENV) or "/kaggle")
-
-
-def find_kit(root: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None) -> Path | None:
-    """The folder to put on ``sys.path`` so ``import kaggle_utils`` works, or None: :data:`BOOTSTRAP`'s
-    search, in its order (``cwd`` or its parent, then utility scripts, then datasets)."""
-    cwd = Path(cwd) if cwd is not None else Path.cwd()
-    patterns = [cwd / d / "kaggle_utils" for d in LOCAL_KIT_DIRS]
-    patterns += [Path(f"{kaggle_root(root)}/{d}/kaggle_utils") for d in KAGGLE_KIT_DIRS]
-    for pattern in patterns:
-        hits = sorted(glob.glob(str(pattern / "runtime.py")))
-        if hits:
-            return Path(os.path.abspath(Path(hits[0]).parent.parent))
-    return None
 
 
 def _nearest_first(preferred: int) -> list[int]:

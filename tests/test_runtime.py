@@ -69,31 +69,22 @@ def run_bootstrap(root: Path, cwd: Path) -> str:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_bootstrap_and_find_kit_import_the_kit_from_each_layout(tmp_path, layout):
+def test_bootstrap_imports_the_kit_from_each_layout(tmp_path, layout):
     kit_dir, cwd = (tmp_path / p for p in LAYOUTS[layout])
     stub_kit(kit_dir)
     cwd.mkdir(parents=True, exist_ok=True)
-    root = tmp_path / "kaggle"
-    assert runtime.find_kit(root, cwd) == kit_dir
     # the pasted snippet, in a fresh interpreter where the real kit is also installed: the stub must win
-    assert run_bootstrap(root, cwd).split() == ["KIT", str(kit_dir / "kaggle_utils" / "runtime.py")]
+    assert run_bootstrap(tmp_path / "kaggle", cwd).split() == ["KIT", str(kit_dir / "kaggle_utils" / "runtime.py")]
 
 
-def test_kit_search_order_and_absence(tmp_path):
+def test_kit_search_order(tmp_path):
     root, work = tmp_path / "kaggle", tmp_path / "kaggle" / "working"
     work.mkdir(parents=True)
-    assert runtime.find_kit(root, work) is None
     stub_kit(root / "input" / "kaggle-utils")
     stub_kit(root / "usr" / "lib" / "kaggle-utils")
-    assert runtime.find_kit(root, work) == root / "usr" / "lib" / "kaggle-utils"  # utility script first
-    assert "usr/lib/kaggle-utils/" in run_bootstrap(root, work)
+    assert "usr/lib/kaggle-utils/" in run_bootstrap(root, work)  # a utility script before a dataset
     stub_kit(work)  # a checkout in the working directory beats both
-    assert runtime.find_kit(root, work) == work
-
-
-def test_bootstrap_probes_what_find_kit_probes():
-    for pattern in runtime.KAGGLE_KIT_DIRS:  # the snippet probes what find_kit probes
-        assert f'"{pattern}"' in runtime.BOOTSTRAP
+    assert run_bootstrap(root, work).split() == ["KIT", str(work / "kaggle_utils" / "runtime.py")]
 
 
 def test_import_and_cpu_setup_load_neither_tensorflow_nor_torch(tmp_path):
