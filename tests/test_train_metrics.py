@@ -40,13 +40,6 @@ def test_accuracy_and_f1_match_sklearn(predictions):
                                f1_score(labels, preds, average=None, labels=range(6), zero_division=0))
 
 
-def test_summarize_step_sums():
-    counts = np.array([[3, 1], [0, 4]])
-    out = metrics.summarize({"loss_sum": 4.0, "correct": 7, "count": 8, "confusion": counts}, "val_")
-    assert out == pytest.approx({"val_loss": 0.5, "val_acc": 7 / 8, "val_count": 8,
-                                 "val_f1": (2 * 3 / 7 + 2 * 4 / 9) / 2})
-
-
 def test_out_of_range_labels_are_rejected():
     with pytest.raises(ValueError, match="label 7 outside"):
         metrics.confusion_matrix([0, 7], [0, 1], 5)
