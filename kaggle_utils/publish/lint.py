@@ -1,13 +1,19 @@
-"""The metadata lint: the traps that make a Kaggle push "succeed" and then do something else
-(the package docstring lists them)."""
+"""The metadata lint: the traps that make a Kaggle push "succeed" and then do something else (the package
+docstring lists them), and the bootstrap cell's copies.
+
+The first cell runs before the kit is importable, so it is copied text, and copies drift (an old
+search list finds no kit on Kaggle): the README and every notebook that names ``kaggle_utils`` must
+hold ``runtime.BOOTSTRAP`` verbatim.
+"""
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from . import bootstrap
+from ..runtime import BOOTSTRAP
 from .metadata import (CODE_SUFFIXES, COMPETITION, DATASET_KEYS, DATASET_METADATA, KERNEL_BOOLEANS, KERNEL_KEYS,
                        KERNEL_METADATA, LANGUAGES, OWNER_PATTERN, REPO, SLUG_PATTERN, TPU_SHAPE, PackagingError,
                        fold_ascii, slugify, strip_pinned_image, write_json)
@@ -215,6 +221,42 @@ def _notebook_shape(found: _Found, notebook: dict) -> None:
             found(f"cells[{i}].source", "must be a string or a list of strings")
 
 
+MARKER = BOOTSTRAP.splitlines()[0]  # "# kaggle_utils bootstrap: ..." opens every copy
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _first_difference(copy: str, expected: str) -> str:
+    got, want = copy.rstrip().splitlines(), expected.rstrip().splitlines()
+    for n, (a, b) in enumerate(zip(got, want), 1):
+        if a != b:
+            return f"line {n} is {a!r}, expected {b!r}"
+    n = min(len(got), len(want)) + 1
+    return f"line {n}: {'extra' if len(got) > len(want) else 'missing'} " \
+           f"{(got if len(got) > len(want) else want)[n - 1]!r}"
+
+
+def _bootstrap_issue(notebook: dict, *, fix: bool = False) -> str | None:
+    """Why the notebook's first code cell is not the bootstrap, or None; ``fix`` replaces a stale copy (a
+    first code cell opening with :data:`MARKER`). A missing cell is not added: where is for a person to say."""
+    code = [c for c in notebook.get("cells", []) if isinstance(c, dict) and c.get("cell_type") == "code"]
+    if not any("kaggle_utils" in _source(c) for c in code):
+        return None
+    expected = BOOTSTRAP.rstrip("\n")
+    first = _source(code[0])
+    if first.rstrip() == expected:
+        return None
+    if not first.lstrip().startswith(MARKER):
+        return ("the first code cell is not the kit's bootstrap, and a later cell imports kaggle_utils: start the "
+                "notebook with the cell `python -m kaggle_utils.runtime --bootstrap` prints")
+    if fix:
+        code[0]["source"] = expected.splitlines(keepends=True)
+    return "the bootstrap cell differs from kaggle_utils.runtime.BOOTSTRAP: " + _first_difference(first, expected)
+
+
 def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
     """A notebook must be readable, free of pinned-image keys and, when it uses the kit, start with the
     bootstrap cell verbatim; ``fix`` strips the keys and rewrites a stale bootstrap (atomic rewrite)."""
@@ -228,8 +270,8 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
     if found:
         return found
     removed = strip_pinned_image(notebook)
-    stale = bootstrap.notebook_issue(notebook, fix=fix)
-    fixed_stale = fix and stale is not None and bootstrap.notebook_issue(notebook) is None
+    stale = _bootstrap_issue(notebook, fix=fix)
+    fixed_stale = fix and stale is not None and _bootstrap_issue(notebook) is None
     if fix and (removed or fixed_stale):
         write_json(path, notebook, indent=1)
     problems = [Problem(str(path), key, "Kaggle's pinned image: with it the kernel keeps that image (the CPU one, "
@@ -241,13 +283,25 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
 
 
 def lint_markdown(path: str | Path) -> list[Problem]:
-    """A Markdown file (the README) that shows the bootstrap cell must show it verbatim."""
-    path = Path(path)
+    """A Markdown file (the README) that shows the bootstrap cell must show it verbatim, in a fenced block."""
+    found = _Found(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, ValueError) as e:
-        return [Problem(str(path), "(file)", f"not readable: {e}")]
-    return [Problem(str(path), f"line {line}", why) for line, why in bootstrap.markdown_issues(text)]
+        return [Problem(found.file, "(file)", f"not readable: {e}")]
+    for i, line in enumerate(lines):
+        if line.strip() != MARKER:
+            continue
+        start = next((j for j in range(i - 1, -1, -1) if lines[j].strip().startswith("```")), None)
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+        if start is None or end is None:
+            found(f"line {i + 1}", "the bootstrap is not inside a fenced code block")
+            continue
+        block = textwrap.dedent("\n".join(lines[start + 1:end]))
+        if block.rstrip() != BOOTSTRAP.rstrip():
+            found(f"line {i + 1}", "the bootstrap block differs from kaggle_utils.runtime.BOOTSTRAP: "
+                                   + _first_difference(block, BOOTSTRAP))
+    return found
 
 
 _LINTERS = {KERNEL_METADATA: lint_kernel_metadata, DATASET_METADATA: lambda p, fix: lint_dataset_metadata(p),
