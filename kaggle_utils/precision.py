@@ -1,16 +1,10 @@
 """The precision a run computes in, chosen from the device, and fp16's dynamic loss scaling.
 
-* ``fp32``: everything in float32 (CPUs).
-* ``bf16``: convolutions and matmuls in bfloat16; parameters, optimizer state, BatchNorm statistics
-  and the loss in float32; fp32's exponent range, so no loss scaling. For TPUs and GPUs of compute
-  capability 8.0+ (older GPUs have no bf16 hardware and compute it slower than fp32).
-* ``fp16``: the same split in float16, for GPUs with fp16 but no bf16 units (T4, V100). Its range is
-  small, so gradients are taken of ``loss x scale`` and unscaled in fp32. The scale is dynamic, as
-  PyTorch's ``GradScaler`` and Flax's ``DynamicScale``: x2 after ``GROWTH_INTERVAL`` finite steps, x0.5
-  and the step skipped when any gradient (summed over replicas) is inf or NaN.
-
-A skipped step changes nothing an optimizer step would (parameters, optimizer state and so the lr
-schedule, EMA, BatchNorm statistics); ``TrainState.step`` advances, as it counts batches consumed.
+``fp32`` on CPUs; ``bf16`` compute (fp32 weights, optimizer state, BN statistics and loss) on TPUs
+and GPUs of compute capability 8.0+; ``fp16`` on GPUs with fp16 but no bf16 units (T4, V100), whose
+small range needs the loss scaled. The scale is dynamic, as PyTorch's ``GradScaler``: x2 after
+``GROWTH_INTERVAL`` finite steps, x0.5 and the step skipped (parameters, optimizer state, EMA and BN
+statistics kept; ``TrainState.step`` counts the batch) when a gradient is inf or NaN.
 """
 from __future__ import annotations
 

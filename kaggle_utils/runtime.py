@@ -1,16 +1,11 @@
 """The notebooks' first cell: what machine is this, where are the inputs, what to train.
 
-The same notebook runs unchanged on a Kaggle TPU VM, a Kaggle GPU, a CPU session and CI. Its
-first cell (:data:`BOOTSTRAP`, copied verbatim into every notebook and checked by ``python -m
-kaggle_utils.publish lint``) puts the kit on ``sys.path`` and calls :func:`setup`, which returns a
-frozen :class:`Runtime`: the machine, the inputs found (the competition's TFRecords, ported
-weights) and ``RT.config``, the :class:`~kaggle_utils.config.TrainConfig` this machine trains,
-in the job's own terms (``RT.config.replace(epochs=3)``, then ``run.train``). ``print(RT)`` is the
-report. Smoke mode (a tiny model, few steps: CI, a laptop) is on by itself on a CPU without the
-competition data; ``KAGGLE_UTILS_SMOKE=1`` / ``0`` forces it. Inputs are found by probing, since
-Kaggle mounts them at several depths; every probe takes ``root`` (``$KAGGLE_UTILS_ROOT``, default
-``/kaggle``) so tests build fake Kaggle trees. Importing this module imports neither TensorFlow
-nor torch.
+The same notebook runs unchanged on a Kaggle TPU or GPU, a CPU session and CI. Its first cell
+(:data:`BOOTSTRAP`) puts the kit on ``sys.path`` and calls :func:`setup`: a :class:`Runtime` with the
+machine, the inputs found and ``RT.config``, the ``TrainConfig`` this machine trains, in the job's
+terms. Smoke mode (a tiny model, few steps) is on by itself on a CPU without the competition data.
+Every probe takes ``root`` (``$KAGGLE_UTILS_ROOT``, default ``/kaggle``), so tests build fake Kaggle
+trees. Imports neither TensorFlow nor torch.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Variable trees: what the training engine and model surgery both need, and nothing of either.
 
-The engine (:mod:`kaggle_utils.train`) and the user tools (:mod:`kaggle_utils.surgery`) both name a
-leaf by its ``/``-joined path (``params/blocks_0_0/conv/kernel``: :func:`flatten`), select leaves
-by regular expressions searched in those paths (:func:`select_paths`: a pattern matching nothing
-is an error, since a typo would otherwise select nothing unnoticed), initialise variables
-(:func:`init_variables`, jitted with an ``rbg`` key, whose initialisers compile much faster on a
-CPU; :func:`abstract_variables`, traced only) and freeze some (:func:`freeze_optimizer`).
+Both name a leaf by its ``/``-joined path (``params/blocks_0_0/conv/kernel``), select leaves by regular
+expressions searched in those paths (one matching nothing is an error: a typo would otherwise select
+nothing unnoticed), initialise variables and freeze some.
 """
 from __future__ import annotations
 

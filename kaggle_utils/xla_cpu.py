@@ -1,14 +1,9 @@
 """The XLA:CPU compiler option under which the kit's EfficientNet is fast on CPU.
 
-jaxlib 0.10's XLA:CPU hands dots, convolutions, elementwise fusions and reductions to YNNPACK, whose
-convolutions often run on one core where XLA's own use both, while its reductions are faster than
-XLA's; so YNNPACK keeps the reductions only (figures in bench/README.md). The option changes which
-library computes an op, not the op (the timm parity tests run under it).
-
-XLA reads ``XLA_FLAGS`` once, when JAX starts its CPU backend, so :func:`apply` runs when
-``kaggle_utils`` is first imported. A user's own setting wins; the option is added only on jaxlib
-releases it was measured on (XLA aborts on an unknown flag); too late (backends started), a
-warning says so. ``KAGGLE_UTILS_XLA_CPU_TUNING=0`` leaves ``XLA_FLAGS`` alone.
+YNNPACK keeps XLA:CPU's reductions only: its convolutions often run on one core where XLA's use
+both (figures in bench/README.md). XLA reads ``XLA_FLAGS`` when JAX starts its CPU backend, so
+:func:`apply` runs on the first import of ``kaggle_utils``; a user's own setting wins, only measured
+jaxlib releases get it (XLA aborts on an unknown flag), and ``KAGGLE_UTILS_XLA_CPU_TUNING=0`` opts out.
 """
 from __future__ import annotations
 

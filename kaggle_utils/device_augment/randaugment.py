@@ -4,10 +4,9 @@ The TF-native :class:`kaggle_utils.data.RandAugment`'s policy drawn from a JAX k
 optional left-right flip, then for each of ``num_ops`` slots an op drawn from ``ops``, a magnitude
 (``m``, or uniform in ``(low, high)``) on imgaug's 0..30 scale and a random sign.
 
-Dispatch is ``lax.switch`` over the op index. Under ``vmap`` a switch with a per-image index computes
-every branch and selects, so the five geometric ops share one branch (one warp per slot, not five).
-``sequential=True`` maps with ``lax.map`` instead, each image running only its own branch: less work,
-one image at a time (worth it on a CPU, rarely on an accelerator).
+Under ``vmap`` a ``lax.switch`` with a per-image index computes every branch, so the five geometric
+ops share one branch (one warp per slot, not five); ``sequential=True`` (``lax.map``: each image runs
+only its branch, one at a time) is worth it on a CPU, rarely on an accelerator.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Layers whose numerics must match PyTorch/timm: convolution padding, BatchNorm, drop path.
 
-Why not ``flax.linen.Conv`` / ``BatchNorm``: timm's ``tf_*`` variants pad as TensorFlow's "SAME"
-(asymmetric at stride 2), the others symmetrically, and both rules are explicit here so a padding
-bug cannot hide at odd sizes; PyTorch's BatchNorm updates the running variance with the *unbiased*
-batch variance (Flax: biased), kept in fp32 under bf16 compute; and how a convolution is lowered
-is chosen per platform (:func:`conv2d`) without changing results beyond float rounding.
+Not Flax's own: timm's ``tf_*`` variants pad as TensorFlow's "SAME" (asymmetric at stride 2), the
+others symmetrically; PyTorch's BatchNorm keeps the *unbiased* running variance (in fp32 here); and
+the lowering of a convolution is chosen per platform (:func:`conv2d`).
 """
 from __future__ import annotations
 
