@@ -4,3 +4,6 @@ writing, ``__main__`` the command line.
 """
 from .convert import ConversionError, convert_state_dict, convert_timm, flax_name
 from .port import OutputError, PortResult, VerificationError, check_output, load_torch_state_dict, port, verify
+
+__all__ = ["ConversionError", "OutputError", "PortResult", "VerificationError", "check_output", "convert_state_dict",
+           "convert_timm", "flax_name", "load_torch_state_dict", "port", "verify"]

@@ -9,3 +9,7 @@ from .mixing import MixConfig, mix, partner_rows, smooth_targets
 from .ops import RANDAUGMENT_OPS
 from .randaugment import (DEVICE_AUGMENTS, MAX_MAGNITUDE, RandAugmentConfig, make_device_augment, rand_augment,
                           rand_augment_batch)
+
+__all__ = ["DEVICE_AUGMENTS", "MAX_MAGNITUDE", "MixConfig", "RANDAUGMENT_OPS", "RandAugmentConfig",
+           "make_device_augment", "mix", "partner_rows", "rand_augment", "rand_augment_batch",
+           "smooth_targets"]

@@ -15,6 +15,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+
 @dataclasses.dataclass(frozen=True)
 class MixConfig:
     """timm ``Mixup`` arguments (same names and defaults); hashable, so a static part of a jitted step."""

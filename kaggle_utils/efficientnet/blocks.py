@@ -9,6 +9,7 @@ from flax import linen as nn
 from .arch import BlockConfig
 from .layers import BatchNorm, Conv2d, LayerCfg, drop_path
 
+
 class SqueezeExcite(nn.Module):
     """Channel gate: global mean (fp32) -> reduce -> act -> expand -> sigmoid -> scale."""
 

@@ -21,6 +21,7 @@ from .arch import ModelSpec, build_blocks, feature_stages, get_spec, resolve_nam
 from .blocks import BLOCKS
 from .layers import BatchNorm, Conv2d, LayerCfg
 
+
 def _classifier_init(key, shape, dtype=jnp.float32):
     """timm's Linear init for EfficientNet: U(-1/sqrt(out), 1/sqrt(out))."""
     bound = 1.0 / np.sqrt(shape[1])

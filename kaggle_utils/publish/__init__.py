@@ -9,10 +9,11 @@ left out or on with a competition, ``c/`` / ``d/`` / URL source prefixes, a miss
 a misspelt key, a bootstrap cell that is not ``runtime.BOOTSTRAP`` verbatim (``--fix`` repairs the
 last and the pinned keys).
 """
-from .cli import build_parser, main
-from .lint import (Problem, default_lint_paths, lint, lint_dataset_metadata, lint_kernel_metadata, lint_markdown,
-                   lint_notebook)
-from .metadata import (COMPETITION, DATASET_METADATA, DEFAULT_USER, FLOWER_NOTEBOOK, KERNEL_METADATA, KIT_SLUG,
-                       NOTEBOOK_TITLES, ONLINE_NOTEBOOKS, WEIGHTS_SLUG, PackagingError, dataset_metadata_for_kit,
-                       dataset_metadata_for_weights, kernel_metadata, notebook_title, slugify, strip_pinned_image)
+from .cli import main
+from .lint import Problem, lint
+from .metadata import (FLOWER_NOTEBOOK, KIT_SLUG, NOTEBOOK_TITLES, WEIGHTS_SLUG, PackagingError, kernel_metadata,
+                       notebook_title, slugify)
 from .package import PackageResult, package
+
+__all__ = ["FLOWER_NOTEBOOK", "KIT_SLUG", "NOTEBOOK_TITLES", "PackageResult", "PackagingError", "Problem",
+           "WEIGHTS_SLUG", "kernel_metadata", "lint", "main", "notebook_title", "package", "slugify"]

@@ -6,7 +6,8 @@ over the variables that still fit (:func:`inherit`: every leaf whose path and sh
 works on variable trees and module fields, so on any Flax model. Every operation returns a report
 (``print`` it); bad input is a :class:`SurgeryError` naming what and where, never a silent no-op.
 """
-from ..variable_trees import VariableTreeError, flatten, freeze_mask, freeze_optimizer, init_variables, shapes, unflatten
+from ..variable_trees import (VariableTreeError, flatten, freeze_mask, freeze_optimizer, init_variables, shapes,
+                              unflatten)
 from .channels import ChannelReport, adapt_input_channels
 from .freezing import (BATCHNORM_INFERENCE, FreezeReport, FrozenBatchNorm, FrozenModelAndOptimizer,
                        carry_optimizer_state, freeze, freeze_batchnorm)
@@ -16,3 +17,10 @@ from .inspection import CastReport, ParamTable, cast, count_flops, extract_featu
 from .variants import ModelAndVariables, replace_classifier, rewire, variant
 
 SurgeryError = VariableTreeError  # every operation here raises it (the base module's error, one class)
+
+__all__ = ["BATCHNORM_INFERENCE", "CastReport", "ChannelReport", "ClassifierHead", "FreezeReport", "FrozenBatchNorm",
+           "FrozenModelAndOptimizer", "InheritReport", "ModelAndVariables", "ParamTable", "SurgeryError",
+           "adapt_input_channels", "attach_head", "carry_optimizer_state", "cast", "count_flops",
+           "extract_features", "flatten", "freeze", "freeze_batchnorm", "freeze_mask", "freeze_optimizer",
+           "inherit", "init_variables", "padded_width", "param_table", "replace_classifier", "rewire",
+           "shapes", "unflatten", "variant"]
