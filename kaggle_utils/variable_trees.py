@@ -1,8 +1,8 @@
 """Variable trees: what the training engine and model surgery both need, and nothing of either.
 
-Both name a leaf by its ``/``-joined path (``params/blocks_0_0/conv/kernel``), select leaves by regular
-expressions searched in those paths (one matching nothing is an error: a typo would otherwise select
-nothing unnoticed), initialise variables and freeze some.
+The engine and surgery both name a leaf by its ``/``-joined path (``params/blocks_0_0/conv/kernel``),
+select leaves by regular expressions searched in those paths (one matching nothing is an error: a typo
+would otherwise select nothing unnoticed), initialise variables and freeze some.
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def select_paths(paths: Iterable[str], patterns: Patterns, what: str) -> set[str
     return selected
 
 
-def _init_rngs(seed: int) -> dict:
+def _init_rngs(seed: int) -> dict:  # rbg: each initialiser lowers to one random-bits op, much faster to compile
     params_key, dropout_key = jax.random.split(jax.random.key(seed, impl="rbg"))
     return {"params": params_key, "dropout": dropout_key}
 
