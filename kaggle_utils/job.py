@@ -34,6 +34,7 @@ from pathlib import Path
 import jax
 
 from . import checkpoint, outdir, run
+from .run import target_plan
 from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
 
 __all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command"]
@@ -86,6 +87,14 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     predict.add_argument("--no-progress", dest="progress", action="store_false")
 
     _add_cv_parser(commands, config_cls)
+
+    plan = commands.add_parser("plan", help="compile the run's steps for a TPU or this device: memory, batch, FLOPs",
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # kaggle_utils.run.target_plan
+    plan.add_argument("--target", choices=(*target_plan.TARGETS, "local"), default="tpu-v5e-8")
+    plan.add_argument("--train-images", type=int, help="without data: training images (default: the flower "
+                                                       f"competition's {target_plan.FLOWER_TRAIN_IMAGES:,})")
+    plan.add_argument("--out", help="folder for plan.json")
+    add_config_flags(plan, config_cls)
 
     report = commands.add_parser("report", help="draw curves.png and per_class.csv again for a run or CV folder")
     report.add_argument("out", help="a run folder, or a CV folder of fold0/, fold1/, ... run folders")
@@ -271,6 +280,7 @@ def _os_error_line(err: OSError, args) -> str:
 
 def main(argv=None) -> int:
     """The command, with every way it can stop turned into one line and an exit code (no traceback)."""
+    target_plan.quiet_libtpu()  # before any backend starts: a CPU machine with libtpu installed prints no TPU search
     parser = build_parser()
     args = parser.parse_args(argv)
     from .data import DataError
@@ -278,8 +288,9 @@ def main(argv=None) -> int:
 
     prefix = f"{parser.prog} {args.command}"
     try:
-        {"train": train_command, "cv": cv_command, "predict": predict_command,
-         "report": report_command}[args.command](args)
+        {"train": train_command, "cv": cv_command, "predict": predict_command, "report": report_command,
+         "plan": lambda a: target_plan.plan_command(config_from_args(a), a.target, out=a.out,
+                                                    train_images=a.train_images)}[args.command](args)
     except DataError as err:
         hint = ("(--skip-errors skips unreadable records, counts them and names them in the log)\n"
                 if err.skippable and args.command == "train" else "")

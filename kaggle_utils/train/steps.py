@@ -216,7 +216,7 @@ class Steps:
     evaluate: Callable  # (state, device_batch) -> metrics
     predict: Callable  # (state, device_batch) -> probabilities [global batch, C]
     config: StepConfig  # the task, num_classes, ...: what the loop needs to read the outputs
-    train_jitted: Callable | None = None  # train's jitted (pmapped) function: .lower(state, batch) reads its memory
+    jitted: dict | None = None  # "train", "eval", "predict": the jitted (pmapped) functions, to .lower() and compile
 
     @property
     def device_count(self) -> int:
@@ -279,5 +279,5 @@ def make_steps(model, tx: optax.GradientTransformation, config: StepConfig, *, m
         evaluate=lambda state, batch: eval_c(state, _device_fields(batch)),
         predict=lambda state, batch: predict_c(state, _device_fields(batch)),
         config=config,
-        train_jitted=train_c,
+        jitted={"train": train_c, "eval": eval_c, "predict": predict_c},
     )
