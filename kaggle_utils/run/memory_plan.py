@@ -23,7 +23,7 @@ batches, the evaluation step's buffers, the allocator's fragmentation.
 
 The search (:func:`largest_batch`) needs few compiles because the bytes grow about linearly with
 the batch: micro-batch 1, then 8, then the batch where the line through the last two reaches
-the budget, then its neighbour to confirm; the probes stay strictly inside the bracket of "fits"
+the budget (the largest allowed where it is flat), then its neighbour to confirm; the probes stay strictly inside the bracket of "fits"
 and "does not fit", and two probes in a row on the same side switch to doubling or bisection, so
 it also ends where the bytes are not linear. Its answer assumes the bytes do not shrink as the
 batch grows. Compiles and seconds are printed in the plan line.
@@ -58,8 +58,9 @@ GIB = 2 ** 30
 # XLA's CPU code generation without LLVM's expensive passes: the same buffers, so the same memory analysis, in about
 # half the compile time (jax 0.7.2 and 0.10.2). Not used on GPU and TPU, where that equality is untested.
 _CPU_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-# the TPU compiler's refusal: "... HLO temporaries (98.43G) exceeds available HBM (15.75G)"
-_HBM_REFUSAL = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM")
+# the TPU compiler's refusal: "... HLO temporaries (98.43G) exceeds available HBM (15.75G)" (libtpu 0.0.42), "Used
+# 44.77G of 15.75G hbm" (0.0.23)
+_HBM_REFUSAL = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM|Used ([\d.]+)([KMGT]) of [\d.]+G hbm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,14 @@ class StepMemory:
     flops: float = 0.0
     seconds: float = 0.0
     refused: str = ""  # the compiler's RESOURCE_EXHAUSTED line: no per-device memory holds the step
+
+    @classmethod
+    def refusal(cls, err: Exception, step: str, per_device: int, seconds: float) -> StepMemory:
+        """The compiler's RESOURCE_EXHAUSTED as a step that does not fit: the temporaries it names (or 2**62 bytes)."""
+        named = _HBM_REFUSAL.search(str(err))
+        value, unit = (named[1] or named[3], named[2] or named[4]) if named else (None, None)
+        temporaries = int(float(value) * 1024 ** (1 + "KMGT".index(unit))) if named else 2 ** 62
+        return cls(step, per_device, temporaries=temporaries, seconds=seconds, refused=str(err).strip().splitlines()[0])
 
     @property
     def bytes(self) -> int:
@@ -157,7 +166,8 @@ def _line_estimate(measured: dict[int, int], lo: int, hi: int, usable: float) ->
         a, b = (max(below), lo) if below else (None, lo)
         fallback = 2 * lo if below else FIRST_STEP
     slope = (measured[b] - measured[a]) / (b - a) if a is not None else 0.0
-    estimate = math.floor(lo + (usable - measured[lo]) / slope) if slope > 0 else fallback
+    # a flat line (a TPU's bytes can be equal at 1 and 8 images) never reaches usable: the largest batch allowed
+    estimate = math.floor(lo + (usable - measured[lo]) / slope) if slope > 0 else hi - 1 if a is not None else fallback
     return max(lo + 1, min(hi - 1, estimate)), max(lo + 1, min(hi - 1, fallback))
 
 
@@ -199,12 +209,9 @@ def step_compiler(config: TrainConfig, plan, *, mesh=None, mode: str | None = No
         try:
             executable = lowered.compile(_CPU_FAST_COMPILE) if on_cpu else lowered.compile()
         except jax.errors.JaxRuntimeError as err:
-            refusal = _HBM_REFUSAL.search(str(err))
             if "RESOURCE_EXHAUSTED" not in str(err):
                 raise
-            temporaries = int(float(refusal[1]) * 1024 ** (1 + "KMGT".index(refusal[2]))) if refusal else 2 ** 62
-            return StepMemory(step, per_device, temporaries=temporaries, seconds=time.perf_counter() - start,
-                              refused=str(err).strip().splitlines()[0])
+            return StepMemory.refusal(err, step, per_device, time.perf_counter() - start)
         stats, executables[step, per_device] = executable.memory_analysis(), executable
         if stats is None:
             raise ConfigError(f"the {jax.default_backend()} backend gives no memory analysis of a compiled step; "
