@@ -34,14 +34,14 @@ FLOWER_TRAIN_IMAGES, FLOWER_CLASSES = 12_753, 104  # a plan without data: the fl
 @dataclasses.dataclass(frozen=True)
 class Target:
     topology: str  # jax.experimental.topologies' name
-    accelerator: str  # TPU_ACCELERATOR_TYPE of that slice
+    device_kind: str
     hbm: int  # bytes per device the TPU compiler says are available ("exceeds available HBM (15.75G)")
     peak_tflops: float  # bf16, per device
 
 
 TARGETS = {  # a v3 chip is two devices (cores) of 61.5 of its 123 TFLOPS; a v5e chip is one device
-    "tpu-v5e-8": Target("v5e:2x4", "v5litepod-8", int(15.75 * GIB), 197.0),
-    "tpu-v3-8": Target("v3:2x2", "v3-8", int(15.48 * GIB), 61.5),
+    "tpu-v5e-8": Target("v5e:2x4", "TPU v5 lite", int(15.75 * GIB), 197.0),
+    "tpu-v3-8": Target("v3:2x2", "TPU v3", int(15.48 * GIB), 61.5),
 }
 
 
@@ -166,7 +166,7 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
     steps = {name: compiled(name, per_chip) for name in ("train", "eval", "predict")}
     global_batch = per_chip * chips
     flops = {name: steps[name].flops / per_chip / 1e9 for name in ("train", "eval")}
-    peak = TARGETS[target].peak_tflops if target in TARGETS else None
+    peak = next((t.peak_tflops for t in TARGETS.values() if t.device_kind == devices[0].device_kind), None)
     images_per_s = chips * peak * 1e12 / (flops["train"] * 1e9) if peak and flops["train"] else None
     epoch_images = data.num_train // global_batch * global_batch
     result = {
