@@ -1,4 +1,4 @@
-"""``python -m kaggle_utils train | predict | report``: the run of :mod:`kaggle_utils.run` from a command line.
+"""``python -m kaggle_utils train | predict | cv | plan | report``: the run of :mod:`kaggle_utils.run` from a command line.
 
 ``train``: the flags are :class:`~kaggle_utils.config.TrainConfig`'s fields (``--help`` lists
 them by section); TFRecords in the competition layout (``--data-dir DIR/{train,val,test}``;
@@ -16,6 +16,9 @@ block too (each checkpoint with its weight and TTA, rows, time, files, the next 
 
 ``cv --folds K``: :func:`kaggle_utils.run.cross_validate` with the train flags: ``OUT/fold{k}/`` runs,
 ``folds.csv``, ``oof.csv`` / ``oof.npy``, ``cv.json`` and the fold models' mean submission.
+
+``plan --target tpu-v5e-8 | tpu-v3-8 | local`` with the train flags: the run's steps compiled for that device, no
+TPU needed (:mod:`kaggle_utils.run.target_plan`): bytes per device, the largest batch that fits, FLOPs per image.
 
 ``report OUT``: ``curves.png`` and ``per_class.csv`` drawn again from a run folder's files (or
 each ``foldK/`` of a CV folder), with no model and no data (:mod:`kaggle_utils.report`).

@@ -36,6 +36,7 @@ import json
 import math
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -207,7 +208,9 @@ def step_compiler(config: TrainConfig, plan, *, mesh=None, mode: str | None = No
         start = time.perf_counter()
         lowered = training.steps.jitted[step].lower(*_abstract_inputs(config, training, variables, step, per_device))
         try:
-            executable = lowered.compile(_CPU_FAST_COMPILE) if on_cpu else lowered.compile()
+            with warnings.catch_warnings():  # jax 0.7.2 cannot cache a compile-only TPU executable, and warns so
+                warnings.filterwarnings("ignore", "Error writing persistent compilation cache entry", UserWarning)
+                executable = lowered.compile(_CPU_FAST_COMPILE) if on_cpu else lowered.compile()
         except jax.errors.JaxRuntimeError as err:
             if "RESOURCE_EXHAUSTED" not in str(err):
                 raise

@@ -34,14 +34,15 @@ FLOWER_TRAIN_IMAGES, FLOWER_CLASSES = 12_753, 104  # a plan without data: the fl
 @dataclasses.dataclass(frozen=True)
 class Target:
     topology: str  # jax.experimental.topologies' name
+    chips_per_host: tuple[int, int, int]  # one VM holds them all, as on Kaggle (pmap maps over one host's devices)
     device_kind: str
     hbm: int  # bytes per device the TPU compiler says are available ("exceeds available HBM (15.75G)")
     peak_tflops: float  # bf16, per device
 
 
 TARGETS = {  # a v3 chip is two devices (cores) of 61.5 of its 123 TFLOPS; a v5e chip is one device
-    "tpu-v5e-8": Target("v5e:2x4", "TPU v5 lite", int(15.75 * GIB), 197.0),
-    "tpu-v3-8": Target("v3:2x2", "TPU v3", int(15.48 * GIB), 61.5),
+    "tpu-v5e-8": Target("v5e:2x4", (2, 4, 1), "TPU v5 lite", int(15.75 * GIB), 197.0),
+    "tpu-v3-8": Target("v3:2x2", (2, 2, 1), "TPU v3", int(15.48 * GIB), 61.5),
 }
 
 
@@ -91,7 +92,9 @@ def target_devices(name: str) -> list:
     quiet_libtpu()
     from jax.experimental import topologies  # loads libtpu: only for a TPU target
 
-    return topologies.get_topology_desc(platform="tpu", topology_name=TARGETS[name].topology).devices
+    target = TARGETS[name]
+    return topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
+                                        chips_per_host_bounds=target.chips_per_host).devices
 
 
 def target_config(config: TrainConfig, name: str) -> TrainConfig:
