@@ -16,6 +16,12 @@ from importlib import metadata
 from pathlib import Path
 
 import jax
+from jax.experimental import topologies
+
+try:  # JAX's own probe for TPU chips on the PCI bus (private; in jax 0.7.2 and 0.10.2 alike)
+    from jax._src.hardware_utils import num_available_tpu_chips_and_device_id as _tpu_chips
+except ImportError:  # a later JAX: assume chips, leave libtpu's environment alone
+    _tpu_chips = None
 
 from .. import runtime
 from ..checkpoint import atomic_write_text
@@ -46,20 +52,11 @@ TARGETS = {  # a v3 chip is two devices (cores) of 61.5 of its 123 TFLOPS; a v5e
 }
 
 
-def _tpu_chips_here() -> bool:
-    """Whether this machine has TPU chips (JAX's own PCI probe; True where that probe is missing: leave it be)."""
-    try:
-        from jax._src import hardware_utils  # private, in jax 0.7.2 and 0.10.2 alike
-    except ImportError:
-        return True
-    return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
-
-
 def quiet_libtpu() -> None:
     """Where the machine has no TPU chip, tell libtpu so before JAX loads it: a compile-only load, or JAX's probe for
     a TPU backend wherever libtpu is installed, then prints no failed search for TPU hosts and no multi-process lock
     error. On a TPU VM nothing changes (libtpu finds its chips, as JAX_PLATFORMS is never touched)."""
-    if not _tpu_chips_here():
+    if _tpu_chips is not None and _tpu_chips()[0] == 0:
         for name, value in (("TPU_ACCELERATOR_TYPE", "v5litepod-8"), ("TPU_WORKER_HOSTNAMES", "localhost"),
                             ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
             os.environ.setdefault(name, value)
@@ -90,8 +87,6 @@ def target_devices(name: str) -> list:
         raise ConfigError(f"--target {name}: choose one of {', '.join([*TARGETS, 'local'])}")
     _check_libtpu(f"--target {name}")
     quiet_libtpu()
-    from jax.experimental import topologies  # loads libtpu: only for a TPU target
-
     target = TARGETS[name]
     return topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
                                         chips_per_host_bounds=target.chips_per_host).devices
