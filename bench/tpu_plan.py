@@ -1,10 +1,11 @@
 """The flagship configurations on Kaggle's TPU v5e-8, measured by the TPU compiler on any machine (libtpu installed).
 
-For each model at its size, without and with ``--remat blocks``: the run's jit train step compiled
-for the v5e:2x4 mesh in bf16 (the plan command's config: a head padded to 128, 104 classes) at 8,
-16 and 32 images per chip (bytes per chip, fits or not, train GFLOPs per image, compile seconds),
-then the largest per-chip batch ``--batch-per-device auto`` would choose there (the same search,
-against the chip's 15.75 GiB less the 10% margin), then the eval step's GFLOPs per image.
+For each model at its size, without and then with ``--remat blocks``: the run's jit train step
+compiled for the v5e:2x4 mesh in bf16 (the plan command's config: a head padded to 128, 104
+classes) at 16, then 8 and 32 images per chip (bytes per chip, fits or not, train GFLOPs per image,
+compile seconds), each for every model (smallest first) before the next, then the largest per-chip
+batch ``--batch-per-device auto`` would choose there (the same search, against the chip's 15.75 GiB
+less the 10% margin), then the eval step's GFLOPs per image.
 
 Compiles are slow on a small machine (minutes each): every result goes to ``--out`` (JSON) as soon
 as it is measured and a rerun skips what is there, so the bench can be killed and resumed::
@@ -47,7 +48,8 @@ def save(path: Path, results: dict) -> None:
     os.replace(tmp, path)
 
 
-def measure(model: str, size: int, remat: str, results: dict, path: Path, devices) -> None:
+def measure(model: str, size: int, remat: str, results: dict, path: Path, devices, *, batches=BATCHES,
+            search: bool = False, evaluate: bool = False) -> None:
     config = target_plan.target_config(TrainConfig().replace(model=model, image_size=size, num_classes=104,
                                                              remat=remat, batch_per_device=8), TARGET)
     resolved, plan = run.resolve(config, target_plan.no_data(config, TRAIN_IMAGES))
@@ -67,16 +69,16 @@ def measure(model: str, size: int, remat: str, results: dict, path: Path, device
         fields = {f.name for f in dataclasses.fields(memory_plan.StepMemory)}
         return memory_plan.StepMemory(**{k: v for k, v in results[key].items() if k in fields})
 
-    for per_chip in BATCHES:
+    for per_chip in batches:
         step("train", per_chip)
-    if f"{prefix}/largest" not in results:
+    if search and f"{prefix}/largest" not in results:
         hbm = target_plan.TARGETS[TARGET].hbm
         fit = memory_plan.fit_batch(resolved, plan, per_device_limit=TRAIN_IMAGES // len(devices),
                                     budget=(hbm, "v5e HBM"), compile_step=step)
         results[f"{prefix}/largest"] = {"per_chip": fit.per_device, "bytes": fit.needed}
         save(path, results)
         print(f"{prefix}: largest per chip {fit.per_device} ({fit.needed / 2 ** 30:.2f} GiB)", flush=True)
-    if remat == "none":
+    if evaluate:
         step("eval", 32)
 
 
@@ -124,11 +126,12 @@ def main(argv=None) -> int:
     except Exception as err:  # libtpu missing or of the wrong version: one line
         print(f"tpu_plan: {err}", file=sys.stderr)
         return 2
-    for remat in ("none", "blocks"):
-        for model, size in CONFIGS:
-            if args.models and model not in args.models:
-                continue
-            measure(model, size, remat, results, args.out, devices)
+    configs = [(m, s) for m, s in CONFIGS if not args.models or m in args.models]
+    for remat in ("none", "blocks"):  # what decides most first: 16 per chip everywhere, then 8 and 32, then the search
+        for work in ({"batches": (16,)}, {"batches": (8, 32)}, {"batches": (), "search": True},
+                     {"batches": (), "evaluate": remat == "none"}):
+            for model, size in configs:
+                measure(model, size, remat, results, args.out, devices, **work)
     print(table(results))
     return 0
 

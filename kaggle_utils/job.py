@@ -37,8 +37,8 @@ from pathlib import Path
 import jax
 
 from . import checkpoint, outdir, run
-from .run import target_plan
 from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
+from .run import target_plan
 
 __all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command"]
 
