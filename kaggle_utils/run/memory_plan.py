@@ -200,7 +200,8 @@ def step_compiler(config: TrainConfig, plan, *, mesh=None, mode: str | None = No
     variables = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
     training = build_training(config, plan, model, variables, task=task, mode=mode or config.loop.mode,
                               mesh=make_mesh() if mesh is None else mesh)
-    on_cpu = training.steps.mesh.devices.flat[0].platform == "cpu"
+    device = training.steps.mesh.devices.flat[0]
+    on_cpu, compile_only = device.platform == "cpu", device not in jax.devices()  # compile_only: a TPU target's
     executables = {}  # (step, per_device) -> the compiled executable, for its program (as_text()) and shapes
 
     @functools.cache
@@ -208,8 +209,9 @@ def step_compiler(config: TrainConfig, plan, *, mesh=None, mode: str | None = No
         start = time.perf_counter()
         lowered = training.steps.jitted[step].lower(*_abstract_inputs(config, training, variables, step, per_device))
         try:
-            with warnings.catch_warnings():  # jax 0.7.2 cannot cache a compile-only TPU executable, and warns so
-                warnings.filterwarnings("ignore", "Error writing persistent compilation cache entry", UserWarning)
+            with warnings.catch_warnings():  # a compile-only executable has no client to be cached or loaded from
+                if compile_only:
+                    warnings.filterwarnings("ignore", "Error (reading|writing) persistent compilation cache entry")
                 executable = lowered.compile(_CPU_FAST_COMPILE) if on_cpu else lowered.compile()
         except jax.errors.JaxRuntimeError as err:
             if "RESOURCE_EXHAUSTED" not in str(err):
