@@ -40,8 +40,9 @@ MIN_GLOBAL_BATCH = 64  # BatchNorm statistics and the LR scale want some example
 # What a notebook trains on each machine: TrainConfig flags, RT.config = TrainConfig().replace(**row).
 # A flag a row leaves out keeps TrainConfig's default (the batch: 16 per device, at least 64 per step).
 PLATFORM_DEFAULTS = {
-    "tpu": dict(model="tf_efficientnetv2_m", image_size=512, epochs=12),  # v5e-8: 16 GiB HBM per chip, bf16
-    "gpu": dict(model="tf_efficientnetv2_s", image_size=331, epochs=8),  # T4 (16 GiB) at the competition's 331 px
+    # v5e-8, bf16, 16 per chip: 8.91 of the 15.75 GiB the TPU compiler gives a chip (bench/README.md "TPU v5e-8 plan")
+    "tpu": dict(model="tf_efficientnetv2_m", image_size=512, epochs=12),
+    "gpu": dict(model="tf_efficientnetv2_s", image_size=331, epochs=8),  # T4 (15 GiB) at 331 px: not measured yet
     "cpu": dict(model="tf_efficientnetv2_b0", image_size=192, epochs=2),  # a CPU session with the real data
     # the same code path in seconds on a CPU: timm's minimal EfficientNet at the digits sample's 32 px
     "smoke": dict(model="test_efficientnet", image_size=32, epochs=2, steps_per_epoch=3),
