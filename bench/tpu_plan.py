@@ -87,27 +87,27 @@ def r_bytes(r: dict) -> int:
 
 
 def table(results: dict) -> str:
+    """bench/README.md's table: per model, size and remat, each batch's bytes per chip and compile seconds."""
     lines = ["| model | size | remat | 8 / chip | 16 / chip | 32 / chip | largest / chip | train GFLOPs / image | "
-             "eval GFLOPs / image | compile s (8, 16, 32) |", "|---" * 10 + "|"]
+             "eval GFLOPs / image |", "|---" * 9 + "|"]
+    usable = 0.9 * target_plan.TARGETS[TARGET].hbm
     for model, size in CONFIGS:
         for remat in ("none", "blocks"):
-            prefix = f"{model}/{size}/{remat}"
-            cells, seconds, flops = [], [], ""
+            prefix, cells, flops = f"{model}/{size}/{remat}", [], "…"
             for b in BATCHES:
                 r = results.get(f"{prefix}/train/{b}")
                 if r is None:
                     cells.append("…")
                     continue
-                seconds.append(f"{r['seconds']:.0f}")
-                cells.append("refused (> HBM)" if r["refused"] else
-                             f"{r_bytes(r) / 2 ** 30:.2f} GiB{'' if r_bytes(r) <= 0.9 * 15.75 * 2 ** 30 else ' ✗'}")
-                flops = flops or (f"{r['flops'] / b / 1e9:.1f}" if not r["refused"] else "")
+                fit = "refused (> HBM)" if r["refused"] else f"{r_bytes(r) / 2 ** 30:.2f} GiB" + (
+                    "" if r_bytes(r) <= usable else " ✗")
+                cells.append(f"{fit} ({r['seconds']:.0f} s)")
+                flops = f"{r['flops'] / b / 1e9:.1f}" if not r["refused"] and flops == "…" else flops
             largest = results.get(f"{prefix}/largest")
             ev = results.get(f"{model}/{size}/none/eval/32")
             eval_flops = f"{ev['flops'] / 32 / 1e9:.1f}" if ev and not ev["refused"] else "…"
             lines.append(f"| {model.removeprefix('tf_efficientnetv2_')} | {size} | {remat} | {' | '.join(cells)} | "
-                         f"{largest['per_chip'] if largest else '…'} | {flops or '…'} | {eval_flops} | "
-                         f"{', '.join(seconds) or '…'} |")
+                         f"{largest['per_chip'] if largest else '…'} | {flops} | {eval_flops} |")
     return "\n".join(lines)
 
 
