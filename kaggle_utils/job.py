@@ -1,4 +1,4 @@
-"""``python -m kaggle_utils train | predict | cv | plan | report``: the run of :mod:`kaggle_utils.run` from a command line.
+"""``python -m kaggle_utils train | predict | cv | plan | report``: :mod:`kaggle_utils.run` from a command line.
 
 ``train``: the flags are :class:`~kaggle_utils.config.TrainConfig`'s fields (``--help`` lists
 them by section); TFRecords in the competition layout (``--data-dir DIR/{train,val,test}``;

@@ -1,4 +1,4 @@
-"""The kit's steps compiled by the TPU compiler for Kaggle's v5e-8 (libtpu's compile-only devices, no TPU), and the plan.
+"""The kit's steps compiled by the TPU compiler for Kaggle's v5e-8 (libtpu's compile-only devices, no TPU); the plan.
 
 libtpu is a test requirement (requirements.txt); these tests fail, not skip, where it is missing. One plan run of
 the tiny model at 16 px (module fixture) serves the jit tests: its train, eval and predict steps are compiled once
@@ -138,7 +138,8 @@ def test_each_target_s_hbm_is_what_its_compiler_says_and_a_refusal_names_the_byt
     assert step.refused.startswith("RESOURCE_EXHAUSTED") and words[0] in step.refused
 
 
-@pytest.mark.parametrize("installed, words", [(None, "libtpu is not installed"), ("0.0.1", "libtpu 0.0.1 does not fit")])
+@pytest.mark.parametrize("installed, words", [(None, "libtpu is not installed"),
+                                              ("0.0.1", "libtpu 0.0.1 does not fit")])
 def test_without_the_right_libtpu_the_plan_says_what_to_install(tmp_path, monkeypatch, installed, words):
     pin = next(r.split(";")[0] for r in metadata.requires("jax") if r.startswith("libtpu"))  # e.g. libtpu==0.0.42.*
     real = metadata.version

@@ -23,9 +23,9 @@ batches, the evaluation step's buffers, the allocator's fragmentation.
 
 The search (:func:`largest_batch`) needs few compiles because the bytes grow about linearly with
 the batch: micro-batch 1, then 8, then the batch where the line through the last two reaches
-the budget (the largest allowed where it is flat), then its neighbour to confirm; the probes stay strictly inside the bracket of "fits"
-and "does not fit", and two probes in a row on the same side switch to doubling or bisection, so
-it also ends where the bytes are not linear. Its answer assumes the bytes do not shrink as the
+the budget (the largest allowed where it is flat), then its neighbour to confirm; the probes stay
+strictly inside the bracket of "fits" and "does not fit", and two probes in a row on the same side
+switch to doubling or bisection, so it also ends where the bytes are not linear. Its answer assumes the bytes do not shrink as the
 batch grows. Compiles and seconds are printed in the plan line.
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ _HBM_REFUSAL = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM|Used ([\d
 
 @dataclasses.dataclass(frozen=True)
 class StepMemory:
-    """One step compiled at one per-device batch: the compiler's bytes and FLOPs per device, and the compile's seconds."""
+    """One step compiled at one per-device batch: the compiler's bytes and FLOPs per device, and its compile time."""
 
     step: str  # train | eval | predict
     per_device: int

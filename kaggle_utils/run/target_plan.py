@@ -1,4 +1,4 @@
-"""``python -m kaggle_utils plan --target tpu-v5e-8 | tpu-v3-8 | local``: what a run's steps need on a device, before it trains.
+"""``python -m kaggle_utils plan --target tpu-v5e-8 | tpu-v3-8 | local``: what a run's steps need on a device.
 
 The TPU compiler answers without a TPU: with libtpu installed, JAX hands out compile-only devices
 of a TPU topology (``jax.experimental.topologies``), and the run's own train, eval and predict
@@ -31,8 +31,8 @@ from ..parallel import make_mesh
 from . import RunData, memory_plan, open_data, resolve  # the package's public names (run/__init__ is loaded first)
 from .memory_plan import GIB
 
-__all__ = ["FLOWER_CLASSES", "FLOWER_TRAIN_IMAGES", "TARGETS", "Target", "no_data", "plan", "plan_command", "plan_lines",
-           "quiet_libtpu", "target_config", "target_devices"]
+__all__ = ["FLOWER_CLASSES", "FLOWER_TRAIN_IMAGES", "TARGETS", "Target", "no_data", "plan", "plan_command",
+           "plan_lines", "quiet_libtpu", "target_config", "target_devices"]
 
 FLOWER_TRAIN_IMAGES, FLOWER_CLASSES = 12_753, 104  # a plan without data: the flower competition's train split
 
@@ -109,7 +109,7 @@ def no_data(config: TrainConfig, train_images: int | None) -> RunData:
     size = config.model.image_size or pretrained_cfg(config.model.name)["input_size"][-1]
     return RunData(root=None, splits={"train": [], "val": [], "test": []}, stored_size=size, num_train=images,
                    max_label=(config.model.num_classes or FLOWER_CLASSES) - 1,
-                   description="no data (--train-images)" if train_images else "no data (the flower competition's count)")
+                   description="no data (--train-images)" if train_images else "no data (the flower set's count)")
 
 
 def _source_data(config: TrainConfig) -> RunData:
@@ -195,7 +195,7 @@ def _libtpu_version() -> str | None:
 def plan_lines(p: dict) -> list[str]:
     """The plan block the command prints: every figure is one of ``plan.json``'s."""
     train, gib = p["steps"]["train"], lambda n: f"{n / GIB:.3g} GiB" if n >= GIB / 100 else f"{n / 2 ** 20:.3g} MiB"
-    where = f"{p['devices']} x {p['device_kind']}" + (", compile-only" if p["libtpu"] and p["target"] != "local" else "")
+    where = f"{p['devices']} x {p['device_kind']}" + (", compile-only" if p["target"] != "local" else "")
     fits = "fits" if p["fits"] else "DOES NOT FIT"
     bound = (f"{p['images_per_s_at_peak']:,.0f} images/s at the bf16 peak ({p['devices']} x {p['peak_tflops']:g} "
              f"TFLOPS), an upper bound no step reaches: {p['epoch_seconds_at_peak']:.3g} s per epoch of "
