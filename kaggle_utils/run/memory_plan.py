@@ -25,8 +25,8 @@ The search (:func:`largest_batch`) needs few compiles because the bytes grow abo
 the batch: micro-batch 1, then 8, then the batch where the line through the last two reaches
 the budget (the largest allowed where it is flat), then its neighbour to confirm; the probes stay
 strictly inside the bracket of "fits" and "does not fit", and two probes in a row on the same side
-switch to doubling or bisection, so it also ends where the bytes are not linear. Its answer assumes the bytes do not shrink as the
-batch grows. Compiles and seconds are printed in the plan line.
+switch to doubling or bisection, so it also ends where the bytes are not linear. Its answer
+assumes the bytes do not shrink as the batch grows. Compiles and seconds are printed in the plan line.
 """
 from __future__ import annotations
 
