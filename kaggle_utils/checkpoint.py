@@ -1,17 +1,11 @@
-"""msgpack checkpoints: atomic writes, checked reads, a JSON manifest beside each file.
+"""msgpack checkpoints: atomic writes, checked reads, a JSON manifest beside each file, writes off the caller's thread.
 
-A Kaggle session can be killed at any moment (time limit, preemption, a user pressing stop),
-so every write goes to a temporary file in the same folder and is renamed into place: a
-reader sees the old file or the new one, never half of one. Reads check the whole tree
-against what the caller expects and name every key that does not fit, because a silently
-partial load (a head with the wrong size, a missing stage) trains for hours before anyone
-notices.
-
-A writer killed mid-write (SIGKILL, a lost machine) leaves its hidden temporary file behind:
-the name carries the writer's pid and a tag of its host, so :func:`remove_stale_temp_files`
-can tell a dead writer's leftover (same host, pid gone) from a file still being written.
-A leftover from another host (a shared folder) cannot be checked that way and is removed
-only once nothing has written to it for ``max_age_s``, far longer than any write takes.
+A Kaggle session can be killed at any moment, so every write goes to a temporary file in the same folder and
+is renamed into place: a reader sees the old file or the new one, never half of one. Reads check the whole
+tree against what the caller expects and name every key that does not fit (a silently partial load trains
+for hours before anyone notices). A writer killed mid-write leaves its hidden temporary file behind, named
+with its pid and a tag of its host, so :func:`remove_stale_temp_files` can tell a dead writer's leftover
+from a file still being written. :class:`BackgroundWrites` runs writes in a thread, one at a time.
 """
 from __future__ import annotations
 
@@ -21,6 +15,7 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -32,18 +27,8 @@ from flax import serialization
 
 from .variable_trees import flatten
 
-__all__ = [
-    "CheckpointError",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "check_digest",
-    "check_format",
-    "check_tree",
-    "load",
-    "manifest_path",
-    "remove_stale_temp_files",
-    "save",
-]
+__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_text", "check_digest",
+           "check_format", "check_tree", "load", "manifest_path", "remove_stale_temp_files", "save"]
 
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 # .<name>.<pid>.<host tag>.<mkstemp's 8 random characters>.tmp
@@ -266,3 +251,40 @@ def load(path: str | os.PathLike, target: Any = None) -> Any:
     template = jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), target)
     restored = serialization.from_state_dict(template, state)
     return jax.tree.map(lambda r, t: np.asarray(r, dtype=t.dtype), restored, template)
+
+
+class BackgroundWrites:
+    """Runs write jobs in a thread, one at a time, so training goes on while a checkpoint reaches the disk.
+
+    A job gets host data (never device arrays). :meth:`submit` first waits for the job before it, so writes
+    land in order; :meth:`wait` waits for the last one and raises its error, if it had one. ``waited_s``
+    counts the seconds callers spent waiting. The thread is not a daemon: a process that ends normally
+    finishes its last write first; a killed one leaves the previous file whole (atomic rename).
+    """
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.waited_s = 0.0
+
+    def submit(self, job, *args, **kwargs) -> None:
+        self.wait()
+
+        def run():
+            try:
+                job(*args, **kwargs)
+            except BaseException as err:  # raised in the caller's thread by the next wait
+                self._error = err
+
+        self._thread = threading.Thread(target=run, name="checkpoint-writer")
+        self._thread.start()
+
+    def wait(self, *, raise_error: bool = True) -> None:
+        if self._thread is not None:
+            started = time.perf_counter()
+            self._thread.join()
+            self.waited_s += time.perf_counter() - started
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None and raise_error:
+            raise error

@@ -20,10 +20,11 @@ import math
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 __all__ = ["ConfigError", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
-           "add_config_flags", "config_from_args", "differences", "flag_of", "int_in", "overrides"]
+           "add_config_flags", "config_from_args", "config_from_file", "differences", "flag_of", "int_in", "overrides"]
 
 
 def int_in(low: int, high: int | None = None):
@@ -202,6 +203,12 @@ class LoopConfig:
     min_delta: float = _field(0.0, "an improvement must beat the best by more than this")
     patience: int | None = _field(None, "stop after this many evaluations without improvement")
     tensorboard: bool = _field(True, "write TensorBoard event files to OUT/tensorboard", resume_may_change=True)
+    wandb: str | None = _field(None, "log the run to this Weights & Biases project (--wandb alone: kaggle-utils); "
+                                     "offline in OUT/wandb where W&B is out of reach (no API key or no internet): "
+                                     "`wandb sync` uploads it later", nargs="?", const="kaggle-utils",
+                               resume_may_change=True)
+    wandb_artifact: bool = _field(False, "with --wandb: upload best.msgpack as a model artifact",
+                                  resume_may_change=True)
     mode: str = _field("jit", "jit (jit + shard_map) or pmap", choices=("jit", "pmap"), resume_may_change=True)
     compile_cache: str | None = _field(None, "folder of JAX's persistent compilation cache, to keep between sessions "
                                              "so a resumed or repeated run does not compile again (default: "
@@ -248,6 +255,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """``{flag name: value}`` of every field: the config as W&B and TensorBoard's HParams list it."""
+        return {name: getattr(getattr(self, section) if section else self, field.name)
+                for name, (section, field) in _flag_table(type(self)).items()}
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "config") -> "TrainConfig":
@@ -328,8 +340,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
             else:
                 kind = field.metadata.get("parse", kind)
                 kwargs["type"] = _optional(kind) if optional else kind
-                if "choices" in field.metadata:
-                    kwargs["choices"] = field.metadata["choices"]
+                kwargs.update({k: field.metadata[k] for k in ("choices", "nargs", "const") if k in field.metadata})
             group.add_argument(flag_of(name), **kwargs)
             if "alias" in field.metadata:
                 alias = field.metadata["alias"]
@@ -353,12 +364,29 @@ class _DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, new)
 
 
-def config_from_args(args: argparse.Namespace, cls: type = None) -> TrainConfig:
-    """The config the command line asks for: defaults, changed by the flags that were given."""
+def config_from_args(args: argparse.Namespace, cls: type = None, *, base: TrainConfig | None = None) -> TrainConfig:
+    """The config the command line asks for: ``base`` (default: the defaults), changed by the flags that were given."""
     cls = cls or TrainConfig
     given = {name: getattr(args, name) for name in _flag_table(cls) if hasattr(args, name)}
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
-    return cls().replace(**given)
+    return (base or cls()).replace(**given)
+
+
+def config_from_file(path, cls: type = None) -> TrainConfig:
+    """``--config FILE``: a run's ``config.json`` (the flags it was given), ``tune``'s ``best_config.json`` (the
+    same), or a :meth:`TrainConfig.to_dict` JSON."""
+    cls = cls or TrainConfig
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--config {path}: cannot read it as JSON ({err})") from None
+    if isinstance(data, dict) and isinstance(data.get("given"), dict):
+        given = {k: tuple(v) if isinstance(v, list) else v for k, v in data["given"].items()}
+        try:
+            return cls().replace(**given)
+        except ConfigError as err:
+            raise ConfigError(f"--config {path}: {err}") from None
+    return _from_dict(cls, data, f"--config {path}")
 
 
 def overrides(config: TrainConfig) -> dict[str, Any]:

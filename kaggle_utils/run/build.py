@@ -208,10 +208,40 @@ def fit_settings(config: TrainConfig, plan: Plan):
                        min_delta=loop.min_delta, patience=loop.patience)
 
 
+def open_writers(config: TrainConfig, out_dir: str | Path) -> list:
+    """The writers ``config`` asks for (process 0): TensorBoard in ``out_dir/tensorboard`` with the flags as its
+    HParams, W&B (``--wandb``); the caller closes them (W&B then uploads the run folder's pictures and tables)."""
+    from ..train import TensorBoardWriter, WandbWriter
+
+    loop, writers = config.loop, []
+    if jax.process_index() == 0 and loop.tensorboard:
+        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard", hparams=config.flat()))
+    if jax.process_index() == 0 and loop.wandb:
+        writers.append(WandbWriter(out_dir, project=loop.wandb, config=config.flat(), artifact=loop.wandb_artifact))
+    return writers
+
+
+def model_size(config: TrainConfig, model, variables) -> dict:
+    """Parameters (trainable and ``--freeze``-frozen) and GFLOPs of one image's evaluation forward at the run's
+    size, as XLA's cost analysis of the lowered forward counts them (None where the backend gives no count)."""
+    from ..surgery import count_flops, param_table
+    from ..variable_trees import VariableTreeError
+
+    table = param_table(variables, frozen=list(config.model.freeze) or None)
+    size = config.model.image_size
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), variables)
+    try:
+        flops = count_flops(model, shapes, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
+    except VariableTreeError:
+        flops = None
+    return {"params_trainable": table.trainable, "params_frozen": table.frozen,
+            "gflops_per_image": None if flops is None else round(flops / 1e9, 4)}
+
+
 def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
             resume: bool = False, progress: bool = True, hooks=(), writers=()):
-    """The loop over ``data`` with the config's settings and writers (TensorBoard in ``out_dir``)."""
-    from ..train import TensorBoardWriter, fit
+    """The loop over ``data`` with the config's settings, ``writers`` (:func:`open_writers`) and files in ``out_dir``."""
+    from ..train import fit
 
     def train_batches(epoch):  # with --progressive-stages: at the epoch's stage's size and augmentation
         dataset = train_dataset(epoch_config(config, plan.stages, epoch), plan, data, epoch)
@@ -221,10 +251,8 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
             dataset.close()
 
     val = val_dataset(config, plan, data)
-    writers = list(writers)
-    if out_dir is not None and config.loop.tensorboard and jax.process_index() == 0:
-        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard"))
     return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
                val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
                writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
+               report={"model": plan.model_size} if plan.model_size else None,
                stages=tuple(zip(plan.stages, training.stage_steps)))

@@ -42,6 +42,7 @@ class Plan:
     precision_reason: str = ""  # why --precision is what it is on this machine
     batch_fit: str = ""  # with --batch-per-device auto: the batch chosen, bytes vs budget, compiles and seconds
     stages: tuple = ()  # --progressive-stages: kaggle_utils.train.progressive.Stage of each stage, in order
+    model_size: dict | None = None  # parameters and GFLOPs per image (run.build.model_size), once the model is built
 
     def describe(self, config: TrainConfig) -> str:
         from ..train import describe_lr_groups
@@ -53,10 +54,19 @@ class Plan:
         return (f"global batch {self.global_batch} = {self.per_device_batch} per device{pieces} x {self.device_count} "
                 f"device(s); peak learning rate {_lr_text(self.peak_lr, config.optim.lr)}{groups}; "
                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
-                f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
+                f"{config.model.name} at {config.model.image_size}px{_size_text(self.model_size)}, "
+                f"{config.model.num_classes} classes; "
                 f"{Precision(config.model.precision).describe()} ({self.precision_reason})"
                 f"{describe_stages(config, self.stages)}"
                 + (f"; {self.batch_fit}" if self.batch_fit else ""))
+
+
+def _size_text(size: dict | None) -> str:
+    if not size:
+        return ""
+    frozen = f", {size['params_frozen'] / 1e6:.2f} M frozen" if size["params_frozen"] else ""
+    flops = f", {size['gflops_per_image']:.3g} GFLOPs per image" if size["gflops_per_image"] is not None else ""
+    return f" ({(size['params_trainable'] + size['params_frozen']) / 1e6:.2f} M parameters{frozen}{flops})"
 
 
 def _lr_text(peak_lr: float, lr: float | str) -> str:

@@ -21,7 +21,8 @@ import numpy as np
 
 from .. import checkpoint, compilation, outdir
 from ..config import TrainConfig
-from .build import build_model, build_training, fit_run, initial_variables
+from ..train.writers import close_writers
+from .build import build_model, build_training, fit_run, initial_variables, model_size, open_writers
 from .data import RunData, commit_conversion, data_root, open_data
 from .lr_find import reuse_found_lr, settle_lr
 from .memory_plan import recorded_batch
@@ -46,6 +47,11 @@ class RunResult:
     @property
     def best(self) -> dict | None:
         return self.fit.best
+
+    @property
+    def model_size(self) -> dict:
+        """``params_trainable``, ``params_frozen``, ``gflops_per_image`` (one forward at the run's size, XLA's count)."""
+        return self.plan.model_size
 
     @property
     def history(self) -> list[dict]:
@@ -89,6 +95,7 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
         model = build_model(resolved)
         variables = initial_variables(resolved, model)
         training = build_training(resolved, plan, model, variables, task=task)
+        plan = dataclasses.replace(plan, model_size=model_size(resolved, model, variables))
         if main:  # every check passed: only now may the folder change
             outdir.prepare(out, resolved, resume=resume, overwrite=overwrite)
             checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
@@ -102,18 +109,22 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
         if main:
             print(plan.describe(resolved))
             write_config(out, resolved, plan, given=config, notes={"lr_find": lr_note} if lr_note else None)
-        result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
-                         writers=writers)
-        best = _best_variables(out, result)
-        # ---- reporting (presentation, above run/: a lazy import): val_counts.json, curves.png, per_class.csv
-        from ..report import finish_run
-        finish_run(out, resolved, plan, data, training.steps, best)
-        # ----
-        if not data.splits["test"]:
-            return RunResult(out, resolved, plan, result, training.steps)
-        path, ids = predict_test_split(training.steps, best, data.splits["test"], resolved,
-                                       batch_size=plan.global_batch, stored_size=data.stored_size,
-                                       out_dir=out)
+        opened = open_writers(resolved, out)  # closed last: W&B then uploads the pictures and tables
+        try:
+            result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
+                             writers=[*writers, *opened])
+            best = _best_variables(out, result)
+            # ---- reporting (presentation, above run/: a lazy import): val_counts.json, curves.png, per_class.csv
+            from ..report import finish_run
+            finish_run(out, resolved, plan, data, training.steps, best)
+            # ----
+            path, ids = None, ()
+            if data.splits["test"]:
+                path, ids = predict_test_split(training.steps, best, data.splits["test"], resolved,
+                                               batch_size=plan.global_batch, stored_size=data.stored_size,
+                                               out_dir=out)
+        finally:
+            close_writers(opened)
     return RunResult(out, resolved, plan, result, training.steps, path, tuple(str(i) for i in ids))
 
 

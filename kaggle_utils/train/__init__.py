@@ -5,10 +5,9 @@
 ``optim``: warmup + cosine schedule, batch-size scaled learning rate, AdamW with clipping / freezing.
 ``lr_groups``: learning rates per part of an EfficientNet (layer-wise decay, classifier multiplier).
 ``tasks``: loss + metrics (softmax, focal, multi-label), summed on the device, finished on the host.
-``loop``: ``fit`` and its ``FitSettings`` (actions at step intervals, history, checkpoints, resume, early
-stopping, hooks).
-``writers``: where logged scalars go (TensorBoard, or any object with ``write(step, scalars)``).
-``run_dir``: the files of a run folder (last K + best checkpoints, history).
+``loop``: ``fit`` and its ``FitSettings`` (actions at step intervals, history, resume, early stopping, hooks).
+``run_dir``: the files of a run folder (last K + best checkpoints, history), written in a background thread.
+``writers``: where logged scalars go (TensorBoard, W&B, or any object with ``write(step, scalars)``).
 """
 from .loop import TIMING_COLUMNS, FitResult, FitSettings, Hook, TrainingDiverged, evaluate, fit, history_columns
 from .lr_groups import LrGroups, assign_lr_groups, check_lr_group_values, describe_lr_groups, group_multipliers
@@ -17,12 +16,12 @@ from .state import TrainState, create_train_state, inference_state, init_variabl
 from .steps import (AXIS, StepConfig, Steps, eval_step, make_steps, micro_step, normalize, predict_step, replica_key,
                     train_step)
 from .tasks import FocalClassification, MetricError, MultiLabelClassification, SoftmaxClassification, Task, make_task
-from .writers import MetricWriter, TensorBoardWriter, WriterError
+from .writers import MetricWriter, TensorBoardWriter, WandbWriter, WriterError
 
 __all__ = [
     "AXIS", "FitResult", "FitSettings", "FocalClassification", "Hook", "LrGroups", "MetricError",
     "MetricWriter", "MultiLabelClassification", "SoftmaxClassification", "StepConfig", "Steps", "TIMING_COLUMNS",
-    "Task", "TensorBoardWriter", "TrainState", "TrainingDiverged", "WriterError", "assign_lr_groups",
+    "Task", "TensorBoardWriter", "TrainState", "TrainingDiverged", "WandbWriter", "WriterError", "assign_lr_groups",
     "check_lr_group_values", "create_train_state", "describe_lr_groups", "eval_step", "evaluate", "fit",
     "group_multipliers", "history_columns", "inference_state", "init_variables", "make_optimizer",
     "make_steps", "micro_step", "make_task", "normalize", "predict_step", "replica_key", "scaled_lr", "train_step",
