@@ -20,6 +20,10 @@ block too (each checkpoint with its weight and TTA, rows, time, files, the next 
 ``plan --target tpu-v5e-8 | tpu-v3-8 | local`` with the train flags: the run's steps compiled for that device, no
 TPU needed (:mod:`kaggle_utils.run.target_plan`): bytes per device, the largest batch that fits, FLOPs per image.
 
+``tune --trials N --search SPACE``: :func:`kaggle_utils.run.tune` with the train flags as the base config: an
+Optuna study of ``OUT/trial-K/`` runs in ``OUT/study.db``, ending with ``OUT/best_config.json``, which
+``train --config FILE`` trains (a run's ``config.json`` too; flags override the file).
+
 ``report OUT``: ``curves.png`` and ``per_class.csv`` drawn again from a run folder's files (or
 each ``foldK/`` of a CV folder), with no model and no data (:mod:`kaggle_utils.report`).
 
@@ -37,10 +41,11 @@ from pathlib import Path
 import jax
 
 from . import checkpoint, outdir, run
-from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
+from .config import ConfigError, TrainConfig, add_config_flags, config_from_args, config_from_file, int_in
 from .run import target_plan
+from .run.tune import PRUNERS
 
-__all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command"]
+__all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command", "tune_command"]
 
 
 def _comma_list(kind: type, what: str, example: str):
@@ -69,6 +74,8 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     job.add_argument("--resume", action="store_true", help="continue the run in --out from last.msgpack")
     job.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    job.add_argument("--config", metavar="FILE", help="start from a run's config.json or tune's best_config.json; "
+                                                      "the flags given override it")
     add_config_flags(train, config_cls)
 
     predict = commands.add_parser("predict", help="write submission.csv and probabilities.csv from runs")
@@ -90,6 +97,7 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     predict.add_argument("--no-progress", dest="progress", action="store_false")
 
     _add_cv_parser(commands, config_cls)
+    _add_tune_parser(commands, config_cls)
 
     plan = commands.add_parser("plan", help="compile the run's steps for a TPU or this device: memory, batch, FLOPs",
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # kaggle_utils.run.target_plan
@@ -112,8 +120,9 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
     from . import report
 
     started = time.perf_counter()
-    result = run.train(config_from_args(args, config_cls), args.out, resume=args.resume, overwrite=args.overwrite,
-                       progress=args.progress)
+    base = config_from_file(args.config, config_cls) if args.config else None
+    result = run.train(config_from_args(args, config_cls, base=base), args.out, resume=args.resume,
+                       overwrite=args.overwrite, progress=args.progress)
     summary = {"best": result.best, "stop_reason": result.fit.stop_reason, "out": str(result.out)}
     if result.submission is not None:
         summary["submission"] = str(result.submission)
@@ -179,6 +188,42 @@ def _cv_lines(result, wall_s: float) -> list[str]:
                                "test_probabilities.csv") if (out / name).is_file()]
     lines.append(f"  files: {', '.join(str(out / name) for name in files)}")
     return lines
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def _add_tune_parser(commands, config_cls: type) -> None:
+    tune = commands.add_parser("tune", help="search train flags with Optuna: a run per trial, pruning, best config",
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    job = tune.add_argument_group("tune")
+    job.add_argument("--trials", type=int_in(1), required=True, help="trials the study ends with (--resume counts "
+                                                                    "those finished before)")
+    job.add_argument("--search", required=True, metavar="SPACE", help="the flags searched: NAME=LOW:HIGH[:STEP] "
+                     "(uniform), NAME=log:LOW:HIGH, NAME=A|B|C, comma-separated, e.g. 'lr=log:1e-4:3e-2,"
+                     "label_smoothing=0:0.2,augment=none|randaugment-device'")
+    job.add_argument("--pruner", choices=PRUNERS, default="median", help="stops weak trials at "
+                     "their evaluations: median (below the median of earlier trials at that step, after 2 trials) "
+                     "| halving (successive halving) | none")
+    job.add_argument("--folds", type=int_in(2), help="score each trial by K-fold cross-validation (the folds' mean)")
+    job.add_argument("--out", required=True, help="study folder: study.db, trial-K/ runs, tune.json, best_config.json")
+    job.add_argument("--resume", action="store_true", help="continue the study in --out (finished trials are kept)")
+    job.add_argument("--overwrite", action="store_true", help="start the study in --out again")
+    job.add_argument("--config", metavar="FILE", help="the base config: a run's config.json; flags override it")
+    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    add_config_flags(tune, config_cls)
+
+
+def tune_command(args, config_cls: type = TrainConfig) -> dict:
+    """Runs ``tune`` (:func:`kaggle_utils.run.tune`); prints the trials, the best one, what to run next."""
+    from . import report
+
+    base = config_from_file(args.config, config_cls) if args.config else None
+    result = run.tune(config_from_args(args, config_cls, base=base), args.search, args.out, trials=args.trials,
+                      folds=args.folds, pruner=args.pruner, resume=args.resume, overwrite=args.overwrite,
+                      progress=args.progress)
+    print("\n".join(report.tune_lines(result.out)))
+    return {"out": str(result.out), "best_config": None if result.best_config is None else result.best_config.flat()}
 
 
 # --------------------------------------------------------------------------- predict
@@ -261,6 +306,9 @@ def _what_is_kept(args, fix: str | None = None) -> str:
     if args.command == "cv":
         return (f"finished folds are kept (fold*/oof.csv) and the unfinished one resumes from its last.msgpack: "
                 f"{then}the same command with --resume goes on")
+    if args.command == "tune":
+        return (f"{args.out}/study.db keeps every finished trial and the unfinished one resumes from its checkpoint: "
+                f"{then}the same command with --resume goes on")
     if args.command != "train":
         return f"no half-written file is left (writes are atomic): {then}run predict again"
     step = _saved_step(args.out)
@@ -291,7 +339,8 @@ def main(argv=None) -> int:
 
     prefix = f"{parser.prog} {args.command}"
     try:
-        {"train": train_command, "cv": cv_command, "predict": predict_command, "report": report_command,
+        {"train": train_command, "cv": cv_command, "tune": tune_command, "predict": predict_command,
+         "report": report_command,
          "plan": lambda a: target_plan.plan_command(config_from_args(a), a.target, out=a.out,
                                                     train_images=a.train_images)}[args.command](args)
     except DataError as err:

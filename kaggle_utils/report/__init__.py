@@ -11,17 +11,19 @@ prints :func:`summary_lines` and runs ``python -m kaggle_utils report OUT``
 * ``folder``: run and CV folders, redrawing them, the ``report`` command.
 * ``summary``: the blocks a run and a prediction end with.
 * ``finish``: the end of a training run (one more evaluation of the best checkpoint).
+* ``study``: what a ``tune`` study found (its table, ``importance.png``).
 """
 from .curves import CURVES_FILE, write_curves
 from .finish import finish_run, validation_sums
 from .folder import METRICS_FILE, ReportError, fold_folders, read_metrics, redraw, report_command
+from .study import IMPORTANCE_FILE, tune_lines, write_importance
 from .summary import next_lines, prediction_lines, summary_lines
 from .tables import (COUNTS_FILE, PER_CLASS_FILE, confusion_rows, counts_record, multilabel_rows, read_counts,
                      write_counts, write_per_class, write_per_class_from_counts)
 
 __all__ = [
-    "COUNTS_FILE", "CURVES_FILE", "METRICS_FILE", "PER_CLASS_FILE", "ReportError", "confusion_rows", "counts_record",
+    "COUNTS_FILE", "CURVES_FILE", "IMPORTANCE_FILE", "METRICS_FILE", "PER_CLASS_FILE", "ReportError", "confusion_rows", "counts_record",
     "finish_run", "fold_folders", "multilabel_rows", "next_lines", "prediction_lines", "read_counts", "read_metrics", "redraw",
-    "report_command", "summary_lines", "validation_sums", "write_counts", "write_curves", "write_per_class",
-    "write_per_class_from_counts",
+    "report_command", "summary_lines", "tune_lines", "validation_sums", "write_counts", "write_curves", "write_per_class",
+    "write_importance", "write_per_class_from_counts",
 ]

@@ -25,10 +25,11 @@ In the order a run uses them:
 
 :func:`train` (``trainer``) is all of it in order, into one folder: what the job and notebook 04 call.
 :func:`cross_validate` (``cv``, folds from ``folds``, ``--fold-group`` from ``groups``) runs it once per fold
-over one pool of records.
+over one pool of records. :func:`tune` (``tune``) runs an Optuna study whose trials are :func:`train` runs.
 """
 from .build import (Training, build_model, build_training, device_augmentation, eval_transform, fit_run,
-                    fit_settings, host_augment, initial_variables, train_dataset, train_transform, val_dataset)
+                    fit_settings, host_augment, initial_variables, model_size, open_writers, train_dataset,
+                    train_transform, val_dataset)
 from .cv import CVResult, cross_validate
 from .data import (SAMPLE, RunData, commit_conversion, converted_source, data_root, find_splits, infer_image_size,
                    named_classes, open_data, sample_or_folder, scan_labels, scan_test_ids, submission_labels)
@@ -38,6 +39,7 @@ from .resolve import Plan, check_config, global_batch, make_task, resolve, run_m
 from .saved import load_run, write_config
 from .stages import describe_stages, epoch_config, progressive_stages, stage_config
 from .trainer import RunResult, predict_test_split, train
+from .tune import TuneResult, parse_space, tune
 
 __all__ = [
     "CVResult", "Member", "Plan", "RunData", "RunResult", "SAMPLE", "Training", "build_model", "build_training",
@@ -45,10 +47,11 @@ __all__ = [
     "device_augmentation", "epoch_config",
     "eval_transform",
     "expand_checkpoint",
-    "find_splits", "fit_run", "fit_settings", "global_batch", "host_augment", "infer_image_size", "initial_variables",
+    "find_splits", "fit_run", "fit_settings", "global_batch", "host_augment", "infer_image_size", "initial_variables", "model_size", "open_writers",
     "LrFinding", "find_lr", "load_members", "load_run", "make_task", "named_classes", "open_data", "open_test_split",
     "pick_lr", "predict_ensemble", "predict_test_split", "progressive_stages", "resolve", "run_manifest",
     "sample_or_folder", "scan_labels", "scan_test_ids", "stage_config",
-    "submission_labels", "train", "train_dataset", "train_transform", "val_dataset", "write_config",
+    "submission_labels", "train", "train_dataset", "train_transform", "TuneResult", "parse_space", "tune",
+    "val_dataset", "write_config",
     "write_predictions",
 ]
