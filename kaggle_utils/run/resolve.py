@@ -64,9 +64,12 @@ class Plan:
 def _size_text(size: dict | None) -> str:
     if not size:
         return ""
-    frozen = f", {size['params_frozen'] / 1e6:.2f} M frozen" if size["params_frozen"] else ""
+    def count(n: int) -> str:
+        return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n:,}"
+
+    frozen = f", {count(size['params_frozen'])} frozen" if size["params_frozen"] else ""
     flops = f", {size['gflops_per_image']:.3g} GFLOPs per image" if size["gflops_per_image"] is not None else ""
-    return f" ({(size['params_trainable'] + size['params_frozen']) / 1e6:.2f} M parameters{frozen}{flops})"
+    return f" ({count(size['params_trainable'] + size['params_frozen'])} parameters{frozen}{flops})"
 
 
 def _lr_text(peak_lr: float, lr: float | str) -> str:
@@ -182,6 +185,10 @@ def check_config(config: TrainConfig, task=None) -> None:
     _check_monitor_mode(config)
     if not 0 < config.task.threshold < 1:
         raise ConfigError(f"--threshold {config.task.threshold}: must be in (0, 1)")
+    if config.loop.wandb:
+        from ..train.writers import import_wandb
+
+        import_wandb()  # a missing package is named before the output folder changes
 
 
 def _check_monitor_mode(config: TrainConfig) -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 from urllib.parse import urlparse
 
-__all__ = ["MetricWriter", "TensorBoardWriter", "WandbWriter", "WriterError", "close_writers", "wandb_offline_reason"]
+__all__ = ["MetricWriter", "TensorBoardWriter", "WandbWriter", "WriterError", "close_writers", "import_wandb",
+           "wandb_offline_reason"]
 
 
 class WriterError(ValueError):
@@ -126,6 +127,15 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+def import_wandb():
+    """The ``wandb`` module, or :class:`WriterError` naming the package to install."""
+    try:
+        import wandb  # only a run that asks for W&B needs it (Kaggle's images have it)
+    except ImportError:
+        raise WriterError("--wandb needs the wandb package: pip install wandb") from None
+    return wandb
+
+
 def wandb_offline_reason() -> str | None:
     """Why W&B's server is out of reach (no API key, or no network: a Kaggle notebook without internet), or None."""
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
@@ -153,10 +163,7 @@ class WandbWriter:
 
     def __init__(self, out_dir: str | os.PathLike, *, project: str, config: Mapping[str, Any], name: str | None = None,
                  artifact: bool = False):
-        try:
-            import wandb  # only a run that asks for W&B needs it (Kaggle's images have it)
-        except ImportError:
-            raise WriterError("--wandb needs the wandb package: pip install wandb") from None
+        wandb = import_wandb()
         self.out_dir, self.artifact, self._wandb = Path(out_dir), artifact, wandb
         _check_writable(self.out_dir, "W&B")
         offline = None if os.environ.get("WANDB_MODE") else wandb_offline_reason()
@@ -176,8 +183,11 @@ class WandbWriter:
         for name in ("per_class", "history"):
             if (out / f"{name}.csv").is_file():
                 with open(out / f"{name}.csv", newline="") as f:
-                    rows = list(csv.reader(f))
-                logged[name] = wandb.Table(columns=rows[0], data=[[_number(v) for v in row] for row in rows[1:]])
+                    header, *rows = list(csv.reader(f))
+                columns = list(zip(*rows)) or [()] * len(header)  # a column of numbers (or blanks) is numbers
+                numeric = [all(_number(v) is not None for v in column if v) for column in columns]
+                logged[name] = wandb.Table(columns=header, data=[
+                    [(_number(v) if v else None) if number else v for v, number in zip(row, numeric)] for row in rows])
         if logged:
             self.run.log(logged)
         if self.artifact and (out / "best.msgpack").is_file():
@@ -189,11 +199,11 @@ class WandbWriter:
         self.run.finish()
 
 
-def _number(text: str):
+def _number(text: str) -> float | None:
     try:
         return float(text)
     except ValueError:
-        return text
+        return None
 
 
 def close_writers(writers: Sequence[object]) -> None:
