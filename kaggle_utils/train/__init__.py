@@ -1,6 +1,6 @@
 """Multi-device training engine: state, steps (pmap or jit + shard_map), optimizer, fit loop.
 
-``state``: TrainState (fp32 params, batch_stats, optimizer state, step, rng, optional EMA).
+``state``: TrainState (fp32 params, batch_stats, optimizer state, step, rng, optional EMA and loss scale).
 ``steps``: per-replica train / eval / predict steps and ``make_steps`` (mode "pmap" | "jit").
 ``optim``: warmup + cosine schedule, batch-size scaled learning rate, AdamW with clipping / freezing.
 ``lr_groups``: learning rates per part of an EfficientNet (layer-wise decay, classifier multiplier).

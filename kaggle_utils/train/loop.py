@@ -1,20 +1,12 @@
 """``fit``: training steps with actions at intervals: log, evaluate, checkpoint, stop early.
 
-* An epoch is ``steps_per_epoch`` steps over ``train_batches(epoch)``, a *function* of the epoch, so a
-  resumed run rebuilds the interrupted one's data order (seed the shuffle with the epoch) and skips the
-  batches it already trained on.
-* :class:`FitSettings` says when: every ``log_every`` steps the summed step metrics are pulled from the
-  device (one sync per log, never one per step) and sent to the writers; every ``eval_every`` steps
-  (default: each epoch end) an evaluation adds a history row; at every evaluation and every
-  ``checkpoint_every`` steps the state is pulled to the host and saved by a background thread
-  (:class:`~kaggle_utils.train.run_dir.RunFolder`), keeping the last ``keep`` plus the best. ``resume=True``
-  continues from the last save with the same data order, keys, schedule and history.
-* The history columns are ``train_<metric>`` and ``val_<metric>`` of the steps'
-  :class:`~kaggle_utils.train.tasks.Task`; any can be the ``monitor``. Nothing diverged is ever saved: the
-  loss is checked at every pull, the parameters and the validation loss before every save
-  (:class:`TrainingDiverged`).
-* ``hooks``: objects with any of the :class:`Hook` methods, or functions ``(row, host_state) -> stop?``
-  called after each evaluation: user code at the points of a run, without editing the loop.
+An epoch is ``steps_per_epoch`` steps over ``train_batches(epoch)``, a *function* of the epoch, so a resumed
+run rebuilds the interrupted one's data order and skips the batches it already trained on. Every
+``log_every`` steps the summed metrics are pulled (one sync per log, never one per step) for the writers;
+an evaluation (default: each epoch end) adds a history row of the task's ``train_``/``val_`` metrics; at
+each evaluation and every ``checkpoint_every`` steps the state is pulled to the host and saved by a
+background thread (:class:`~.run_dir.RunFolder`). Nothing diverged is saved (:class:`TrainingDiverged`).
+``hooks`` run user code at the points of a run (:class:`Hook`, or functions called after each evaluation).
 """
 from __future__ import annotations
 
@@ -23,6 +15,7 @@ import itertools
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -77,13 +70,9 @@ class Hook:
     def on_run_end(self, result: FitResult) -> None: ...
 
 
-class _EvalFunction(Hook):
-    def __init__(self, fn: Callable):
-        self.on_eval_end = fn
-
-
-def _as_hooks(hooks: Sequence) -> list[Hook]:
-    return [h if any(hasattr(h, m) for m in vars(Hook) if m.startswith("on_")) else _EvalFunction(h)
+def _as_hooks(hooks: Sequence) -> list:
+    """Hooks as they are; a plain function as the ``on_eval_end`` of one."""
+    return [h if any(hasattr(h, m) for m in vars(Hook) if m.startswith("on_")) else SimpleNamespace(on_eval_end=h)
             for h in hooks]
 
 
@@ -100,11 +89,8 @@ def _is_main() -> bool:
 
 def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = PREFETCH, progress: bool = False,
              desc: str = "eval") -> dict:
-    """Sums of the eval step over every *global* batch (``state`` already on the devices), on the host.
-
-    Every process reads the whole split and keeps its own rows of each batch, so every process
-    runs the same number of steps whatever the files' sizes.
-    """
+    """Sums of the eval step over every *global* batch (``state`` on the devices), on the host; each process
+    keeps its own rows of each batch, so every process runs as many steps whatever the files' sizes."""
     total = None
     bar = progress_bar(desc=desc, leave=False, disable=not (progress and _is_main()), unit="batch")
     for batch in steps.prefetch(map(local_rows, batches), prefetch):
@@ -123,13 +109,10 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], set
         stages: Sequence = ()) -> FitResult:
     """Trains ``state`` (a host TrainState) as ``settings`` say; returns the final host state and the history.
 
-    ``val_batches()`` yields the validation split; without it the validation columns are NaN and
-    ``settings.monitor`` should be a training column. ``manifest`` (e.g. the run's config) goes into
-    the JSON beside each checkpoint, ``report`` (e.g. the model's size) into ``metrics.json``.
-    ``writers`` (:mod:`.writers`) get the scalars; their caller closes them. ``stages``: ``(Stage, Steps)``
-    pairs of a progressive run (:mod:`~kaggle_utils.train.progressive`): each stage's epochs train with
-    its own steps (``steps`` then only evaluates), its rows and scalars carry ``stage`` and ``image_size``,
-    and its first step reports its compile time.
+    ``val_batches()`` yields the validation split (without it the ``val_`` columns are NaN). ``manifest``
+    goes into each checkpoint's JSON, ``report`` into ``metrics.json``; ``writers`` get the scalars (their
+    caller closes them). ``stages``: ``(Stage, Steps)`` of a progressive run (:mod:`.progressive`): each
+    stage trains with its own steps, its rows say ``stage`` and ``image_size``, its first step is timed.
     """
     loop = _Loop(steps, state, settings, train_batches, val_batches, lr_schedule=lr_schedule,
                  hooks=_as_hooks(hooks), writers=list(writers), progress=progress and _is_main(), stages=stages)
@@ -339,10 +322,7 @@ class _Loop:
         return improved
 
     def _report_first_step(self, metrics) -> None:
-        """One line: how long the first step (of the run, or of each stage) took and how much of it was compiling.
-
-        One sync, once per stage; a stage's compile seconds also go to ``metrics.json``.
-        """
+        """One line (one sync) per run or stage: its first step's seconds, and how many of them were compiling."""
         jax.block_until_ready(metrics)
         self.first_step_done = True
         started, compiled_before = self.first_step_from
@@ -355,8 +335,8 @@ class _Loop:
             tqdm.write(f"{where}first step after {took:.1f} s, {compiled:.1f} s of it compiling")
 
     def _reports(self) -> dict:
-        """What ``metrics.json`` says besides the history: best, stop reason, the run's compiling (a resumed run:
-        its own), each stage's (progressive) and the training thread's seconds on checkpoints."""
+        """``metrics.json`` besides the history: best, stop reason, this process's compiling (and each stage's),
+        the training thread's seconds on checkpoints."""
         stages = {} if self.staged is None else {"stage_compile_s": dict(self.stage_compile_s)}
         return {"best": self.best, "stop_reason": self.stop_reason, "checkpoint_s": round(self.checkpoint_s, 3),
                 "compile_s": round(compilation.seconds() - self.compiled_before, 3), **stages}

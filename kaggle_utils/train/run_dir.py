@@ -1,15 +1,10 @@
-"""The files of a run folder: checkpoints (last K + best), history, and reading them back.
+"""The files of a run folder: ``last.msgpack`` (state, history, the training sums since the last row: all a
+resume needs; with ``keep > 1`` the previous ones stay as ``ckpt-STEP`` hard links), ``best.msgpack`` (the
+best evaluation's variables), ``metrics.json`` and ``history.csv``; reading them back.
 
-* ``last.msgpack``: the training state, the history and the training sums since the last history row:
-  all a resumed run needs to continue mid-epoch. With ``keep > 1`` the previous ``last`` files stay as
-  ``ckpt-STEP.msgpack`` (hard links: no copy), the newest ``keep - 1``.
-* ``best.msgpack``: the model variables of the best evaluation by the monitored metric.
-* ``metrics.json`` and ``history.csv``: the history, one row per evaluation.
-
-Each file is written atomically beside a JSON manifest (:mod:`kaggle_utils.checkpoint`), by process 0,
-in a background thread (:class:`~kaggle_utils.checkpoint.BackgroundWrites`) from host copies, in an
-order that a kill between two writes cannot break: ``best`` before ``last`` (a resumed run redoes that
-interval and writes the same ``best``), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
+Process 0 writes each file atomically beside a manifest (:mod:`kaggle_utils.checkpoint`), from host copies,
+in a background thread, in an order a kill cannot break: ``best`` before ``last`` (a resume redoes that
+interval), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What :func:`~kaggle_utils.train.fit` does when, and how it judges an evaluation: the loop's settings.
-
-Kept apart from the loop so that a run's config maps onto one small checked object
-(:func:`kaggle_utils.run.fit_settings`), and a bad value is refused before anything compiles.
+"""What :func:`~kaggle_utils.train.fit` does when, and how it judges an evaluation: one small checked object that
+a run's config maps onto (:func:`kaggle_utils.run.fit_settings`), refusing a bad value before anything compiles.
 """
 from __future__ import annotations
 
@@ -17,12 +15,8 @@ TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ betwee
 
 @dataclasses.dataclass(frozen=True)
 class FitSettings:
-    """When :func:`fit` does what, and what it watches: the loop's part of a run's config.
-
-    Give ``epochs`` (of ``steps_per_epoch`` steps) or ``total_steps`` (the last epoch may be
-    shorter); ``total_steps`` is filled in from ``epochs``. Every value is checked here, so a
-    bad setting is refused before anything is compiled or trained.
-    """
+    """When :func:`fit` does what, and what it watches. Give ``epochs`` (of ``steps_per_epoch`` steps) or
+    ``total_steps`` (the last epoch may be shorter; filled in from ``epochs``)."""
 
     steps_per_epoch: int
     epochs: int | None = None

@@ -1,20 +1,11 @@
 """Tasks: what a step optimises and what a split is scored by, kept out of the step itself.
 
-A task turns a batch's ``label`` field into float targets ``[B, C]`` (integer labels, multi-hot
-rows or soft targets from mixup/cutmix all take that form), gives a per-example loss of
-``(logits, targets)``, and scores a split in two halves:
-
-* ``metric_sums`` runs inside the jitted step: *sums* over the real examples of a batch
-  (padding masked), which add up exactly across batches, devices and hosts.
-* ``finish`` runs on the host on the summed statistics: accuracy, top-5, macro F1, ... A
-  user metric is one more function of those sums (:meth:`Task.with_metric`).
-
-Why sums and not per-batch means: the mean of per-batch F1 scores is not the F1 of the split,
-and a padded last batch would weigh as much as a full one.
-
-Built in: :class:`SoftmaxClassification` (single label, label smoothing; the default),
-:class:`FocalClassification` (single label, down-weights easy examples) and
-:class:`MultiLabelClassification` (sigmoid binary cross-entropy, one decision per class).
+A task turns a batch's ``label`` into float targets ``[B, C]`` (labels, multi-hot rows, mixed targets),
+gives a per-example loss, and scores a split in two halves: ``metric_sums`` inside the jitted step (*sums*
+over real examples, which add up exactly across batches, devices and hosts: a mean of per-batch F1 scores
+is not the split's F1) and ``finish`` on the host (accuracy, top-5, macro F1, user metrics of the sums).
+Built in: :class:`SoftmaxClassification` (the default), :class:`FocalClassification`,
+:class:`MultiLabelClassification` (sigmoid BCE, one decision per class).
 """
 from __future__ import annotations
 
@@ -77,12 +68,9 @@ class Task:
 
     def metric_sums(self, logits: jax.Array, labels: jax.Array, mask: jax.Array, *, full: bool,
                     losses: jax.Array | None = None) -> dict:
-        """Summed statistics of one batch's real rows; ``full`` (evaluation) adds the costly ones.
-
-        ``losses``: the per-example losses the step already computed (the train step's, against
-        smoothed or mixed targets); without them (evaluation) the loss is taken against the
-        unsmoothed ``labels``, so validation losses compare across smoothing settings.
-        """
+        """Summed statistics of one batch's real rows; ``full`` (evaluation) adds the costly ones. ``losses``: the
+        train step's own (smoothed or mixed targets); without them the loss is against the unsmoothed ``labels``,
+        so validation losses compare across smoothing settings."""
         raise NotImplementedError
 
     def _losses(self, logits, labels, losses):

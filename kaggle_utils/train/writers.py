@@ -1,13 +1,9 @@
-"""Metric writers: where the loop's scalars go besides ``metrics.json`` and ``history.csv``.
+"""Metric writers: where the loop's scalars go besides ``metrics.json``: TensorBoard, Weights & Biases, yours.
 
-A writer is any object with ``write(step, scalars)`` (and optionally ``close()``, which its caller
-calls): the loop calls it at every log step with the training scalars (``train/loss``, ``lr``,
-``grad_norm``, ``train/img_per_s``, ...), after every evaluation with the row's metrics (``val/f1``,
-``train_epoch/loss``, ``epoch``, ...) and at the end with the best row's (``best/val_f1``, ...). Values are
-Python floats already pulled from the device, so a writer never forces a device sync of its own.
-
-:class:`TensorBoardWriter` writes event files that TensorBoard and Kaggle's viewers read (with the run's
-config as an HParams entry); :class:`WandbWriter` a Weights & Biases run, offline where W&B is out of reach.
+A writer is any object with ``write(step, scalars)`` (and optionally ``close()``, called by its owner): at
+every log step (``train/loss``, ``lr``, ``grad_norm``, ...), after every evaluation (``val/f1``,
+``train_epoch/loss``, ``epoch``, ...) and at the end (``best/val_f1``, ...), with host floats: a writer
+never forces a device sync.
 """
 from __future__ import annotations
 
@@ -50,13 +46,9 @@ def _finite(scalars: Mapping[str, float]) -> dict[str, float]:
 
 
 class TensorBoardWriter:
-    """Scalars as TensorBoard event files in ``logdir``; ``hparams`` (e.g. the run's flags) as an HParams entry.
-
-    Event files are TFRecords of ``Event`` protocol buffers, which ship with TensorFlow, so this needs no
-    ``tensorboard`` package (Kaggle's TPU image has ``tensorflow-cpu`` without it); the HParams plugin's own
-    message is encoded by hand (:func:`_hparams_content`). TensorBoard lists the run's scalars (the
-    ``best/...`` ones the loop writes last among them) as the HParams tab's metrics. The folder is checked
-    when the writer is made. Non-finite values are skipped: TensorBoard draws them as gaps anyway.
+    """Scalars as TensorBoard event files in ``logdir`` (checked at once); ``hparams`` (the run's flags) as an
+    HParams entry whose metrics are the run's scalars (``best/...`` among them). Event protos ship with
+    TensorFlow, so no ``tensorboard`` package is needed (Kaggle's TPU image has none). NaNs are skipped.
     """
 
     def __init__(self, logdir: str | os.PathLike, *, hparams: Mapping[str, Any] | None = None):
@@ -94,37 +86,23 @@ class TensorBoardWriter:
 
 
 def _hparams_content(hparams: Mapping[str, Any]) -> bytes:
-    """TensorBoard's ``HParamsPluginData{session_start_info: SessionStartInfo{hparams: map<string, Value>}}``.
+    """TensorBoard's ``HParamsPluginData{session_start_info (3): SessionStartInfo{hparams (1): map<string, Value>}}``.
 
-    Field numbers of tensorboard/plugins/hparams/plugin_data.proto (3: session_start_info, in it 1: hparams)
-    and of a map entry (1: key, 2: value); numbers, strings and booleans stay what they are, anything else
-    (None, tuples) becomes its text.
+    A ``Struct`` is laid out exactly as that SessionStartInfo (its field 1 is a ``map<string, Value>``), so only
+    the outer field is written by hand. Numbers, strings and booleans stay themselves; None and tuples become text.
     """
     from google.protobuf import struct_pb2
 
-    def field(number: int, payload: bytes) -> bytes:  # a length-delimited field: tag, length, bytes
-        return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-    entries = b""
-    for key, value in hparams.items():
-        if isinstance(value, bool):
-            proto = struct_pb2.Value(bool_value=value)
-        elif isinstance(value, (int, float)):
-            proto = struct_pb2.Value(number_value=value)
-        else:
-            text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-            proto = struct_pb2.Value(string_value=text)
-        entries += field(1, field(1, key.encode()) + field(2, proto.SerializeToString()))
-    return field(3, entries)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
+    start = struct_pb2.Struct()
+    start.update({k: v if isinstance(v, (bool, int, float, str)) else ",".join(map(str, v)) if isinstance(v, tuple)
+                  else str(v) for k, v in hparams.items()})
+    payload = start.SerializeToString()
+    size, length = bytearray(), len(payload)
+    while True:  # the payload's length as a varint: 7 bits a byte, low bits first
+        size.append((length & 0x7F) | (0x80 if length > 0x7F else 0))
+        length >>= 7
+        if not length:
+            return bytes([3 << 3 | 2]) + bytes(size) + payload  # field 3, length-delimited
 
 
 def import_wandb():
@@ -154,8 +132,8 @@ def wandb_offline_reason() -> str | None:
 
 
 class WandbWriter:
-    """The run on Weights & Biases: its config, every scalar the loop writes, and, when closed, the run folder's
-    ``curves.png``, ``per_class.csv`` and ``history.csv`` (and ``best.msgpack`` as an artifact with ``artifact``).
+    """The run on Weights & Biases: its config, every scalar the loop writes and, when closed, the run folder's
+    ``curves.png`` and ``per_class.csv`` (and ``best.msgpack`` as an artifact with ``artifact``).
 
     The run lives in ``out_dir/wandb/``. Where W&B's server is out of reach (:func:`wandb_offline_reason`)
     and ``WANDB_MODE`` is not set, it runs offline and says where the run is and how to upload it later.
@@ -180,21 +158,18 @@ class WandbWriter:
         wandb, out, logged = self._wandb, self.out_dir, {}
         if (out / "curves.png").is_file():
             logged["curves"] = wandb.Image(str(out / "curves.png"))
-        for name in ("per_class", "history"):
-            if (out / f"{name}.csv").is_file():
-                with open(out / f"{name}.csv", newline="") as f:
-                    header, *rows = list(csv.reader(f))
-                columns = list(zip(*rows)) or [()] * len(header)  # a column of numbers (or blanks) is numbers
-                numeric = [all(_number(v) is not None for v in column if v) for column in columns]
-                logged[name] = wandb.Table(columns=header, data=[
-                    [(_number(v) if v else None) if number else v for v, number in zip(row, numeric)] for row in rows])
+        if (out / "per_class.csv").is_file():
+            with open(out / "per_class.csv", newline="") as f:
+                header, *rows = list(csv.reader(f))
+            numeric = [all(_number(v) is not None for v in column if v) for column in zip(*rows)]  # or blank
+            logged["per_class"] = wandb.Table(columns=header, data=[
+                [(_number(v) if v else None) if number else v for v, number in zip(row, numeric)] for row in rows])
         if logged:
             self.run.log(logged)
         if self.artifact and (out / "best.msgpack").is_file():
             model = wandb.Artifact(re.sub(r"[^\w.-]", "-", f"{self.run.name}-best"), type="model")
-            model.add_file(str(out / "best.msgpack"))
-            if (out / "best.json").is_file():
-                model.add_file(str(out / "best.json"))
+            for name in ("best.msgpack", "best.json"):
+                model.add_file(str(out / name))
             self.run.log_artifact(model)
         self.run.finish()
 
