@@ -64,6 +64,7 @@ class Plan:
 def _size_text(size: dict | None) -> str:
     if not size:
         return ""
+
     def count(n: int) -> str:
         return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n:,}"
 

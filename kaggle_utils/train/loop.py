@@ -276,7 +276,7 @@ class _Loop:
                                    "anything, so the checkpoints hold the last good state")
         self.checkpoint_s += time.perf_counter() - started
         improved = self._evaluate(dev_state, host_state, step, epoch) if evaluate_now else False
-        if self.folder is not None:
+        if self.folder is not None and self.folder.write:
             started = time.perf_counter()
             pending = None if self.pending is None else self.steps.get(self.pending)
             self.folder.save(host_state, self.history, pending, epoch=epoch, best=self.best if improved else None,
