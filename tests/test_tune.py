@@ -4,6 +4,7 @@ import json
 import re
 import signal
 import sqlite3
+import sys
 import time
 
 import jax.numpy as jnp
@@ -42,6 +43,15 @@ def test_the_space_is_read_by_the_flags_own_types():
 def test_a_bad_space_is_named_before_anything_runs(text, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)):
         run.tune(TrainConfig(), text, tmp_path / "study", trials=2)
+    assert not (tmp_path / "study").exists()
+
+
+def test_optuna_missing_is_one_line_naming_the_package(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        job.main(["tune", "--trials", "2", "--search", "lr=log:1e-4:1e-2", "--out", str(tmp_path / "study")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("tune needs the optuna package: pip install optuna")
     assert not (tmp_path / "study").exists()
 
 
