@@ -112,6 +112,7 @@ def test_a_killed_study_resumes_without_repeating_trials_and_its_best_config_ret
     assert {p: (out / p / "metrics.json").stat().st_mtime for p in finished_before} == finished_before
     record = json.loads((out / "tune.json").read_text())
     assert [t["trial"] for t in record["trials"]] == [0, 1, 2, 3]
+    assert len({json.dumps(t["params"], sort_keys=True) for t in record["trials"]}) == 4  # no draw replayed
     assert {t["state"] for t in record["trials"]} <= {"complete", "pruned"}
     with sqlite3.connect(out / "study.db") as db:  # one study, four trials: nothing was added twice
         assert db.execute("select count(*) from trials").fetchone() == (4,)

@@ -128,8 +128,8 @@ def tune(config: TrainConfig, space: str, out: str | Path, *, trials: int, folds
     pruning = {"median": optuna.pruners.MedianPruner(n_startup_trials=2),
                "halving": optuna.pruners.SuccessiveHalvingPruner(), "none": optuna.pruners.NopPruner()}[pruner]
     study = optuna.create_study(storage=f"sqlite:///{out / 'study.db'}", study_name="tune", load_if_exists=True,
-                                direction={"min": "minimize", "max": "maximize"}[mode], pruner=pruning,
-                                sampler=optuna.samplers.TPESampler(seed=config.seed))
+                                direction={"min": "minimize", "max": "maximize"}[mode], pruner=pruning)
+    study.sampler = optuna.samplers.TPESampler(seed=config.seed + len(study.trials))  # resumed: no replayed draws
     setup = json.loads(json.dumps({"flags": overrides(config), "search": space, "folds": folds}, default=list))
     if study.user_attrs.get("setup", setup) != setup:
         raise ConfigError(f"--resume: {out}'s study has other flags: {study.user_attrs['setup']} (or --overwrite)")
