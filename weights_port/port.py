@@ -9,13 +9,19 @@ from __future__ import annotations
 import dataclasses
 import platform
 import tempfile
+import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import timm
 import torch
+
+with warnings.catch_warnings():
+    # timm imports wandb where it is installed; wandb 0.22 (Kaggle's GPU image) warns about its own fields
+    # under pydantic >= 2.12, which would bury the porter's one-line errors
+    warnings.filterwarnings("ignore", module=r"pydantic\.")
+    import timm
 from safetensors.torch import load_file
 
 from kaggle_utils import checkpoint
