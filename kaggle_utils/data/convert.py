@@ -101,9 +101,8 @@ def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size
     per_file = math.ceil(len(indices) / min(shards, len(indices)))
     # a test image must keep its submission row: a corrupt test JPEG is kept as libjpeg recovers it (with a
     # warning), as prediction from the competition's TFRecords keeps one
-    dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, ordered=True,
-                          with_ids=True, skip_errors=skip_errors, process_index=0, process_count=1,
-                          keep_corrupt_jpegs=not source.labeled)
+    dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, with_ids=True,
+                          skip_errors=skip_errors)
     pending, paths = [], []
 
     def flush():

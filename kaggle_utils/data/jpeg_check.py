@@ -21,21 +21,11 @@ What no decoder can find: a change that leaves a valid entropy stream (most sing
 which only alter a coefficient) decodes without a warning; only a checksum of the file would
 show it.
 
-Where the check runs:
-
-* Augmentation workers decode with ``simplejpeg`` itself (:mod:`kaggle_utils.data.jpeg`), strict,
-  so there the check costs nothing: the decode is the check.
-* In tf.data, ``tf.io.decode_jpeg`` decodes and :func:`tf_check` runs beside it, a
-  ``tf.numpy_function`` that decodes the entropy data again at 1/8 scale (libjpeg-turbo still
-  Huffman-decodes every coefficient, which is where the warnings arise, but skips most of the
-  inverse DCT and all colour work; the same files are flagged as at full scale). That costs a
-  good part of a decode on every read, and in tf.data even a Python call per record is felt, so
-  :class:`CheckedRecords` remembers which records passed in a TensorFlow hash table, looked up in
-  the graph, for the life of the process (a file rewritten in place is checked again): a record
-  is checked once. The job reads every train and val record before training (its label scan),
-  so a corrupt image stops it, or is counted, before the first step, and training's epochs only
-  look the records up. Test images are not read before training; prediction keeps a corrupt one
-  (its row is needed) and names it in a warning.
+Where it runs: augmentation workers decode with ``simplejpeg`` itself, strict (:mod:`.jpeg`: the decode is the
+check); in tf.data, :func:`tf_check` runs beside ``tf.io.decode_jpeg``, decoding the entropy data again at 1/8
+scale (every coefficient is still Huffman-decoded, which is where the warnings arise). That costs a good part of a
+decode, so :class:`CheckedRecords` remembers the records that passed, for the life of the process: a record is
+checked the first time it is decoded (the first epoch), later epochs only look it up.
 """
 from __future__ import annotations
 
@@ -44,6 +34,8 @@ import threading
 import warnings
 
 import numpy as np
+
+from .tfhost import tensorflow_on_host
 
 __all__ = ["CheckedRecords", "CorruptJpegError", "NOT_CHECKED_NOTICE", "check_available",
            "corrupt_problem", "jpeg_problem", "strict_decoder", "tf_check"]
@@ -124,15 +116,11 @@ class CheckedRecords:
     """
 
     def __init__(self):
-        from .tfhost import tensorflow_on_host
-
         tf = tensorflow_on_host()
         self._passed = tf.lookup.experimental.MutableHashTable(tf.string, tf.bool, default_value=False)
 
     def tf_check(self, files=None):
         """``(filename, index, jpeg) -> problem`` for tf.data; ``files``: stamp these files' keys (see above)."""
-        from .tfhost import tensorflow_on_host
-
         tf = tensorflow_on_host()
         stamps = None
         if files:
@@ -169,30 +157,20 @@ def _problem_bytes(data: bytes) -> bytes:
     return jpeg_problem(data).encode()
 
 
-_tfrecord_checks: CheckedRecords | None = None  # shared by every TFRecord pipeline of the process
-_tfrecord_checks_lock = threading.Lock()
+_checked: CheckedRecords | None = None  # shared by every pipeline of the process
+_checked_lock = threading.Lock()
 
 
-def tf_check(tfrecord_files=None, *, warn_only: bool = False):
-    """``(filename, index, jpeg) -> problem`` (string tensors; ``""``: fine) for tf.data; None without simplejpeg.
-
-    ``tfrecord_files``: the records that passed are remembered for every pipeline of the
-    process over these files (else for this pipeline only). ``warn_only``: a corrupt JPEG is
-    named in a RuntimeWarning and passes as fine.
+def tf_check(files=(), *, warn_only: bool = False):
+    """``(filename, index, jpeg) -> problem`` (string tensors; ``""``: fine) for tf.data, remembering passes for the
+    process (``files``: the files the names are, stamped). ``warn_only``: a corrupt JPEG is named in a
+    RuntimeWarning and passes (a test image: the submission needs its row). Needs :func:`check_available`.
     """
-    global _tfrecord_checks
-    if not check_available():
-        return None
-    from .tfhost import tensorflow_on_host
-
+    global _checked
     tf = tensorflow_on_host()
-    if tfrecord_files is None:
-        check = CheckedRecords().tf_check()
-    else:
-        with _tfrecord_checks_lock:
-            if _tfrecord_checks is None:
-                _tfrecord_checks = CheckedRecords()
-        check = _tfrecord_checks.tf_check(tfrecord_files)
+    with _checked_lock:
+        _checked = _checked or CheckedRecords()
+    check = _checked.tf_check(files)
     if not warn_only:
         return check
 
@@ -205,6 +183,6 @@ def tf_check(tfrecord_files=None, *, warn_only: bool = False):
 
 
 def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:
-    warnings.warn(f"{filename.decode()}, record {int(index)}: {problem.decode()}; kept as decoded "
-                  "(keep_corrupt_jpegs=True)", RuntimeWarning, stacklevel=1)
+    warnings.warn(f"{filename.decode()}, record {int(index)}: {problem.decode()}; kept as decoded (a test image: its "
+                  "row is needed)", RuntimeWarning, stacklevel=1)
     return b""

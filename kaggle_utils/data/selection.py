@@ -20,7 +20,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .tfhost import tensorflow_on_host
+from .tfhost import op_message, tensorflow_on_host
+from .tfrecords import DataError, reader_problem
 
 __all__ = ["RecordIndex", "record_filter", "scan_records"]
 
@@ -97,8 +98,11 @@ def scan_records(files: list[str]) -> RecordIndex:
     names, indices, labels, ids, label_sets = [], [], [], [], []
     for name in sorted(files):
         start = 0
-        for chunk in tf.data.TFRecordDataset(name).batch(4096):
-            parsed = tf.io.parse_example(chunk, spec)
+        try:
+            chunks = [tf.io.parse_example(chunk, spec) for chunk in tf.data.TFRecordDataset(name).batch(4096)]
+        except tf.errors.OpError as err:  # a file that does not read, or a feature of another type: which record
+            raise DataError(str(reader_problem([name], spec) or f"{name}: {op_message(err)}")) from None
+        for parsed in chunks:
             n = int(parsed["class"].shape[0])
             names += [name] * n
             indices.append(np.arange(start, start + n))

@@ -92,43 +92,24 @@ class Source:
                             f"{process_count} processes")
         return np.arange(self.num_examples)[process_index::process_count]
 
-    def records(self, indices: np.ndarray, *, ordered: bool, seed: int | None, shuffle_buffer_size: int):
-        """tf.data of ``(name, index, payload)`` for ``indices``: payload is a file path (``paths``) or image bytes.
-
-        Files are shuffled by index (all of them, cheap); tfds records in a buffer, read in
-        file order so that a record's index, and with it its label and id, stays fixed.
-        """
-        from .tfhost import tensorflow_on_host
-
-        tf = tensorflow_on_host()
-        if self.tfds is None:
-            records = tf.data.Dataset.from_tensor_slices(indices.astype(np.int64))
-            if not ordered:
-                records = records.shuffle(len(indices), seed=seed, reshuffle_each_iteration=True)
-            paths = tf.constant(self.paths)
-            return records.map(lambda i: (tf.gather(paths, i), i, tf.gather(paths, i)))
-        import tensorflow_datasets as tfds
-
-        builder, split, key = self.tfds["builder"], self.tfds["split"], self.tfds["image_key"]
-        records = builder.as_dataset(split=split, shuffle_files=False, decoders={key: tfds.decode.SkipDecoding()})
-        wanted = tf.constant(np.isin(np.arange(self.num_examples), indices))
-        name = tf.constant(self.description)
-        records = records.enumerate().filter(lambda i, _: tf.gather(wanted, i)).map(lambda i, ex: (name, i, ex[key]))
-        if not ordered:
-            records = records.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
-        return records
-
 
 # --------------------------------------------------------------------------------------
 # Folders
 # --------------------------------------------------------------------------------------
 def _images_in(folder: str, extensions, *, nested: bool = False) -> list[str]:
-    """The images in ``folder``; ``nested``: in its sub-folders too, as torchvision's ImageFolder reads a
-    class folder (hidden folders left out), so that no image of the class is silently dropped."""
+    """The images in ``folder``; ``nested``: in its sub-folders too, as torchvision's ImageFolder reads a class
+    folder (hidden folders left out), so that no image of the class is silently dropped. A link to a folder
+    inside it is refused: it can lead out of the source (``dir -> ..`` read a whole disk's images) or loop."""
     wanted = tuple(e.lower() for e in extensions)
     found = []
-    for here, folders, files in os.walk(folder, followlinks=True):
+    for here, folders, files in os.walk(folder):
         folders[:] = [d for d in folders if not d.startswith(".")] if nested else []
+        for name in folders:
+            link = os.path.join(here, name)
+            if os.path.islink(link):
+                raise DataError(f"{link} is a link to the folder {os.path.realpath(link)}: a class folder's images are "
+                                "taken from inside it only (a link can lead out of the source, or loop); copy or link "
+                                "the images themselves instead")
         found += [os.path.join(here, f) for f in files
                   if f.lower().endswith(wanted) and os.path.isfile(os.path.join(here, f))]
     return sorted(found)
@@ -158,6 +139,10 @@ def class_folders(root, *, extensions=IMAGE_EXTENSIONS) -> Source:
         raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>)")
     paths, labels = [], []
     for label, name in enumerate(classes):
+        real = os.path.realpath(os.path.join(root, name))
+        if os.path.commonpath([real, os.path.realpath(root)]) == real:
+            raise DataError(f"class folder {os.path.join(root, name)} is a link to {real}, which holds the source "
+                            "itself (a loop)")
         found = _images_in(os.path.join(root, name), extensions, nested=True)
         if not found:
             raise DataError(f"class folder {os.path.join(root, name)!r} holds no images ({', '.join(extensions)})")

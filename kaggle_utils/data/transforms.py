@@ -26,23 +26,11 @@ from dataclasses import dataclass
 from .jpeg import DCT_METHOD
 from .tfhost import tensorflow_on_host
 
-__all__ = ["CenterCrop", "INTERPOLATIONS", "RandomResizedCrop", "Resize", "decode_image", "first_success",
-           "resize_image"]
+__all__ = ["CenterCrop", "INTERPOLATIONS", "RandomResizedCrop", "Resize", "decode_image", "resize_image"]
 
 INTERPOLATIONS = ("bilinear", "bicubic")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _RRC_ATTEMPTS = 10  # torchvision / timm try 10 random boxes before falling back to a centre crop
-
-
-def first_success(fn, value, fallback):
-    """``(fn(value), True)``, or ``(fallback, False)`` where ``fn`` raises: a try/except inside tf.data.
-
-    tf.data has none, but ``ignore_errors`` on a one-element dataset is one: the element
-    either comes out computed or is dropped, and the fallback behind it comes out instead.
-    """
-    tf = tensorflow_on_host()
-    tried = tf.data.Dataset.from_tensors(value).map(lambda v: (fn(v), True)).ignore_errors()
-    return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()
 
 
 def decode_image(encoded):
