@@ -48,9 +48,10 @@ class ImgaugRandAugment:
         return f"ImgaugRandAugment(n={self.n}, m={self.m})"
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
+        seed = int(np.random.randint(2**31 - 1))  # before building: imgaug's constructors draw from np.random too
         if self._augmenter is None:
             self._augmenter = import_imgaug_augmenters().RandAugment(n=self.n, m=self.m)
-        self._augmenter.seed_(int(np.random.randint(2**31 - 1)))
+        self._augmenter.seed_(seed)
         return np.asarray(self._augmenter(images=images))
 
 
