@@ -22,7 +22,7 @@ import numpy as np
 from .augment_workers import ProcessPoolAugmenter, check_augmented, default_worker_count, seed_numpy
 from .imgaug_compat import import_imgaug_augmenters
 from .randaugment_tf import RandAugment
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
 from .tfrecords import RecordProblem
 
 __all__ = ["AugmentPlan", "ImgaugRandAugment", "augment_batches", "augment_images", "resolve_augment",
@@ -94,7 +94,6 @@ def resolve_augment(augment, *, workers: int | None = None) -> AugmentPlan:
 
 def per_image_ops(crop, augment):
     """``(image, seed) -> image``: ``crop``, then the TF-native ``augment``, each on its own part of the seed."""
-    tf = tensorflow_on_host()
     if crop is None or augment is None:
         return crop or augment or (lambda image, seed: image)
 
@@ -113,7 +112,6 @@ def augment_batches(batches, fn, *, seed: int, image_shape, problems, determinis
     worker could not decode (by its batch's ``name`` and ``index``; ``mask`` False, the batch keeps its shape)
     and any exception of ``fn`` before TensorFlow wraps it, so the pipeline can raise the original.
     """
-    tf = tensorflow_on_host()
     pool = fn if isinstance(fn, ProcessPoolAugmenter) else None
 
     def call(data, names, indices, batch_seed):
@@ -150,9 +148,9 @@ def augment_batches(batches, fn, *, seed: int, image_shape, problems, determinis
 
 def _tensor_copy(shared: np.ndarray):
     """A tensor holding a copy of ``shared`` (a view of a worker's shared memory, reused after this)."""
-    tensor = tensorflow_on_host().convert_to_tensor(shared)
+    tensor = tf.convert_to_tensor(shared)
     if np.asarray(tensor).ctypes.data == shared.ctypes.data:  # a TF build that aliases numpy memory
-        tensor = tensorflow_on_host().convert_to_tensor(shared.copy())
+        tensor = tf.convert_to_tensor(shared.copy())
     return tensor
 
 
@@ -166,7 +164,6 @@ def augment_images(images: np.ndarray, augment="randaugment", *, seed: int = 0) 
         raise ValueError(f"augment_images takes a uint8 batch [B, H, W, 3], got {images.dtype} {images.shape}")
     plan = resolve_augment(augment, workers=0)
     if plan.per_image is not None:
-        tf = tensorflow_on_host()
         seeds = tf.random.experimental.stateless_split(tf.constant([seed, 0], tf.int64), len(images))
         data = tf.data.Dataset.from_tensor_slices((images, seeds)).map(plan.per_image)
         return np.stack(list(data.as_numpy_iterator()))

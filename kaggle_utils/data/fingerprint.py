@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from .sources import Source
+from .tfhost import tf
 from .tfrecords import DataError
 
 __all__ = ["conversion_fingerprint", "fingerprint_changes", "source_fingerprint"]
@@ -39,9 +40,7 @@ def _digest(parts: Iterator[str | bytes]) -> str:
 def _file_stats(source: Source) -> Iterator[str]:
     """Path, size and modification time of each file the source reads (a tfds split: its dataset's files)."""
     if source.tfds is not None:
-        from .tfhost import tensorflow_on_host
-
-        gfile = tensorflow_on_host().io.gfile
+        gfile = tf.io.gfile
         folder = source.tfds["builder"].data_dir
         for path in sorted(gfile.glob(os.path.join(folder, "*"))):
             stat = gfile.stat(path)

@@ -35,7 +35,7 @@ import warnings
 
 import numpy as np
 
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
 
 __all__ = ["CheckedRecords", "CorruptJpegError", "NOT_CHECKED_NOTICE", "check_available",
            "corrupt_problem", "jpeg_problem", "strict_decoder", "tf_check"]
@@ -116,12 +116,10 @@ class CheckedRecords:
     """
 
     def __init__(self):
-        tf = tensorflow_on_host()
         self._passed = tf.lookup.experimental.MutableHashTable(tf.string, tf.bool, default_value=False)
 
     def tf_check(self, files=None):
         """``(filename, index, jpeg) -> problem`` for tf.data; ``files``: stamp these files' keys (see above)."""
-        tf = tensorflow_on_host()
         stamps = None
         if files:
             stamps = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
@@ -167,7 +165,6 @@ def tf_check(files=(), *, warn_only: bool = False):
     RuntimeWarning and passes (a test image: the submission needs its row). Needs :func:`check_available`.
     """
     global _checked
-    tf = tensorflow_on_host()
     with _checked_lock:
         _checked = _checked or CheckedRecords()
     check = _checked.tf_check(files)

@@ -34,7 +34,7 @@ from . import jpeg_check
 from .augment import augment_batches, per_image_ops, resolve_augment
 from .selection import check_selection, record_filter
 from .sources import Source
-from .tfhost import first_success, host_cores, op_message, tensorflow_on_host
+from .tfhost import first_success, host_cores, op_message, tf
 from .tfrecords import (UNDECODABLE, BadRecordError, DataError, RecordProblem, count_data_items, first_problem,
                         list_tfrecords, parse_record, reader_problem, record_spec, shard_files, size_problem)
 from .transforms import Resize, decode_image
@@ -77,7 +77,6 @@ class ProblemLog:
 
     def keep(self, name, index, problem):
         """In the graph: True for a good record, else the problem goes to :meth:`add`."""
-        tf = tensorflow_on_host()
 
         def report(name, index, problem):
             return self.add(RecordProblem(name.numpy().decode(), int(index), problem.numpy().decode()))
@@ -88,7 +87,6 @@ class ProblemLog:
     def batches(self, tf_dataset, explain) -> Iterator:
         """Iterate ``tf_dataset``, raising a recorded error before a batch that lacks its record is delivered, and
         ``explain(err)`` for a TensorFlow error (a file that cannot be read)."""
-        tf = tensorflow_on_host()
         iterator = iter(tf_dataset)
         while True:
             try:
@@ -176,7 +174,6 @@ class HostDataset:
 # --------------------------------------------------------------------------------------
 def read_records(files: list[str], *, shuffle_seed: int | None = None):
     """``(file, index in the file, serialized record)`` of every record; shuffled (files, then a buffer) with a seed."""
-    tf = tensorflow_on_host()
 
     def read_file(filename):
         return tf.data.TFRecordDataset(filename).enumerate().map(lambda index, record: (filename, index, record))
@@ -193,7 +190,6 @@ def read_records(files: list[str], *, shuffle_seed: int | None = None):
 def source_records(source: Source, indices: np.ndarray, *, shuffle_seed: int | None = None):
     """``(name, index, payload)`` of ``indices``: payload a file path, or a tfds record's image bytes. Files are
     shuffled whole (cheap); tfds records in a buffer, read in file order so that an index keeps its label."""
-    tf = tensorflow_on_host()
     if source.tfds is None:
         records = tf.data.Dataset.from_tensor_slices(indices.astype(np.int64))
         if shuffle_seed is not None:
@@ -214,7 +210,6 @@ def source_records(source: Source, indices: np.ndarray, *, shuffle_seed: int | N
 def decode(encoded, problem, *, name, index, size: int | None = None, check=None):
     """Image bytes -> ``(uint8 [H, W, 3], problem)``: bytes that do not decode, an image other than ``size`` x
     ``size`` (TFRecords) or corrupt JPEG data (``check``, :func:`~.jpeg_check.tf_check`) become the problem."""
-    tf = tensorflow_on_host()
     image, decoded = first_success(decode_image, encoded, tf.zeros([1, 1, 3], tf.uint8))
     problem = first_problem(problem, tf.where(decoded, "", UNDECODABLE))
     if size is not None:
@@ -229,7 +224,6 @@ def decode(encoded, problem, *, name, index, size: int | None = None, check=None
 def _batches(records, to_example, *, training: bool, seed: int, batch_size: int, plan, problems: ProblemLog,
              image_shape, deterministic: bool):
     """Records -> examples (the parallel map, each with a per-image seed) -> batches -> per-batch augmentation."""
-    tf = tensorflow_on_host()
     if training:
         records = records.repeat()
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
@@ -292,7 +286,6 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
       deterministic: False lets each map hand out elements as they finish (faster where they take uneven
         time; the order, and with it the batches of a seed, then vary).
     """
-    tf = tensorflow_on_host()
     _check_batch_size(batch_size)
     listed = list_tfrecords(files)
     files = shard_files(listed, *_jax_process()) if training else listed
@@ -345,7 +338,6 @@ def scan_labels(files, *, image_size: int, multi_label_classes: int | None = Non
     Every record is checked as far as it can be without decoding (features, types, classes, a JPEG's size
     from its header); an image whose data do not decode is found where it is first decoded (the first epoch).
     """
-    tf = tensorflow_on_host()
     files = list_tfrecords(files)
     problems = ProblemLog(skip_errors)
 
@@ -395,7 +387,6 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     otherwise) and, outside training, is read in that order (a tfds split in its own order). An image of a
     test source (no labels) with corrupt JPEG data is kept as decoded, with a warning naming it.
     """
-    tf = tensorflow_on_host()
     _check_batch_size(batch_size)
     if crop is None and image_size is None:
         raise ValueError("give image_size= (images are resized to it) or crop=")

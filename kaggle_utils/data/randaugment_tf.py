@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
 
 __all__ = ["FILL_VALUE", "MAX_MAGNITUDE", "RANDAUGMENT_OPS", "RandAugment"]
 
@@ -33,12 +33,11 @@ EQUALIZE_FULL_HISTOGRAM_PIXELS = 384 * 384
 # and imgaug's pillike ops, use.
 # --------------------------------------------------------------------------------------
 def _float(image):
-    return tensorflow_on_host().cast(image, "float32")
+    return tf.cast(image, "float32")
 
 
 def _uint8(x):
     """Round half up and saturate to 0..255."""
-    tf = tensorflow_on_host()
     return tf.saturate_cast(x + 0.5, tf.uint8)
 
 
@@ -49,18 +48,15 @@ def _blend(degenerate, image, factor):
 
 
 def _enhance_factor(level):
-    tf = tensorflow_on_host()
     return tf.clip_by_value(1.0 + 0.9 * level, 0.1, 1.9)  # imgaug: 1 +- 0.9 m/30
 
 
 def _grayscale(image):
-    tf = tensorflow_on_host()
     return tf.reduce_sum(_float(image) * tf.constant([0.299, 0.587, 0.114]), axis=-1, keepdims=True)
 
 
 def _warp(image, matrix):
     """Nearest-neighbour affine warp: output pixel (x, y) reads input pixel ``matrix @ (x, y, 1)``."""
-    tf = tensorflow_on_host()
     height, width = image.shape[0], image.shape[1]
     ys, xs = tf.meshgrid(tf.range(height, dtype=tf.float32), tf.range(width, dtype=tf.float32), indexing="ij")
     source_x = tf.round(matrix[0] * xs + matrix[1] * ys + matrix[2])
@@ -78,7 +74,6 @@ def identity(image, level):
 
 def autocontrast(image, level):
     """Stretch each channel to the full 0..255 range."""
-    tf = tensorflow_on_host()
     lo = _float(tf.reduce_min(image, axis=[0, 1]))
     hi = _float(tf.reduce_max(image, axis=[0, 1]))
     scale = tf.where(hi > lo, 255.0 / tf.maximum(hi - lo, 1.0), 1.0)
@@ -94,7 +89,6 @@ def equalize(image, level):
     histogram is the slowest step in XLA on CPU, and a quarter of the pixels gives the same
     mapping up to sampling noise. Smaller images are equalised exactly as PIL does.
     """
-    tf = tensorflow_on_host()
     offsets = tf.constant([0, 256, 512])
     values = tf.reshape(tf.cast(image, tf.int32) + offsets, [-1])
     stride = 2 if image.shape[0] * image.shape[1] > EQUALIZE_FULL_HISTOGRAM_PIXELS else 1
@@ -116,7 +110,6 @@ def equalize(image, level):
 
 def rotate(image, level):
     """Rotate about the centre by up to 30 degrees."""
-    tf = tensorflow_on_host()
     angle = level * (30.0 * math.pi / 180.0)
     h, w = float(image.shape[0]), float(image.shape[1])
     cos, sin = tf.cos(angle), tf.sin(angle)
@@ -126,7 +119,6 @@ def rotate(image, level):
 
 def solarize(image, level):
     """Invert pixels at or above a threshold that falls from 256 (none) towards 0 (all)."""
-    tf = tensorflow_on_host()
     threshold = 256 - tf.cast(tf.abs(level) * 256.0, tf.int32)
     x = tf.cast(image, tf.int32)
     return tf.cast(tf.where(x >= threshold, 255 - x, x), tf.uint8)
@@ -139,7 +131,6 @@ def color(image, level):
 
 def posterize(image, level):
     """Drop up to 6 low bits per channel."""
-    tf = tensorflow_on_host()
     dropped = tf.cast(tf.abs(level) * 6.0, tf.int32)
     mask = tf.cast(tf.bitwise.left_shift(255, dropped) % 256, tf.uint8)
     return tf.bitwise.bitwise_and(image, mask)
@@ -147,7 +138,6 @@ def posterize(image, level):
 
 def contrast(image, level):
     """Blend with the mean grey level."""
-    tf = tensorflow_on_host()
     return _blend(tf.reduce_mean(_grayscale(image)), image, _enhance_factor(level))
 
 
@@ -163,7 +153,6 @@ def sharpness(image, level):
     Rows are flattened to [H, 3W] so that neighbours are plain offsets of 3 along one axis, and
     the sums are integers (XLA vectorises these, not the float version; bench/README.md).
     """
-    tf = tensorflow_on_host()
     height, width = image.shape[0], image.shape[1]
     x = tf.reshape(tf.cast(image, tf.int32), [height, 3 * width])
     rows = x[:, :-6] + x[:, 3:-3] + x[:, 6:]
@@ -175,23 +164,19 @@ def sharpness(image, level):
 
 def shear_x(image, level):
     """Shear by up to 0.3 (about 17 degrees) along x."""
-    tf = tensorflow_on_host()
     return _warp(image, tf.stack([1.0, level * 0.3, 0.0, 0.0, 1.0, 0.0]))
 
 
 def shear_y(image, level):
-    tf = tensorflow_on_host()
     return _warp(image, tf.stack([1.0, 0.0, 0.0, level * 0.3, 1.0, 0.0]))
 
 
 def translate_x(image, level):
     """Shift by up to 33% of the width."""
-    tf = tensorflow_on_host()
     return _warp(image, tf.stack([1.0, 0.0, level * 0.33 * image.shape[1], 0.0, 1.0, 0.0]))
 
 
 def translate_y(image, level):
-    tf = tensorflow_on_host()
     return _warp(image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, level * 0.33 * image.shape[0]]))
 
 
@@ -235,7 +220,6 @@ class RandAugment:
                 f"flip={self.flip}, jit_compile={self.jit_compile})")
 
     def __call__(self, image, seed):
-        tf = tensorflow_on_host()
         if self._compiled is None:
             self._compiled = tf.function(self._augment, jit_compile=self.jit_compile)
         # drawn outside the compiled function: XLA's stateless RNG gives other numbers than TF's
@@ -243,7 +227,6 @@ class RandAugment:
         return self._compiled(tf.convert_to_tensor(image), draws)
 
     def _augment(self, image, draws):
-        tf = tensorflow_on_host()
         if not image.shape.is_fully_defined() or image.shape[-1] != 3 or image.dtype != tf.uint8:
             raise ValueError(f"RandAugment needs uint8 images of a static shape [H, W, 3], got {image.dtype} "
                              f"{image.shape}")

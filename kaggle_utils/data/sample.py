@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .tfrecord_writer import atomic_output_path, write_split
-from .tfrecords import list_tfrecords, tensorflow_on_host
+from .tfhost import tf
+from .tfrecords import list_tfrecords
 
 __all__ = ["SampleDataset", "make_sample_dataset", "SPLITS"]
 
@@ -50,7 +51,6 @@ class SampleDataset:
 
 def _upscale(images: np.ndarray, image_size: int) -> np.ndarray:
     """Grey [N, h, w] uint8 -> RGB [N, S, S, 3] uint8 (bilinear)."""
-    tf = tensorflow_on_host()
     resized = tf.image.resize(images[..., np.newaxis].astype(np.float32), [image_size, image_size], "bilinear")
     return np.repeat(np.clip(np.round(resized.numpy()), 0, 255).astype(np.uint8), 3, axis=-1)
 

@@ -20,7 +20,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .tfhost import op_message, tensorflow_on_host
+from .tfhost import op_message, tf
 from .tfrecords import DataError, reader_problem
 
 __all__ = ["RecordIndex", "record_filter", "scan_records"]
@@ -36,7 +36,6 @@ def record_filter(files: list[str], select: Iterable[tuple[str, int]]):
     ``files`` are the names the reader uses (this process's shard); a selected record of a
     file outside it is another process's and is not counted here.
     """
-    tf = tensorflow_on_host()
     by_path = {_norm(f): f for f in files}
     keys = sorted({f"{by_path[_norm(f)]}#{int(i)}" for f, i in select if _norm(f) in by_path})
     if not keys:
@@ -91,7 +90,6 @@ class RecordIndex:
 def scan_records(files: list[str]) -> RecordIndex:
     """Labels (``class``, or a multi-label record's ``labels``) and ids of every record of ``files`` (sorted),
     parsed in batches, no image decoded."""
-    tf = tensorflow_on_host()
     spec = {"class": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
             "id": tf.io.FixedLenFeature([], tf.string, default_value=""),
             "labels": tf.io.VarLenFeature(tf.int64)}

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .tfhost import tensorflow_on_host
 from .tfrecords import DataError
 
 __all__ = ["IMAGE_EXTENSIONS", "MissingImageError", "Source", "class_folders", "csv_source", "image_folder",
@@ -305,10 +306,8 @@ def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: st
     The labels are read in one pass over the records without decoding the images. Ids are
     ``<split>-<record index>`` (tfds splits have no common id feature).
     """
-    from .tfhost import tensorflow_on_host
-
-    tensorflow_on_host()
-    import tensorflow_datasets as tfds
+    tensorflow_on_host()  # first: tensorflow_datasets imports TensorFlow, which must not see the accelerators
+    import tensorflow_datasets as tfds  # only for a tfds source: a slow import
 
     try:
         builder = tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))

@@ -9,7 +9,7 @@ import re
 import threading
 import warnings
 
-__all__ = ["first_success", "host_cores", "op_message", "tensorflow_on_host"]
+__all__ = ["first_success", "host_cores", "op_message", "tensorflow_on_host", "tf"]
 
 _tf_module = None
 _tf_lock = threading.Lock()
@@ -41,6 +41,17 @@ def tensorflow_on_host():
         return _tf_module
 
 
+class _TensorFlow:
+    """``tf`` for this package's modules: TensorFlow is imported (by :func:`tensorflow_on_host`) when first used,
+    so importing the package, as the augmentation workers do, loads none of it."""
+
+    def __getattr__(self, name):
+        return getattr(tensorflow_on_host(), name)
+
+
+tf = _TensorFlow()
+
+
 def host_cores() -> int:
     """The CPU cores this process may run on: its affinity (a container's or a pinned job's share), which
     ``os.cpu_count()`` ignores."""
@@ -62,6 +73,5 @@ def first_success(fn, value, fallback):
     tf.data has none, but ``ignore_errors`` on a one-element dataset is one: the element either comes
     out computed or is dropped, and the fallback behind it comes out instead (tens of µs per call).
     """
-    tf = tensorflow_on_host()
     tried = tf.data.Dataset.from_tensors(value).map(lambda v: (fn(v), True)).ignore_errors()
     return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()

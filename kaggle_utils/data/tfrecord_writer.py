@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
 
 __all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name", "write_split", "write_tfrecord"]
 
@@ -50,7 +50,7 @@ def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
     image = np.asarray(image)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
         raise ValueError(f"encode_jpeg needs a uint8 [H, W, 3] image, got {image.dtype} {image.shape}")
-    return tensorflow_on_host().io.encode_jpeg(image, quality=quality).numpy()
+    return tf.io.encode_jpeg(image, quality=quality).numpy()
 
 
 def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Sequence[int] | None = None,
@@ -61,7 +61,6 @@ def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Se
         raise ValueError("give label= (single-label) or labels= (multi-label), not both")
     if label is None and labels is None and id is None:
         raise ValueError("give label= or labels= (train/val records, with id= where known) or id= (test records)")
-    tf = tensorflow_on_host()
     feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_jpeg]))}
     if labels is not None:
         if not len(labels):
@@ -77,7 +76,6 @@ def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Se
 
 def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
     """Write serialized records with ``tf.io.TFRecordWriter``, atomically; returns the count."""
-    tf = tensorflow_on_host()
     count = 0
     with atomic_output_path(path) as tmp:
         with tf.io.TFRecordWriter(tmp) as writer:

@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .tfhost import first_success, op_message, tensorflow_on_host
+from .tfhost import first_success, op_message, tf
 
 __all__ = ["BadRecordError", "DataError", "NoTFRecordsError", "RecordProblem", "UNDECODABLE", "count_data_items",
            "count_from_name", "count_records", "list_tfrecords", "locate_competition_data", "parse_record",
@@ -69,7 +69,7 @@ class RecordProblem:
 # Finding, counting and sharding files
 # --------------------------------------------------------------------------------------
 def _resolve_one(source: str) -> list[str]:
-    gfile = tensorflow_on_host().io.gfile
+    gfile = tf.io.gfile
     if _glob.has_magic(source):
         found = sorted(gfile.glob(source))
         if not found:
@@ -104,7 +104,6 @@ def count_from_name(filename: str) -> int | None:
 
 def count_records(filename: str) -> int:
     """Count the records of one file by reading it (inside TF, no Python per record)."""
-    tf = tensorflow_on_host()
     try:
         return int(tf.data.TFRecordDataset(filename).reduce(np.int64(0), lambda n, _: n + 1))
     except tf.errors.OpError:
@@ -153,7 +152,6 @@ def locate_competition_data(image_size: int, roots: Sequence[str] = KAGGLE_INPUT
 def reader_problem(files: Sequence[str], spec: dict | None = None) -> RecordProblem | None:
     """The first record of ``files`` that cannot be read (or parsed with ``spec``), read one by one, eagerly:
     what explains a TensorFlow error that names no file. None if every record reads."""
-    tf = tensorflow_on_host()
     for filename in files:
         index = 0
         try:
@@ -178,7 +176,6 @@ def reader_problem(files: Sequence[str], spec: dict | None = None) -> RecordProb
 # --------------------------------------------------------------------------------------
 def record_spec(labeled: bool, multi_label: bool = False) -> dict:
     """The features a record is parsed for: ``image`` and ``class`` / ``labels`` / ``id``."""
-    tf = tensorflow_on_host()
     target = ("labels" if multi_label else "class", tf.int64) if labeled else ("id", tf.string)
     return {"image": tf.io.VarLenFeature(tf.string), target[0]: tf.io.VarLenFeature(target[1])}
 
@@ -196,7 +193,6 @@ def _count_problem(tf, name: str, count, what: str):
 
 def first_problem(*problems):
     """The first non-empty problem string (a tensor), or ``""``."""
-    tf = tensorflow_on_host()
     found = problems[-1]
     for problem in reversed(problems[:-1]):
         found = tf.where(tf.equal(problem, ""), found, problem)
@@ -205,7 +201,6 @@ def first_problem(*problems):
 
 def size_problem(height_width, size: int):
     """``""`` for an image of ``size`` x ``size``, else what is wrong."""
-    tf = tensorflow_on_host()
     return tf.where(tf.reduce_all(tf.equal(height_width, [size, size])), "", tf.strings.format(
         "image is {}x{} (height x width), expected {}x{}", (height_width[0], height_width[1], size, size)))
 
@@ -220,7 +215,6 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
     ``image_size`` or does not parse). ``jpeg_only``: bytes that are not a JPEG are a problem too (for the
     augmentation workers, which decode JPEGs only).
     """
-    tf = tensorflow_on_host()
     multi = labeled and multi_label_classes is not None
     spec = record_spec(labeled, multi)
     key = list(spec)[1]
@@ -252,7 +246,6 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
 
 def _multi_hot(indices, num_classes: int):
     """A multi-label record's class indices -> (float32 multi-hot ``[C]``, what is wrong or ``""``)."""
-    tf = tensorflow_on_host()
     inside = (indices >= 0) & (indices < num_classes)
     row = tf.minimum(tf.reduce_sum(tf.one_hot(tf.boolean_mask(indices, inside), num_classes, dtype=tf.float32), 0), 1.0)
     outside = tf.concat([tf.boolean_mask(indices, ~inside), tf.zeros([1], indices.dtype)], 0)[0]

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from .jpeg import DCT_METHOD
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
 
 __all__ = ["CenterCrop", "INTERPOLATIONS", "RandomResizedCrop", "Resize", "decode_image", "resize_image"]
 
@@ -35,7 +35,6 @@ _RRC_ATTEMPTS = 10  # torchvision / timm try 10 random boxes before falling back
 
 def decode_image(encoded):
     """Encoded image bytes (scalar string) -> uint8 [H, W, 3]; raises on bytes that are no image."""
-    tf = tensorflow_on_host()
 
     def decode_png16():  # every PNG, so 16-bit ones keep their full range until the rounding
         wide = tf.io.decode_png(encoded, channels=3, dtype=tf.uint16)
@@ -59,13 +58,12 @@ def _check_size_and_interpolation(transform) -> None:
 
 def resize_image(image, height, width, interpolation: str = "bilinear"):
     """uint8 [H, W, 3] -> uint8 [height, width, 3], antialiased, rounded to the nearest level."""
-    tf = tensorflow_on_host()
     resized = tf.image.resize(image, tf.stack([height, width]), method=interpolation, antialias=True)
     return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
 
 
 def _square(image, size: int):
-    return tensorflow_on_host().ensure_shape(image, [size, size, 3])
+    return tf.ensure_shape(image, [size, size, 3])
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,6 @@ class CenterCrop:
             raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
 
     def __call__(self, image, seed=None):
-        tf = tensorflow_on_host()
         scaled = math.floor(self.size / self.crop_pct)
         shape = tf.shape(image)
         height, width = tf.cast(shape[0], tf.float64), tf.cast(shape[1], tf.float64)
@@ -138,7 +135,6 @@ class RandomResizedCrop:
 
     def box(self, height, width, seed):
         """(top, left, box_height, box_width) for an image of ``height`` x ``width``."""
-        tf = tensorflow_on_host()
         area_seed, ratio_seed, top_seed, left_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 4))
         h, w = tf.cast(height, tf.float32), tf.cast(width, tf.float32)
         area = h * w * tf.random.stateless_uniform([_RRC_ATTEMPTS], area_seed, self.scale[0], self.scale[1])
@@ -162,7 +158,6 @@ class RandomResizedCrop:
         return top, left, box_h, box_w
 
     def __call__(self, image, seed):
-        tf = tensorflow_on_host()
         box_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         shape = tf.shape(image)
         top, left, box_h, box_w = self.box(shape[0], shape[1], box_seed)
