@@ -97,15 +97,23 @@ def child(spec: dict) -> None:
         augment = {"TF RandAugment": "randaugment", "imgaug, workers": "imgaug"}.get(spec["route"])
         dataset = kd.load_dataset(files, image_size=size, batch_size=batch, training=True, seed=0, crop=crop,
                                   augment=augment)
-        batches = iter(dataset)
+        batches = dataset
+    rate = measure(batches, spec["seconds"], spec["warmup_seconds"])
+    print(json.dumps({**spec, "images_per_s": rate}), flush=True)
+    os._exit(0)  # the rate is out: no waiting for the pipeline's threads and workers to wind down
+
+
+def measure(batches, seconds: float, warmup_seconds: float) -> float:
+    """Steady-state images per second of an iterable of batches: ``warmup_seconds`` untimed (a fresh pipeline
+    takes seconds to reach its rate), then the images of ``seconds``."""
+    batches = iter(batches)
     start = time.perf_counter()
-    while time.perf_counter() - start < spec["warmup_seconds"]:
+    while time.perf_counter() - start < warmup_seconds:
         next(batches)
     images, start = 0, time.perf_counter()
-    while time.perf_counter() - start < spec["seconds"]:
+    while time.perf_counter() - start < seconds:
         images += len(next(batches)["image"])
-    print(json.dumps({**spec, "images_per_s": images / (time.perf_counter() - start)}), flush=True)
-    os._exit(0)  # the rate is out: no waiting for the pipeline's threads and workers to wind down
+    return images / (time.perf_counter() - start)
 
 
 def measure(spec: dict) -> dict:

@@ -19,7 +19,7 @@ from PIL import Image
 from skimage import data as skdata
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import convert, jpeg_check
+from kaggle_utils.data import convert, jpeg
 
 from test_data_tfrecords import (SIZE, collect, example, garbled_jpeg, grey_jpeg, level_of, load, needs_simplejpeg,
                                  write_kaggle_split)
@@ -53,7 +53,7 @@ def test_the_check_flags_exactly_the_garbles_libjpeg_warns_on(capfd):
         data = bytearray(clean)
         start = int(rng.integers(scan_start(clean), len(clean) - 42))
         data[start:start + 40] = rng.integers(0, 256, 40, np.uint8).tobytes() if k % 2 else bytes(40)
-        flagged.append(bool(jpeg_check.jpeg_problem(bytes(data))))
+        flagged.append(bool(jpeg.jpeg_problem(bytes(data))))
         warned.append(libjpeg_warns(bytes(data), capfd))
     assert flagged == warned
     assert 0 < sum(flagged) < len(flagged)  # some garbles leave a valid stream: nothing can find those
@@ -71,16 +71,16 @@ def test_no_clean_jpeg_is_flagged(capfd):
     }
     assert b"\xff\xd0" in encoded["restart markers"]
     for name, data in encoded.items():
-        assert jpeg_check.jpeg_problem(data) == "", name
+        assert jpeg.jpeg_problem(data) == "", name
         assert not libjpeg_warns(data, capfd), name
 
 
 def test_a_record_is_checked_once_until_its_file_changes(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(jpeg_check, "jpeg_problem", lambda data: calls.append(data) or ("bad" if data == b"x" else ""))
+    monkeypatch.setattr(jpeg, "jpeg_problem", lambda data: calls.append(data) or ("bad" if data == b"x" else ""))
     path = tmp_path / "f.tfrec"
     path.write_bytes(b"one")
-    checked = jpeg_check.CheckedRecords()
+    checked = jpeg.CheckedRecords()
 
     def problems(index, data, times):
         check = checked.tf_check([str(path)])  # as a new pipeline over the file makes it
@@ -117,8 +117,8 @@ def test_tensorflow_decodes_the_garbled_test_image_with_only_libjpegs_anonymous_
 def test_without_simplejpeg_one_notice_and_decoding_works(split_with_a_garbled_record, monkeypatch):
     folder, _ = split_with_a_garbled_record
     monkeypatch.setitem(sys.modules, "simplejpeg", None)  # import simplejpeg -> ImportError
-    monkeypatch.setattr(jpeg_check, "_decoder", jpeg_check._NOT_LOADED)
-    monkeypatch.setattr(jpeg_check, "_notice_given", False)
+    monkeypatch.setitem(jpeg._decoders, "simplejpeg", jpeg._NOT_LOADED)
+    monkeypatch.setattr(jpeg, "_notice_given", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, first = collect(load(folder))

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import jpeg_check
+from kaggle_utils.data import jpeg
 
 SIZE = 32
 
@@ -224,9 +224,9 @@ def garbled_jpeg() -> bytes:
 
 
 # The corrupt-JPEG check needs simplejpeg, which Kaggle's images lack (.ci/kaggle_stack hides it too);
-# without it the kit says the check is off (test_data_jpeg_check.py), and these cases cannot hold.
+# without it the kit says the check is off (test_data_jpeg.py), and these cases cannot hold.
 needs_simplejpeg = pytest.mark.skipif(
-    jpeg_check.strict_decoder() is None,
+    jpeg.strict_decoder() is None,
     reason="simplejpeg is not installed (as on Kaggle's images): the corrupt-JPEG check is off here")
 
 

@@ -17,7 +17,7 @@ So a seed gives the same batches on 1 core or 64, and a resumed run reads what t
 without TensorFlow's process-wide op determinism (which runs every map on one thread).
 
 A bad record (a missing feature or one of the wrong type, another image size, an image that does not decode,
-corrupt JPEG data: :mod:`.jpeg_check`) raises a :class:`~.tfrecords.BadRecordError` naming ``<file>, record <i>``, or
+corrupt JPEG data: :mod:`.jpeg`) raises a :class:`~.tfrecords.BadRecordError` naming ``<file>, record <i>``, or
 with ``skip_errors`` is left out and counted; nothing is dropped in silence.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import jpeg_check
+from . import jpeg
 from .augment import augment_batches, per_image_ops, resolve_augment
 from .selection import check_selection, record_filter
 from .sources import Source
@@ -209,7 +209,7 @@ def source_records(source: Source, indices: np.ndarray, *, shuffle_seed: int | N
 
 def decode(encoded, problem, *, name, index, size: int | None = None, check=None):
     """Image bytes -> ``(uint8 [H, W, 3], problem)``: bytes that do not decode, an image other than ``size`` x
-    ``size`` (TFRecords) or corrupt JPEG data (``check``, :func:`~.jpeg_check.tf_check`) become the problem."""
+    ``size`` (TFRecords) or corrupt JPEG data (``check``, :func:`~.jpeg.tf_check`) become the problem."""
     image, decoded = first_success(decode_image, encoded, tf.zeros([1, 1, 3], tf.uint8))
     problem = first_problem(problem, tf.where(decoded, "", UNDECODABLE))
     if size is not None:
@@ -299,7 +299,7 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
         keep_record, num_examples = record_filter(files, select)
         records = records.filter(lambda name, index, _: keep_record(name, index))
     problems = ProblemLog(skip_errors)
-    check = jpeg_check.tf_check(files, warn_only=not labeled) if jpeg_check.check_available() and not in_workers \
+    check = jpeg.tf_check(files, warn_only=not labeled) if jpeg.check_available() and not in_workers \
         else None
     augment_image = per_image_ops(crop, plan.per_image)
 
@@ -399,7 +399,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     seed = _fresh_seed(seed)
     plan = resolve_augment(augment, workers=augment_workers)
     problems = ProblemLog(skip_errors)
-    check = jpeg_check.tf_check(source.paths or (), warn_only=not source.labeled) if jpeg_check.check_available() \
+    check = jpeg.tf_check(source.paths or (), warn_only=not source.labeled) if jpeg.check_available() \
         else None
     augment_image = per_image_ops(crop, plan.per_image)
     ids = tf.constant(source.ids)
