@@ -1,24 +1,21 @@
 """Data -> host batches: one tf.data pipeline, read -> parse -> decode -> crop -> augment -> batch.
 
-:func:`load_dataset` reads TFRecords (the competition's layout, :mod:`.tfrecords`), :func:`load_source` any
-other :class:`~.sources.Source`; both give a :class:`HostDataset` of dicts of numpy arrays::
+:func:`load_dataset` reads TFRecords (:mod:`.tfrecords`), :func:`load_source` any other :class:`~.sources.Source`;
+both give a :class:`HostDataset` of dicts of numpy arrays::
 
     {"image": uint8 [B, H, W, 3], "label": int32 [B] (float32 [B, C] multi-hot) | "id": bytes [B], "mask": bool [B]}
 
 Images stay uint8 (normalised on the device: a quarter of float32's bytes to send). A training read is this JAX
-process's share of the data, shuffled, repeated and cut into full batches; any other read is the whole split in
-order, its last batch padded to the full size (static shapes, no recompilation) with ``mask`` False on the padding.
+process's share, shuffled, repeated, in full batches; any other read is the whole split in order, its last batch
+padded to full size (static shapes) with ``mask`` False on the padding.
 
-Parallel and exact: every map runs AUTOTUNE calls on a private pool of as many threads as the process may use
-cores, with ``deterministic=True`` (elements leave a map in the order they entered), and every random draw comes
-from a seed given by the element's place in the stream (a stateless per-image seed for crops and TF RandAugment,
-a per-batch seed for numpy augmentations, worker processes included), never from the thread or worker that ran it.
-So a seed gives the same batches on 1 core or 64, and a resumed run reads what the interrupted one would have,
-without TensorFlow's process-wide op determinism (which runs every map on one thread).
-
-A bad record (a missing feature or one of the wrong type, another image size, an image that does not decode,
-corrupt JPEG data: :mod:`.jpeg`) raises a :class:`~.tfrecords.BadRecordError` naming ``<file>, record <i>``, or
-with ``skip_errors`` is left out and counted; nothing is dropped in silence.
+Parallel and exact: every map runs AUTOTUNE calls on a pool of as many threads as the process may use cores,
+keeping its elements in order (``deterministic=True``), and every random draw comes from a seed given by the
+element's place in the stream (per image for crops and TF RandAugment, per batch for numpy augmentations, in worker
+processes too), never from the thread or worker that ran it. A seed gives the same batches on 1 core or 64, and a
+resumed run reads what the interrupted one would have, without TensorFlow's op determinism (one thread per map).
+A bad record raises a :class:`~.tfrecords.BadRecordError` naming ``<file>, record <i>`` and what is wrong, or
+with ``skip_errors`` is left out and counted.
 """
 from __future__ import annotations
 
@@ -221,25 +218,33 @@ def decode(encoded, problem, *, name, index, size: int | None = None, check=None
     return image, problem
 
 
-def _batches(records, to_example, *, training: bool, seed: int, batch_size: int, plan, problems: ProblemLog,
-             image_shape, deterministic: bool):
+def _host_dataset(records, to_example, *, training: bool, seed: int, batch_size: int, plan, problems: ProblemLog,
+                  image_size: int, deterministic: bool, **described) -> HostDataset:
     """Records -> examples (the parallel map, each with a per-image seed) -> batches -> per-batch augmentation."""
-    if training:
-        records = records.repeat()
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-    examples = tf.data.Dataset.zip(records, seeds).map(lambda record, image_seed: to_example(*record, image_seed),
-                                                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    examples = tf.data.Dataset.zip(records.repeat() if training else records, seeds).map(
+        lambda record, image_seed: to_example(*record, image_seed), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic)
     examples = examples.filter(lambda example: example["keep"])
-    examples = examples.map(lambda ex: {key: value for key, value in ex.items() if key != "keep"})
+    examples = examples.map(lambda ex: {k: v for k, v in ex.items() if k != "keep"})
     batches = examples.batch(batch_size, drop_remainder=training)
     if plan.per_batch is not None:
-        batches = augment_batches(batches, plan.per_batch, seed=seed, image_shape=image_shape, problems=problems,
-                                  deterministic=deterministic)
+        batches = augment_batches(batches, plan.per_batch, seed=seed, image_shape=(image_size, image_size, 3),
+                                  problems=problems, deterministic=deterministic)
     options = tf.data.Options()
     options.deterministic = deterministic
     options.threading.private_threadpool_size = host_cores()
     options.threading.max_intra_op_parallelism = 1  # parallelism comes from the maps, not from inside ops
-    return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
+    return HostDataset(batches.prefetch(tf.data.AUTOTUNE).with_options(options), batch_size=batch_size,
+                       training=training, problems=problems, closers=plan.closers, **described)
+
+
+def _start(batch_size: int, seed: int | None, augment, augment_workers: int | None, skip_errors: bool):
+    """(seed, plan, problems) of a read: a fresh seed for None (every draw of the read from one seed)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    seed = int(np.random.SeedSequence().generate_state(1)[0]) if seed is None else int(seed)
+    return seed, resolve_augment(augment, workers=augment_workers), ProblemLog(skip_errors)
 
 
 def _jax_process():
@@ -248,14 +253,9 @@ def _jax_process():
     return jax.process_index(), jax.process_count()
 
 
-def _check_batch_size(batch_size: int) -> None:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-
-
-def _fresh_seed(seed: int | None) -> int:
-    """``seed``, or a fresh one: "no seed" still means different each time, with every draw from one seed."""
-    return int(np.random.SeedSequence().generate_state(1)[0]) if seed is None else int(seed)
+def _unreadable(files, spec):
+    """``explain`` of a read of ``files``: the first record that does not read, as a DataError."""
+    return lambda err: DataError(str(reader_problem(files, spec) or f"reading {files} failed: {op_message(err)}"))
 
 
 # --------------------------------------------------------------------------------------
@@ -286,11 +286,9 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
       deterministic: False lets each map hand out elements as they finish (faster where they take uneven
         time; the order, and with it the batches of a seed, then vary).
     """
-    _check_batch_size(batch_size)
+    seed, plan, problems = _start(batch_size, seed, augment, augment_workers, skip_errors)
     listed = list_tfrecords(files)
     files = shard_files(listed, *_jax_process()) if training else listed
-    seed = _fresh_seed(seed)
-    plan = resolve_augment(augment, workers=augment_workers)
     in_workers = plan.decodes_jpegs and crop is None  # the workers decode: tf.data only parses
     records = read_records(files, shuffle_seed=seed if training else None)
     num_examples = count_data_items(files)
@@ -298,15 +296,13 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
         check_selection(listed, select)
         keep_record, num_examples = record_filter(files, select)
         records = records.filter(lambda name, index, _: keep_record(name, index))
-    problems = ProblemLog(skip_errors)
-    check = jpeg.tf_check(files, warn_only=not labeled) if jpeg.check_available() and not in_workers \
-        else None
+    check = jpeg.tf_check(files, warn_only=not labeled) if jpeg.check_available() and not in_workers else None
     augment_image = per_image_ops(crop, plan.per_image)
+    multi_label_classes = multi_label_classes if labeled else None
 
     def to_example(name, index, serialized, image_seed):
         encoded, target, problem = parse_record(serialized, labeled=labeled, image_size=image_size,
-                                                multi_label_classes=multi_label_classes if labeled else None,
-                                                jpeg_only=in_workers)
+                                                multi_label_classes=multi_label_classes, jpeg_only=in_workers)
         example = {"label" if labeled else "id": target}
         if in_workers:  # the JPEG, and where it came from should a worker fail to decode it
             example.update(jpeg=tf.where(tf.equal(problem, ""), encoded, b""), name=name, index=index)
@@ -317,17 +313,10 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
             example["record"] = tf.strings.join([name, "#", tf.strings.as_string(index)])
         return {**example, "keep": problems.keep(name, index, problem)}
 
-    size = crop.size if crop is not None else image_size
-    batches = _batches(records, to_example, training=training, seed=seed, batch_size=batch_size, plan=plan,
-                       problems=problems, image_shape=(size, size, 3), deterministic=deterministic)
-    spec = record_spec(labeled, labeled and multi_label_classes is not None)
-
-    def explain(err):
-        found = reader_problem(files, spec)
-        return DataError(str(found) if found else f"reading {len(files)} TFRecord file(s) failed: {op_message(err)}")
-
-    return HostDataset(batches, filenames=files, num_examples=num_examples, batch_size=batch_size, training=training,
-                       problems=problems, explain=explain, closers=plan.closers)
+    return _host_dataset(records, to_example, training=training, seed=seed, batch_size=batch_size, plan=plan,
+                         problems=problems, image_size=crop.size if crop is not None else image_size,
+                         deterministic=deterministic, filenames=files, num_examples=num_examples,
+                         explain=_unreadable(files, record_spec(labeled, multi_label_classes is not None)))
 
 
 def scan_labels(files, *, image_size: int, multi_label_classes: int | None = None,
@@ -338,8 +327,7 @@ def scan_labels(files, *, image_size: int, multi_label_classes: int | None = Non
     Every record is checked as far as it can be without decoding (features, types, classes, a JPEG's size
     from its header); an image whose data do not decode is found where it is first decoded (the first epoch).
     """
-    files = list_tfrecords(files)
-    problems = ProblemLog(skip_errors)
+    files, problems = list_tfrecords(files), ProblemLog(skip_errors)
 
     def target(name, index, serialized):
         _, label, problem = parse_record(serialized, labeled=True, image_size=image_size,
@@ -348,13 +336,11 @@ def scan_labels(files, *, image_size: int, multi_label_classes: int | None = Non
 
     labels = read_records(files).map(target, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     labels = labels.filter(lambda _, keep: keep).map(lambda label, _: label).batch(4096)
-    spec = record_spec(True, multi_label_classes is not None)
-    found = [batch.numpy() for batch in problems.batches(labels, lambda err: DataError(
-        str(reader_problem(files, spec) or f"reading {files} failed: {op_message(err)}")))]
-    if found:
-        return np.concatenate(found)
-    return np.zeros((0,) if multi_label_classes is None else (0, multi_label_classes),
-                    np.int32 if multi_label_classes is None else np.float32)
+    explain = _unreadable(files, record_spec(True, multi_label_classes is not None))
+    found = [batch.numpy() for batch in problems.batches(labels, explain)]
+    empty = np.zeros((0,) + (() if multi_label_classes is None else (multi_label_classes,)),
+                     np.int32 if multi_label_classes is None else np.float32)
+    return np.concatenate(found) if found else empty
 
 
 def check_tfrecords(files, *, image_size: int, labeled: bool = True,
@@ -387,23 +373,18 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     otherwise) and, outside training, is read in that order (a tfds split in its own order). An image of a
     test source (no labels) with corrupt JPEG data is kept as decoded, with a warning naming it.
     """
-    _check_batch_size(batch_size)
     if crop is None and image_size is None:
         raise ValueError("give image_size= (images are resized to it) or crop=")
     if crop is not None and image_size is not None and image_size != crop.size:
         raise ValueError(f"image_size={image_size} differs from crop.size={crop.size}; give one of them")
+    seed, plan, problems = _start(batch_size, seed, augment, augment_workers, skip_errors)
     crop = crop or Resize(image_size)
     if indices is None:
         indices = source.indices(*_jax_process()) if training else np.arange(source.num_examples)
     indices = np.asarray(indices, np.int64)
-    seed = _fresh_seed(seed)
-    plan = resolve_augment(augment, workers=augment_workers)
-    problems = ProblemLog(skip_errors)
-    check = jpeg.tf_check(source.paths or (), warn_only=not source.labeled) if jpeg.check_available() \
-        else None
+    check = jpeg.tf_check(source.paths or (), warn_only=not source.labeled) if jpeg.check_available() else None
     augment_image = per_image_ops(crop, plan.per_image)
-    ids = tf.constant(source.ids)
-    labels = None if source.labels is None else tf.constant(source.labels)
+    ids, labels = tf.constant(source.ids), None if source.labels is None else tf.constant(source.labels)
 
     def to_example(name, index, payload, image_seed):
         encoded, read = (first_success(tf.io.read_file, payload, "") if source.paths is not None
@@ -417,9 +398,8 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
             example["id"] = tf.gather(ids, index)
         return example
 
-    records = source_records(source, indices, shuffle_seed=seed if training else None)
-    batches = _batches(records, to_example, training=training, seed=seed, batch_size=batch_size, plan=plan,
-                       problems=problems, image_shape=(crop.size, crop.size, 3), deterministic=deterministic)
-    return HostDataset(batches, filenames=[source.description], num_examples=len(indices), batch_size=batch_size,
-                       training=training, problems=problems, source=source, closers=plan.closers,
-                       explain=lambda err: DataError(f"reading {source.description} failed: {op_message(err)}"))
+    return _host_dataset(source_records(source, indices, shuffle_seed=seed if training else None), to_example,
+                         training=training, seed=seed, batch_size=batch_size, plan=plan, problems=problems,
+                         image_size=crop.size, deterministic=deterministic, filenames=[source.description],
+                         num_examples=len(indices), source=source,
+                         explain=lambda err: DataError(f"reading {source.description} failed: {op_message(err)}"))
