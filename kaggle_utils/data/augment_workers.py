@@ -1,14 +1,10 @@
-"""Worker processes that run a numpy batch augmentation (and decode its JPEGs) outside the training process.
+"""Worker processes that run a numpy batch augmentation, and decode its JPEGs, outside the training process.
 
-Python under ``tf.py_function`` holds the GIL, so more tf.data threads do not make a numpy augmentation
-faster; processes do (bench/README.md). The workers are spawned, never forked from a process whose
-TensorFlow threads hold locks, all of them when the pool is made, and share a buffer per call with the
-pipeline (``multiprocessing.shared_memory``): the tf.data thread copies bytes in and out and waits, without
-the GIL, while a worker computes. By default a worker also decodes the batch's JPEGs (:mod:`.jpeg`, to the
-pipeline's exact pixels), so every per-image cost scales with the workers.
-
-Each call carries a seed, with which the worker seeds ``random`` and ``np.random`` before the callable
-runs: a batch is augmented the same whichever worker takes it, and a seeded pipeline is exact.
+Python under ``tf.py_function`` holds the GIL: more tf.data threads do not make a numpy augmentation faster,
+processes do (bench/README.md). The workers are spawned (never forked from a process whose TensorFlow threads hold
+locks), all when the pool is made, and share a buffer per call with the pipeline (``multiprocessing.shared_memory``),
+so the tf.data thread only copies bytes and waits without the GIL. Each call carries a seed for ``random`` and
+``np.random``: a batch is augmented the same whichever worker takes it.
 """
 from __future__ import annotations
 
@@ -42,8 +38,8 @@ class AugmentWorkerError(RuntimeError):
 
 
 def default_worker_count() -> int:
-    """One worker per core this process may use, up to 16: the workers decode as well as augment, so the
-    tf.data process needs little CPU of its own (bench/README.md)."""
+    """One worker per core this process may use, up to 16 (they decode as well as augment: the tf.data process
+    needs little CPU of its own, bench/README.md)."""
     return min(16, host_cores())
 
 
@@ -83,12 +79,8 @@ def _pickle_for_worker(fn) -> bytes:
 
 @contextlib.contextmanager
 def _main_module_hidden():
-    """Spawn processes without them re-running the parent's main script.
-
-    A spawned child imports the parent's ``__main__`` (found through its ``__spec__`` and ``__file__``),
-    which for a script means re-running its top level in every worker. The callable travels by value
-    instead (:func:`_pickle_for_worker`), so both are hidden while the workers start.
-    """
+    """Spawn processes without them re-running the parent's main script: a spawned child imports the parent's
+    ``__main__`` (found by its ``__spec__`` and ``__file__``, hidden here); the callable travels by value instead."""
     main = sys.modules.get("__main__")
     saved = {key: main.__dict__[key] for key in ("__spec__", "__file__") if main and key in main.__dict__}
     try:
@@ -186,15 +178,12 @@ def _shutdown(executor, slots: list[_Slot]) -> None:
 class ProcessPoolAugmenter:
     """Run a numpy batch augmentation ``uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]`` in worker processes.
 
-    ``pool(images, seed=None)`` returns what ``fn`` returns; :meth:`run` is the pipeline's call (JPEG bytes
-    in, decoded first, when ``decode_jpegs``). Twice as many calls as workers can be in flight, so a worker
-    finds its next batch waiting. ``decode_jpegs`` (default True): :func:`~.pipeline.load_dataset` lets the
-    workers decode, so the training process only reads records; False: TensorFlow decodes (in its thread
-    pool) and the workers only run ``fn``, which can pay where cores outnumber the workers.
-
-    ``fn`` reaches the workers by reference to its module, or by value (cloudpickle) from a notebook cell or
-    a script, which the workers do not re-run (no ``if __name__ == "__main__":`` guard needed). Close with
-    :meth:`close` or a ``with`` block (also done at interpreter exit).
+    ``pool(images, seed=None)`` returns what ``fn`` returns; :meth:`run` is the pipeline's call. Twice as many
+    calls as workers can be in flight, so a worker finds its next batch waiting. ``decode_jpegs`` (default): the
+    pipeline sends JPEG bytes, which the workers decode; False: TensorFlow decodes and the workers only run ``fn``
+    (which can pay where cores outnumber workers). ``fn`` reaches the workers by reference to its module, or by
+    value (cloudpickle) from a notebook cell or a script, which they do not re-run (no ``__main__`` guard needed).
+    Close with :meth:`close` or a ``with`` block (also done at interpreter exit).
     """
 
     def __init__(self, fn: Callable[[np.ndarray], np.ndarray], num_workers: int | None = None, *,

@@ -1,18 +1,11 @@
 """What a conversion was made from, so that converted records are reused only for the same input.
 
-A folder of converted TFRecords says nothing about the source it came from: a class folder or a
-test image added since, an edited CSV or another validation fraction would all be trained or
-predicted on as if nothing had changed (a test image added later would be missing from the
-submission). A fingerprint records, per source, digests of
-
-* ``files``: every file the conversion reads, with its size and modification time (one ``stat``
-  each, no decoding: cheap enough to check on every run);
-* ``content``: what the source says about them: ids, labels, class names and the id / label
-  columns (a CSV's rows; for folders they follow from the paths);
-
-plus the example count and the conversion settings themselves, so that a difference can be put in
-words (:func:`fingerprint_changes`) rather than only detected. Everything is JSON-native: the
-fingerprint is stored in the conversion's ``class_names.json`` and compared after a round trip.
+Converted TFRecords say nothing of their source: a class folder or test image added since, an edited CSV or
+another validation fraction would be trained or predicted on as if nothing had changed. A fingerprint records,
+per source, digests of ``files`` (every file read, with its size and modification time: a ``stat`` each, cheap
+enough for every run) and ``content`` (ids, labels, class names, the id / label columns), plus the example count
+and the settings, so that a difference is put in words (:func:`fingerprint_changes`). It is JSON, stored in the
+conversion's ``class_names.json``.
 """
 from __future__ import annotations
 

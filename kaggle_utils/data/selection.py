@@ -1,16 +1,10 @@
-"""Reading a subset of TFRecords by (file, record index), without rewriting them; and listing what a split holds.
+"""Reading some records of TFRecord files by (file, index), without rewriting them; and listing a split's labels.
 
-Cross-validation trains fold k on the other folds' records and validates on fold k's, all out
-of the same train + val files. Rewriting the records per fold would cost a copy of the data
-set per fold (Kaggle's disk is small), so a reader is given the records it may read instead:
-``load_dataset(files, select=[(file, index), ...])`` filters them inside ``tf.data``, after
-reading the serialized record and before parsing or decoding it (a record left out costs its
-read only).
-
-Records are named by (file, index in the file) rather than by an ``id`` feature because not
-every labelled record carries one: the competition's and the kit's ``--source`` conversions do,
-but the kit's sample (and conversions by older versions) write ``id`` into test records only. :func:`scan_records` reads the
-labels (and the ids where present) of a split without decoding an image.
+Cross-validation trains and validates each fold on records of the same files; rewriting them per fold would cost a
+copy of the data per fold (Kaggle's disk is small), so ``load_dataset(files, select=[(file, index), ...])`` drops
+the others inside tf.data, after reading and before parsing. Records are named by (file, index) because not every
+labelled record has an ``id`` (the kit's sample writes ids into test records only). :func:`scan_records` reads
+the labels and ids of a split without decoding an image.
 """
 from __future__ import annotations
 

@@ -1,27 +1,16 @@
 """Image-classification data that is not in TFRecords: class folders, CSV + images, tensorflow-datasets.
 
-A :class:`Source` is what a run needs to know before it reads a pixel: the examples (files
-or tfds records), their ids, labels (``int32 [N]``) or multi-hot targets (``float32 [N, C]``),
-the class names, and the id / label column names of the competition's CSV (so a submission
-can be written with them). :func:`kaggle_utils.data.pipeline.load_source` turns one into the
-same host batches as :func:`~kaggle_utils.data.pipeline.load_dataset`.
+A :class:`Source` is what a run needs before it reads a pixel: the examples (files or tfds records), their ids,
+labels (``int32 [N]``) or multi-hot targets (``float32 [N, C]``), class names, and the competition CSV's id and
+label columns (for the submission); :func:`~.pipeline.load_source` reads one. Everything that can be checked
+without decoding is checked when the source is made, with a :class:`DataError` naming the file, CSV line (the
+header is line 1) and column: missing columns, missing image files, unknown labels, mixed label kinds, duplicate
+ids, empty class folders, folder links.
 
-Everything that can be checked without decoding is checked here, when the source is made,
-so bad input stops a run before training starts, with a :class:`DataError` naming the file,
-row (the CSV line number, the header being line 1) and column: missing columns, rows whose
-image file is missing, labels not in the class list, mixed label kinds, duplicate ids, empty
-class folders. Images that do not decode are found by the pipeline (named, or counted with
-``skip_errors``).
-
-Sources:
-
-* :func:`class_folders` ``DIR/<class>/*.{jpg,jpeg,png,...}``: class names are the sorted folder
-  names, ids the paths relative to ``DIR`` without extension.
-* :func:`image_folder` ``DIR/*.{jpg,...}`` without labels (a test set): ids are the file names
-  without extension.
-* :func:`csv_source` a CSV with an id (or path) column and, for train data, a label column: a
-  class name or an integer index per row, or several separated by spaces (multi-label). Ids
-  name files in ``image_dir`` with or without their extension.
+* :func:`class_folders` ``DIR/<class>/...``: classes the sorted folder names, ids the paths without extension;
+* :func:`image_folder` ``DIR/*`` without labels (a test set): ids the file names without extension;
+* :func:`csv_source` an id column naming files in ``image_dir`` (with or without extension) and, for training,
+  a label column: a class name or integer per row, or several (multi-label);
 * :func:`tfds_source` a tensorflow-datasets split, read offline from ``data_dir`` once prepared.
 """
 from __future__ import annotations

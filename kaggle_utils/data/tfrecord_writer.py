@@ -1,12 +1,6 @@
-"""Writing TFRecords in the competition's layout: ``NN-SxS-COUNT.tfrec`` shards of JPEG records.
-
-For the sample data (:mod:`kaggle_utils.data.sample`), the converter
-(:mod:`kaggle_utils.data.convert`) and the tests. Records are what
-:mod:`kaggle_utils.data.tfrecords` reads: ``image`` (JPEG bytes from TensorFlow's libjpeg, as
-the competition's) with ``class`` (int64) or ``id`` (bytes), or, for a multi-label example,
-``labels`` (int64 list of the classes present; see :mod:`~kaggle_utils.data.tfrecords`). Every file is written beside its
-final name and renamed into place (:func:`atomic_output_path`), so a crash never leaves a
-half-written shard that a reader or a ``*.tfrec`` glob would take for a real one.
+"""Writing TFRecords in the competition's layout, ``NN-SxS-COUNT.tfrec`` shards of JPEG records (TensorFlow's
+libjpeg, as the competition's), for the sample data, the converter and the tests. Every file is written beside its
+final name and renamed into place, so a crash never leaves a half-written shard a ``*.tfrec`` glob would take.
 """
 from __future__ import annotations
 
@@ -25,11 +19,7 @@ __all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name
 
 @contextlib.contextmanager
 def atomic_output_path(path: str | os.PathLike) -> Iterator[str]:
-    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``.
-
-    The temporary name starts with a dot and ends in ``.partial``, so a crash never leaves a
-    half-written file that a ``*.tfrec`` glob (or a reader) would take for a real shard.
-    """
+    """A temporary path beside ``path`` (``.NAME.*.partial``), renamed onto ``path`` on success."""
     path = os.fspath(path)
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)

@@ -1,22 +1,13 @@
 """Image transforms in TensorFlow ops, for the parallel tf.data map: decode any file, resize, crop.
 
-* :func:`decode_image`: JPEG, PNG, GIF, BMP, WebP bytes of any mode -> RGB uint8. Greyscale is
-  repeated over the channels, alpha is dropped (not composited), palettes are expanded, CMYK
-  JPEGs are converted by libjpeg, 16-bit PNGs are scaled to 8 bits with rounding
-  (``round(v / 257)``). JPEGs use the accurate integer DCT, as the TFRecord pipeline does.
-  **EXIF orientation is ignored**: pixels come out as stored in the file, as TensorFlow's
-  decoders, torchvision's ``read_image`` and PIL's ``Image.open`` (timm's loader) all give
-  them; a photo whose camera wrote "rotate 90" stays unrotated, in training and prediction alike.
-* Resolution, each a callable ``(image uint8 [H, W, 3], seed [2]) -> uint8 [size, size, 3]``:
-  :class:`Resize` (squash to a square, what the sources do by default),
-  :class:`RandomResizedCrop` (training: Inception/timm's random area and aspect ratio, then a
-  horizontal flip) and :class:`CenterCrop` (evaluation: timm's ``crop_pct`` convention, the
-  shorter side resized to ``floor(size / crop_pct)``, then the centre ``size`` x ``size``).
-  The eval size may differ from the train size (FixRes): they are separate objects.
-
-Resizing uses antialiasing (``tf.image.resize(..., antialias=True)``), as PIL does when it
-shrinks, so an eval crop matches timm's PIL transform within a grey level. Randomness is
-stateless, from the per-image seed the pipeline hands in, so a seeded run crops reproducibly.
+:func:`decode_image`: JPEG, PNG, GIF, BMP, WebP of any mode -> RGB uint8 (greyscale repeated, alpha dropped,
+palettes expanded, CMYK by libjpeg, 16-bit PNGs rounded to 8 bits, JPEGs with the accurate DCT). **EXIF
+orientation is ignored**, as by TensorFlow's decoders, torchvision's ``read_image`` and PIL's ``Image.open``
+(timm's loader): in training and prediction alike. Resolution, each ``(image, seed) -> uint8 [size, size, 3]``:
+:class:`Resize` (squash to a square, the sources' default), :class:`RandomResizedCrop` (training) and
+:class:`CenterCrop` (evaluation, timm's ``crop_pct``; its size may differ from training's: FixRes). Resizes are
+antialiased, as PIL's, so an eval crop matches timm's PIL transform within a grey level; randomness is stateless,
+from the per-image seed.
 """
 from __future__ import annotations
 
