@@ -194,7 +194,7 @@ def test_a_failing_augmentation_raises_its_own_error_from_the_pipeline(tmp_path)
 def test_lambdas_reach_workers_by_value_and_pools_clean_up():
     import multiprocessing
 
-    shm_before, children_before = set(glob.glob("/dev/shm/*")), set(multiprocessing.active_children())
+    shm_before, children_before = set(glob.glob("/dev/shm/psm_*")), set(multiprocessing.active_children())
     pool = kd.ProcessPoolAugmenter(lambda x: 255 - x, num_workers=2)
     processes = set(multiprocessing.active_children()) - children_before
     assert len(processes) == 2  # both started with the pool, not later from a tf.data thread
@@ -202,7 +202,7 @@ def test_lambdas_reach_workers_by_value_and_pools_clean_up():
     np.testing.assert_array_equal(pool(images), 255 - images)
     pool.close()
     assert not any(p.is_alive() for p in processes)
-    assert set(glob.glob("/dev/shm/*")) <= shm_before
+    assert set(glob.glob("/dev/shm/psm_*")) <= shm_before  # SharedMemory names its segments psm_*
     with pytest.raises(RuntimeError, match="closed"):
         pool(images)
 

@@ -1,11 +1,9 @@
-"""RandAugment in TensorFlow ops, run per image inside the pipeline's parallel decode map.
+"""RandAugment in TensorFlow ops, per image inside the pipeline's parallel decode map, compiled with XLA.
 
-:class:`RandAugment` augments one uint8 ``[H, W, 3]`` image with a seed, compiled with XLA.
-For each of ``num_ops`` slots a ``tf.switch_case`` runs exactly one randomly drawn operation
-(Keras' RandAugment layer computes all of them for every slot, which is why it crawls inside
-tf.data). The op set and magnitude scale follow imgaug's RandAugment (``m`` in [0, 30]), so
-``augment="randaugment"`` and ``augment="imgaug"`` with the same ``n, m`` augment about
-equally hard. :mod:`kaggle_utils.device_augment` has the same ops in JAX, equal to these.
+For each of ``num_ops`` slots a ``tf.switch_case`` runs exactly one drawn operation (Keras' RandAugment layer
+computes all of them for every slot, which is why it crawls in tf.data). Ops and magnitudes follow imgaug's
+RandAugment (``m`` in [0, 30]), so ``"randaugment"`` and ``"imgaug"`` augment about equally hard;
+:mod:`kaggle_utils.device_augment` has the same ops in JAX, equal to these.
 """
 from __future__ import annotations
 
@@ -23,15 +21,9 @@ FILL_VALUE = 128  # grey for pixels that geometric ops move in from outside the 
 EQUALIZE_FULL_HISTOGRAM_PIXELS = 384 * 384
 
 
-# --------------------------------------------------------------------------------------
-# TF-native RandAugment ops: uint8 [H, W, 3] image, level in [-1, 1] (sign = direction)
-#
-# Written for XLA (RandAugment compiles the whole per-image function with jit_compile):
-# elementwise float maths that XLA fuses into one pass, and geometric ops as a nearest-
-# neighbour gather (TF's ImageProjectiveTransform kernel cannot be compiled, and is slow on
-# its own: bench/README.md). Nearest neighbour is also what PIL, and so the RandAugment paper
-# and imgaug's pillike ops, use.
-# --------------------------------------------------------------------------------------
+# Ops: uint8 [H, W, 3] image, level in [-1, 1] (sign = direction). Written for XLA: elementwise float maths it
+# fuses, and geometric ops as a nearest-neighbour gather (TF's ImageProjectiveTransform cannot be compiled; nearest
+# neighbour is what PIL, so the RandAugment paper and imgaug's pillike ops, use).
 def _float(image):
     return tf.cast(image, "float32")
 
@@ -189,16 +181,12 @@ RANDAUGMENT_OPS: dict[str, Callable] = {
 
 
 class RandAugment:
-    """RandAugment(n, m) in TensorFlow ops: ``image uint8 [H, W, 3], seed [2] -> uint8 [H, W, 3]``.
+    """RandAugment(n, m) in TensorFlow ops: ``image uint8 [H, W, 3] (static shape), seed [2] -> uint8 [H, W, 3]``.
 
-    Per image and per slot: one op drawn uniformly from ``ops``, a magnitude (``m``, or drawn
-    uniformly from ``m=(low, high)``) on imgaug's 0..30 scale, and a random sign for ops with
-    a direction (rotate, shear, translate, the enhance factors). ``flip=True`` first mirrors
-    half the images left-right, as imgaug's RandAugment does. All randomness is stateless,
-    from ``seed``, so a seeded pipeline augments reproducibly. The image needs a static shape.
-
-    ``jit_compile=True`` compiles the whole per-image function with XLA (once per image size),
-    which fuses the elementwise chains: faster than TF's op-by-op kernels on CPU (bench/README.md).
+    Per image and slot: one op drawn from ``ops``, a magnitude (``m``, or uniform in ``m=(low, high)``) on imgaug's
+    0..30 scale and a random sign for ops with a direction; ``flip=True`` first mirrors half the images, as imgaug
+    does. All draws are stateless, from ``seed``. ``jit_compile=True`` compiles the per-image function with XLA
+    (once per size), which fuses the elementwise chains: faster than TF's kernels on CPU (bench/README.md).
     """
 
     def __init__(self, num_ops: int = 2, magnitude: float | tuple[float, float] = 15, *,

@@ -1,14 +1,10 @@
 """Kaggle's flower TFRecords: finding, counting and sharding the files, and parsing one record.
 
-The competition ships ``{train,val,test}/NN-SxS-COUNT.tfrec`` files: ``image`` (JPEG bytes) with ``class``
-(int64) for train/val, ``image`` with ``id`` (bytes) for test. Multi-label records (the kit's own, written by
-the converter for a source with several labels per image, ``"multi_label": true`` in its
-``class_names.json``) carry ``labels``, the int64 indices of the classes present, in place of ``class``: a
-record does not grow with the class count, and each index is checked against ``[0, C)`` when read.
-Writing files in that layout is :mod:`.tfrecord_writer`'s part; reading them, :mod:`.pipeline`'s.
-
-Every problem of a record is described, not raised (:func:`parse_record`), so the pipeline can name the
-file and record, or skip it and count it; a multi-host run reads whole files per JAX process (:func:`shard_files`).
+``{train,val,test}/NN-SxS-COUNT.tfrec``: ``image`` (JPEG bytes) with ``class`` (int64) for train/val, with ``id``
+(bytes) for test. Multi-label records (the kit's own, ``"multi_label": true`` in a conversion's
+``class_names.json``) carry ``labels``, the int64 indices of the classes present, in place of ``class``. Every
+problem of a record is described, not raised (:func:`parse_record`), so the pipeline names the file and record,
+or skips and counts it.
 """
 from __future__ import annotations
 
@@ -207,13 +203,12 @@ def size_problem(height_width, size: int):
 
 def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_classes: int | None = None,
                  jpeg_only: bool = False):
-    """One serialized record -> ``(image bytes, target, problem)`` inside a tf.data map; decodes nothing.
+    """One serialized record -> ``(image bytes, target, problem)`` in a tf.data map, decoding nothing.
 
-    ``target``: the int32 class, the float32 multi-hot row ``[C]`` of a multi-label record
-    (``multi_label_classes=C``), or the id. ``problem``: ``""``, or what is wrong (a malformed record, a
-    missing or repeated feature, a class outside ``[0, C)``, a JPEG whose header gives another size than
-    ``image_size`` or does not parse). ``jpeg_only``: bytes that are not a JPEG are a problem too (for the
-    augmentation workers, which decode JPEGs only).
+    ``target``: the int32 class, the float32 multi-hot row ``[C]`` (``multi_label_classes=C``) or the id;
+    ``problem``: ``""`` or what is wrong (a malformed record, a missing or repeated feature, a class outside
+    ``[0, C)``, a JPEG header that does not parse or gives another size; with ``jpeg_only``, for the workers,
+    bytes that are no JPEG).
     """
     multi = labeled and multi_label_classes is not None
     spec = record_spec(labeled, multi)
