@@ -51,10 +51,10 @@ def decoder(request, monkeypatch):
     if opencv is None:
         pytest.fail("OpenCV (a dependency of imgaug) is not installed")
     if request.param == "pil":
-        monkeypatch.setattr(jpeg, "cv2", None)
+        monkeypatch.setitem(jpeg._decoders, "cv2", None)
     elif request.param == "opencv-bgr":
         names = {name: getattr(opencv, name) for name in dir(opencv) if name != "IMREAD_COLOR_RGB"}
-        monkeypatch.setattr(jpeg, "cv2", types.SimpleNamespace(**names))
+        monkeypatch.setitem(jpeg._decoders, "cv2", types.SimpleNamespace(**names))
     return request.param
 
 
