@@ -42,6 +42,7 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's kit, not another
 ROUTES = ("none", "random-resized crop", "TF RandAugment", "imgaug, workers")
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field", "retina",
           "motorcycle left", "motorcycle right")
