@@ -26,7 +26,7 @@ from .fingerprint import conversion_fingerprint, fingerprint_changes
 from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .stratify import iterative_stratification
-from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, shard_name, write_tfrecord
+from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, target_of, write_shards
 from .tfrecords import DataError, count_from_name
 
 __all__ = ["INFO_FILE", "SPLITS", "conversion_changes", "convert_source", "convert_test_split", "read_conversion_info",
@@ -78,30 +78,13 @@ def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size
                  skip_errors: bool) -> list[str]:
     """Read ``indices`` of ``source`` in order and write them as about ``shards`` files (a test image with corrupt
     JPEG data is kept, with a warning: its submission row is needed)."""
-    per_file = math.ceil(len(indices) / min(shards, len(indices)))
     dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, with_ids=True,
                           skip_errors=skip_errors)
-    pending, paths = [], []
-
-    def flush():
-        path = os.path.join(folder, shard_name(len(paths), image_size, len(pending)))
-        write_tfrecord(path, pending)
-        paths.append(path)
-        pending.clear()
-
-    for batch in dataset:
-        for i in np.flatnonzero(batch["mask"]):
-            target = {"id": batch["id"][i]}
-            if source.multi_label:
-                target["labels"] = np.flatnonzero(batch["label"][i] > 0.5)
-            elif source.labeled:
-                target["label"] = int(batch["label"][i])
-            pending.append(serialize_example(encode_jpeg(batch["image"][i], quality), **target))
-            if len(pending) == per_file:
-                flush()
-    if pending:
-        flush()
-    return paths
+    records = (serialize_example(encode_jpeg(batch["image"][i], quality), **target_of(
+        batch["label"][i] if source.labeled else None, batch["id"][i]))
+        for batch in dataset for i in np.flatnonzero(batch["mask"]))
+    return write_shards(folder, records, per_file=math.ceil(len(indices) / min(shards, len(indices))),
+                        image_size=image_size)
 
 
 def _existing_splits(out_dir: str) -> list[str]:

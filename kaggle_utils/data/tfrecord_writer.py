@@ -5,6 +5,7 @@ final name and renamed into place, so a crash never leaves a half-written shard 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import tempfile
@@ -14,7 +15,8 @@ import numpy as np
 
 from .tfhost import tf
 
-__all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name", "write_split", "write_tfrecord"]
+__all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name", "target_of", "write_shards",
+           "write_split", "write_tfrecord"]
 
 
 @contextlib.contextmanager
@@ -96,21 +98,29 @@ def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Seq
         raise ValueError("give labels= or ids= (one of them), one per image")
     if not 1 <= num_files <= max(1, len(images)):
         raise ValueError(f"num_files={num_files} must be between 1 and the number of images ({len(images)})")
-    per_file = math.ceil(len(images) / num_files)
-    paths = []
-    for index, start in enumerate(range(0, len(images), per_file)):
-        stop = min(start + per_file, len(images))
-        records = (serialize_example(encode_jpeg(images[i], quality), **_target(labels, ids, i))
-                   for i in range(start, stop))
-        path = os.path.join(os.fspath(split_dir), shard_name(index, images.shape[1], stop - start))
-        write_tfrecord(path, records)
-        paths.append(path)
+    labels, ids = ([None] * len(images) if x is None else x for x in (labels, ids))
+    records = (serialize_example(encode_jpeg(image, quality), **target_of(label, id_))
+               for image, label, id_ in zip(images, labels, ids))
+    return write_shards(split_dir, records, per_file=math.ceil(len(images) / num_files), image_size=images.shape[1])
+
+
+def target_of(label=None, id=None) -> dict:
+    """``serialize_example``'s target keywords: ``label=`` (an int), ``labels=`` (a multi-hot row's classes), ``id=``."""
+    if label is None:
+        return {"id": id}
+    row = np.asarray(label)
+    target = {"labels": np.flatnonzero(row > 0.5)} if row.ndim == 1 else {"label": int(row)}
+    return target if id is None else {**target, "id": id}
+
+
+def write_shards(split_dir, records: Iterable[bytes], *, per_file: int, image_size: int) -> list[str]:
+    """Serialized ``records`` as shards of ``per_file`` records (the last may hold fewer), in Kaggle's names."""
+    paths, pending = [], []
+    for record in itertools.chain(records, [None]):
+        if record is not None:
+            pending.append(record)
+        if pending and (len(pending) == per_file or record is None):
+            paths.append(os.path.join(os.fspath(split_dir), shard_name(len(paths), image_size, len(pending))))
+            write_tfrecord(paths[-1], pending)
+            pending = []
     return paths
-
-
-def _target(labels, ids, i: int) -> dict:
-    """``serialize_example``'s target keyword for example ``i``: label=, labels= (a multi-hot row) or id=."""
-    if labels is None:
-        return {"id": ids[i]}
-    row = np.asarray(labels[i])
-    return {"labels": np.flatnonzero(row)} if row.ndim == 1 else {"label": int(row)}
