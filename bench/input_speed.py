@@ -117,7 +117,7 @@ def measure(batches, seconds: float, warmup_seconds: float) -> float:
     return images / (time.perf_counter() - start)
 
 
-def measure(spec: dict) -> dict:
+def run_child(spec: dict) -> dict:
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -189,7 +189,7 @@ def main() -> None:
                 spec = dict(route=route, cpus=cpus[:cores], old_default=old, data=data, size=args.size,
                             batch=args.batch, seconds=args.seconds, warmup_seconds=args.warmup_seconds,
                             images=args.images, round=round_, load=os.getloadavg()[0], date=time.strftime("%Y-%m-%d"))
-                result = measure(spec)
+                result = run_child(spec)
                 results.append(result)
                 with open(args.out, "a") as f:
                     f.write(json.dumps(result) + "\n")
