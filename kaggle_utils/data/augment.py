@@ -154,9 +154,7 @@ def _tensor_copy(shared: np.ndarray):
     return tensor
 
 
-# --------------------------------------------------------------------------------------
-# Looking at augmentations
-# --------------------------------------------------------------------------------------
+# ---------- Looking at augmentations
 def augment_images(images: np.ndarray, augment="randaugment", *, seed: int = 0) -> np.ndarray:
     """Apply one ``augment`` choice (as ``load_dataset`` takes it) to a uint8 batch, in-process."""
     images = np.asarray(images)

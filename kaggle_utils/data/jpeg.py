@@ -175,9 +175,7 @@ def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:
     return b""
 
 
-# --------------------------------------------------------------------------------------
-# Decoding in the augmentation workers
-# --------------------------------------------------------------------------------------
+# ---------- Decoding in the augmentation workers
 def decode_jpeg_into(data: bytes, out: np.ndarray) -> None:
     """Decode ``data`` into ``out`` (uint8 ``[H, W, 3]``) as ``tf.io.decode_jpeg(channels=3)`` would.
 

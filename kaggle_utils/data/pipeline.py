@@ -166,9 +166,7 @@ class HostDataset:
         self._closers = []
 
 
-# --------------------------------------------------------------------------------------
-# The stages
-# --------------------------------------------------------------------------------------
+# ---------- The stages
 def read_records(files: list[str], *, shuffle_seed: int | None = None):
     """``(file, index in the file, serialized record)`` of every record; shuffled (files, then a buffer) with a seed."""
 
@@ -258,9 +256,7 @@ def _unreadable(files, spec):
     return lambda err: DataError(str(reader_problem(files, spec) or f"reading {files} failed: {op_message(err)}"))
 
 
-# --------------------------------------------------------------------------------------
-# TFRecords
-# --------------------------------------------------------------------------------------
+# ---------- TFRecords
 def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = True,
                  multi_label_classes: int | None = None, training: bool = False, seed: int | None = None, crop=None,
                  augment=None, augment_workers: int | None = None, skip_errors: bool = False, select=None,
@@ -358,9 +354,7 @@ def check_tfrecords(files, *, image_size: int, labeled: bool = True,
     return dataset.skipped_records
 
 
-# --------------------------------------------------------------------------------------
-# Sources other than TFRecords
-# --------------------------------------------------------------------------------------
+# ---------- Sources other than TFRecords
 def load_source(source: Source, *, batch_size: int, image_size: int | None = None, crop=None, training: bool = False,
                 seed: int | None = None, augment=None, augment_workers: int | None = None, skip_errors: bool = False,
                 with_ids: bool = False, indices=None, deterministic: bool = True) -> HostDataset:

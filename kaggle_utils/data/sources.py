@@ -83,9 +83,7 @@ class Source:
         return np.arange(self.num_examples)[process_index::process_count]
 
 
-# --------------------------------------------------------------------------------------
-# Folders
-# --------------------------------------------------------------------------------------
+# ---------- Folders
 def _images_in(folder: str, extensions, *, nested: bool = False) -> list[str]:
     """The images in ``folder``; ``nested``: in its sub-folders too, as torchvision's ImageFolder reads a class
     folder (hidden folders left out), so that no image of the class is silently dropped. A link to a folder
@@ -154,9 +152,7 @@ def image_folder(root, *, extensions=IMAGE_EXTENSIONS, id_column: str = "id",
                   id_column=id_column, label_column=None, paths=paths)
 
 
-# --------------------------------------------------------------------------------------
-# CSV + images
-# --------------------------------------------------------------------------------------
+# ---------- CSV + images
 def _read_csv(path: str, columns: list[str]) -> list[tuple[int, dict]]:
     if not os.path.isfile(path):
         raise DataError(f"CSV file {path!r} does not exist")
@@ -285,9 +281,7 @@ def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None 
                   id_column=id_column, label_column=label_column, multi_label=bool(multi_label), paths=paths)
 
 
-# --------------------------------------------------------------------------------------
-# tensorflow-datasets
-# --------------------------------------------------------------------------------------
+# ---------- tensorflow-datasets
 def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: str = "image",
                 label_key: str | None = "label", download: bool = False) -> Source:
     """A tfds split, offline from ``data_dir`` (prepared before, or ``download=True``).

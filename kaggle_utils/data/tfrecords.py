@@ -61,9 +61,7 @@ class RecordProblem:
         return f"{self.filename}, record {self.index}: {self.problem}"
 
 
-# --------------------------------------------------------------------------------------
-# Finding, counting and sharding files
-# --------------------------------------------------------------------------------------
+# ---------- Finding, counting and sharding files
 def _resolve_one(source: str) -> list[str]:
     gfile = tf.io.gfile
     if _glob.has_magic(source):
@@ -167,9 +165,7 @@ def reader_problem(files: Sequence[str], spec: dict | None = None) -> RecordProb
     return None
 
 
-# --------------------------------------------------------------------------------------
-# Parsing one record, every problem described rather than raised
-# --------------------------------------------------------------------------------------
+# ---------- Parsing one record, every problem described rather than raised
 def record_spec(labeled: bool, multi_label: bool = False) -> dict:
     """The features a record is parsed for: ``image`` and ``class`` / ``labels`` / ``id``."""
     target = ("labels" if multi_label else "class", tf.int64) if labeled else ("id", tf.string)
