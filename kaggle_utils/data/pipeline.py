@@ -298,7 +298,8 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
 
     def to_example(name, index, serialized, image_seed):
         encoded, target, problem = parse_record(serialized, labeled=labeled, image_size=image_size,
-                                                multi_label_classes=multi_label_classes, jpeg_only=in_workers)
+                                                multi_label_classes=multi_label_classes, header=False,
+                                                jpeg_only=in_workers)
         example = {"label" if labeled else "id": target}
         if in_workers:  # the JPEG, and where it came from should a worker fail to decode it
             example.update(jpeg=tf.where(tf.equal(problem, ""), encoded, b""), name=name, index=index)

@@ -198,13 +198,13 @@ def size_problem(height_width, size: int):
 
 
 def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_classes: int | None = None,
-                 jpeg_only: bool = False):
+                 header: bool = True, jpeg_only: bool = False):
     """One serialized record -> ``(image bytes, target, problem)`` in a tf.data map, decoding nothing.
 
     ``target``: the int32 class, the float32 multi-hot row ``[C]`` (``multi_label_classes=C``) or the id;
     ``problem``: ``""`` or what is wrong (a malformed record, a missing or repeated feature, a class outside
-    ``[0, C)``, a JPEG header that does not parse or gives another size; with ``jpeg_only``, for the workers,
-    bytes that are no JPEG).
+    ``[0, C)``; with ``header``, a JPEG header that does not parse or gives another size: left to the decode where
+    one follows; with ``jpeg_only``, for the workers, bytes that are no JPEG).
     """
     multi = labeled and multi_label_classes is not None
     spec = record_spec(labeled, multi)
@@ -223,15 +223,17 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
         target = tf.concat([values[:1], tf.constant([-1 if labeled else b""], dtype)], 0)[0]
         target = tf.cast(target, tf.int32) if labeled else target
         target_problem = _count_problem(tf, key, tf.size(values), "value")
-    is_jpeg = tf.equal(tf.strings.substr(encoded, 0, 2), b"\xff\xd8")
-    height_width, has_header = first_success(lambda jpeg: tf.image.extract_jpeg_shape(jpeg)[:2], encoded,
-                                             tf.zeros([2], tf.int32))
-    kind = tf.where(tf.equal(tf.strings.substr(encoded, 0, 4), b"\x89PNG"), "a PNG", "not a JPEG")
-    header_problem = tf.where(~is_jpeg, tf.strings.join(["image bytes are ", kind, "; " + _WORKERS_DECODE_JPEG_ONLY])
-                              if jpeg_only else "",
-                              tf.where(has_header, size_problem(height_width, image_size), UNDECODABLE))
-    problem = first_problem(tf.where(parsed, "", malformed(spec)), _count_problem(tf, "image", tf.size(images), "image"),
-                            target_problem, header_problem)
+    problems = [tf.where(parsed, "", malformed(spec)), _count_problem(tf, "image", tf.size(images), "image"),
+                target_problem]
+    if header or jpeg_only:
+        is_jpeg = tf.equal(tf.strings.substr(encoded, 0, 2), b"\xff\xd8")
+        height_width, has_header = first_success(lambda jpeg: tf.image.extract_jpeg_shape(jpeg)[:2], encoded,
+                                                 tf.zeros([2], tf.int32))
+        kind = tf.where(tf.equal(tf.strings.substr(encoded, 0, 4), b"\x89PNG"), "a PNG", "not a JPEG")
+        problems.append(tf.where(~is_jpeg, tf.strings.join(["image bytes are ", kind, "; " + _WORKERS_DECODE_JPEG_ONLY])
+                                 if jpeg_only else "",
+                                 tf.where(has_header, size_problem(height_width, image_size), UNDECODABLE)))
+    problem = first_problem(*problems)
     return encoded, target, problem
 
 
