@@ -285,7 +285,7 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
     seed, plan, problems = _start(batch_size, seed, augment, augment_workers, skip_errors)
     listed = list_tfrecords(files)
     files = shard_files(listed, *_jax_process()) if training else listed
-    in_workers = plan.decodes_jpegs and crop is None  # the workers decode: tf.data only parses
+    in_workers = plan.decodes_jpegs and crop is None and labeled  # the workers decode (strictly: not a test split)
     records = read_records(files, shuffle_seed=seed if training else None)
     num_examples = count_data_items(files)
     if select is not None:
