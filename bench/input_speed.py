@@ -101,7 +101,7 @@ def child(spec: dict) -> None:
         batches = dataset
     rate = measure(batches, spec["seconds"], spec["warmup_seconds"])
     print(json.dumps({**spec, "images_per_s": rate}), flush=True)
-    os._exit(0)  # the rate is out: no waiting for the pipeline's threads and workers to wind down
+    os._exit(0)  # the rate is out: no waiting for the pipeline's threads to wind down (its workers follow)
 
 
 def measure(batches, seconds: float, warmup_seconds: float) -> float:

@@ -207,6 +207,35 @@ def test_lambdas_reach_workers_by_value_and_pools_clean_up():
         pool(images)
 
 
+def test_workers_end_when_the_process_that_started_them_dies():
+    """A training process killed (the kill/resume case) or ended without closing its pool leaves no workers."""
+    import subprocess
+    import sys
+    import time
+
+    script = ("import multiprocessing, os, numpy as np, kaggle_utils.data as kd\n"
+              "pool = kd.ProcessPoolAugmenter(np.invert, num_workers=2)\n"
+              "print(*[p.pid for p in multiprocessing.active_children()], flush=True)\n"
+              "os._exit(0)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root})
+    workers = [int(pid) for pid in done.stdout.split()]
+    assert len(workers) == 2, done.stderr[-2000:]
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return "\tZ" not in f.read()  # a zombie has ended
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(map(alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(alive, workers))
+
+
 def test_load_dataset_with_imgaug_keeps_batches_and_changes_pixels(tmp_path):
     images = natural_batch(12)
     kd.write_split(tmp_path / "train", images, labels=list(range(12)), num_files=2)

@@ -12,11 +12,13 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import multiprocessing
+import os
 import pickle
 import queue
 import random
 import sys
 import threading
+import time
 import traceback
 import weakref
 from multiprocessing import shared_memory
@@ -100,6 +102,7 @@ _worker: dict = {}  # this worker's callable, start-up error, barrier and attach
 
 def _start_worker(payload: bytes, barrier) -> None:
     _worker.update(barrier=barrier, attached={}, error=None)
+    threading.Thread(target=_end_with_parent, args=(os.getppid(),), daemon=True).start()
     try:
         if importlib.util.find_spec("cv2") is not None:  # processes are the parallelism: one thread each
             import cv2
@@ -108,6 +111,14 @@ def _start_worker(payload: bytes, barrier) -> None:
         _worker["fn"] = pickle.loads(payload)
     except BaseException:
         _worker["error"] = traceback.format_exc()
+
+
+def _end_with_parent(parent: int) -> None:
+    """Exit once the pipeline's process is gone (killed, or ended without closing the pool): a pool's worker
+    holds its own queue's write end, so nothing else would ever tell it."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _started(timeout: float) -> str | None:
