@@ -153,7 +153,9 @@ class DataConfig:
     crop_pct: float | None = _field(None, "evaluation / prediction center crop: resize to size / crop_pct, crop "
                                           "the center (timm's rule; e.g. 0.875); default a plain resize")
     skip_errors: bool = _field(False, "skip unreadable records (counted and reported) instead of stopping")
-    deterministic: bool = _field(True, "deterministic input order, so --resume continues exactly")
+    deterministic: bool = _field(True, "the same batches in the same order for a seed, on any number of cores, so "
+                                       "--resume continues exactly; --no-deterministic lets the input hand out "
+                                       "images as they are ready (a little faster, order varies)")
 
 
 @dataclasses.dataclass(frozen=True)

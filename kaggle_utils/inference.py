@@ -104,8 +104,7 @@ def predict_records(steps: Steps, variables: dict | TrainState, filenames, *, im
 
     files = list_tfrecords(filenames)
     expected = count_data_items(files)
-    dataset = load_dataset(files, labeled=False, image_size=image_size, batch_size=batch_size, ordered=True,
-                           process_index=0, process_count=1, crop=crop, keep_corrupt_jpegs=True)
+    dataset = load_dataset(files, labeled=False, image_size=image_size, batch_size=batch_size, crop=crop)
     ids, probs = predict(steps, variables, dataset)
     if len(ids) != expected:
         raise ValueError(f"predicted {len(ids)} test images but the file names of {len(files)} file(s) "

@@ -76,8 +76,7 @@ def test_load_dataset_reads_only_the_selected_records_and_counts_them(sample):
     index = scan_records(files)
     chosen = np.arange(len(index)) % 3 == 0
     select = index.pairs(np.flatnonzero(chosen))
-    dataset = load_dataset(files, labeled=True, image_size=16, batch_size=32, ordered=True, process_index=0,
-                           process_count=1, select=select, with_records=True)
+    dataset = load_dataset(files, labeled=True, image_size=16, batch_size=32, select=select, with_records=True)
     assert dataset.num_examples == chosen.sum()
     records, labels = [], []
     for batch in dataset:

@@ -61,8 +61,7 @@ def _source(tagged, name="labels.csv"):
 
 
 def _read(files, **kwargs):
-    dataset = kd.load_dataset(files, labeled=True, image_size=SIZE, batch_size=16, ordered=True, process_index=0,
-                              process_count=1, seed=0, **kwargs)
+    dataset = kd.load_dataset(files, labeled=True, image_size=SIZE, batch_size=16, seed=0, **kwargs)
     try:
         batches = list(dataset)
     finally:

@@ -180,21 +180,21 @@ def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int):
     """This process's training batches for ``epoch`` (repeated, host-augmented), as :func:`fit_run` reads them."""
     from ..data import load_dataset
 
-    return load_dataset(data.splits["train"], labeled=True, image_size=data.stored_size,
-                        batch_size=plan.global_batch // jax.process_count(), augment=host_augment(config),
-                        drop_remainder=True, repeat=True, seed=config.seed * 100_003 + epoch,
-                        skip_errors=config.data.skip_errors, crop=train_transform(config, data.stored_size),
-                        select=data.selected("train"), multi_label_classes=multi_label_classes(config, data))
+    return load_dataset(data.splits["train"], image_size=data.stored_size,
+                        batch_size=plan.global_batch // jax.process_count(), training=True,
+                        seed=config.seed * 100_003 + epoch, crop=train_transform(config, data.stored_size),
+                        augment=host_augment(config), skip_errors=config.data.skip_errors,
+                        select=data.selected("train"), multi_label_classes=multi_label_classes(config, data),
+                        deterministic=config.data.deterministic)
 
 
 def val_dataset(config: TrainConfig, plan: Plan, data: RunData):
     """The validation split in order, whole, through the run's evaluation crop: what every evaluation of a run reads."""
     from ..data import load_dataset
 
-    return load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size, batch_size=plan.global_batch,
-                        ordered=True, process_index=0, process_count=1, skip_errors=config.data.skip_errors,
-                        crop=eval_transform(config, data.stored_size), select=data.selected("val"),
-                        multi_label_classes=multi_label_classes(config, data))
+    return load_dataset(data.splits["val"], image_size=data.stored_size, batch_size=plan.global_batch,
+                        skip_errors=config.data.skip_errors, crop=eval_transform(config, data.stored_size),
+                        select=data.selected("val"), multi_label_classes=multi_label_classes(config, data))
 
 
 def fit_settings(config: TrainConfig, plan: Plan):

@@ -217,8 +217,7 @@ def _write_fold_oof(fold_out: Path, k: int, pool: Pool, data: RunData) -> None:
     member = load_members([fold_out])[0]
     config = member.config
     steps = _prediction_steps(config, member.model, tta=config.task.tta, mode=config.loop.mode)
-    batches = load_dataset(sorted(set(pool.files)), labeled=True, image_size=data.stored_size,
-                           batch_size=config.data.batch_size, ordered=True, process_index=0, process_count=1,
+    batches = load_dataset(sorted(set(pool.files)), image_size=data.stored_size, batch_size=config.data.batch_size,
                            crop=eval_transform(config, data.stored_size), select=pool.pairs(pool.folds == k),
                            with_records=True, skip_errors=config.data.skip_errors,
                            multi_label_classes=config.model.num_classes if data.multi_label else None)

@@ -232,17 +232,12 @@ def infer_image_size(files: list[str]) -> int | None:
 
 def scan_labels(files: list[str], image_size: int, *, skip_errors: bool = False,
                 multi_label_classes: int | None = None) -> np.ndarray:
-    """Every label of ``files`` (reads the split once; also proves the records decode at this size): int32 ``[N]``,
-    or float32 multi-hot ``[N, C]`` of multi-label records (``multi_label_classes=C``)."""
-    from ..data import load_dataset
+    """Every label of ``files``, parsed without decoding an image (every record checked but for its image data,
+    which the first epoch decodes): int32 ``[N]``, or float32 multi-hot ``[N, C]`` (``multi_label_classes=C``)."""
+    from .. import data
 
-    labels = [b["label"][b["mask"]] for b in load_dataset(files, labeled=True, image_size=image_size,
-                                                             batch_size=256, ordered=True, process_index=0,
-                                                             process_count=1, skip_errors=skip_errors,
-                                                             multi_label_classes=multi_label_classes)]
-    empty = np.zeros((0,) if multi_label_classes is None else (0, multi_label_classes),
-                     np.int32 if multi_label_classes is None else np.float32)
-    return np.concatenate(labels) if labels else empty
+    return data.scan_labels(files, image_size=image_size, skip_errors=skip_errors,
+                            multi_label_classes=multi_label_classes)
 
 
 def check_task_fits(config: TrainConfig, multi_label: bool, where: str) -> None:

@@ -63,14 +63,6 @@ def _owned(out: Path):
     return outdir.owned(out) if jax.process_index() == 0 else contextlib.nullcontext(out)
 
 
-def _deterministic_input() -> None:
-    # tf.data's parallel map/interleave otherwise return shuffled records in a timing-dependent
-    # order; with op determinism the seeded order is reproduced exactly, which resume needs.
-    from ..data import tensorflow_on_host
-
-    tensorflow_on_host().config.experimental.enable_op_determinism()
-
-
 def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = (), writers: Sequence = (),
           data: RunData | None = None, resume: bool = False, overwrite: bool = False,
           progress: bool = True) -> RunResult:
@@ -101,8 +93,6 @@ def train(config: TrainConfig, out: str | Path, *, task=None, hooks: Sequence = 
             checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
         compilation.enable_cache(resolved.loop.compile_cache or out / "jax_cache")
         data = commit_conversion(data, out)  # a --source conversion made for this run becomes OUT/data
-        if resolved.data.deterministic:
-            _deterministic_input()
         if resolved.optim.lr == "auto":
             resolved, plan, training, lr_note = settle_lr(resolved, plan, data, model, variables, out, task=task,
                                                           progress=progress)
