@@ -73,6 +73,7 @@ class FitResult:
     history: list[dict]
     best: dict | None  # history row of the best evaluation by the monitored metric
     stop_reason: str
+    best_sums: dict | None = None  # the validation sums of that evaluation, when this call made it (a report's counts)
 
 
 class Hook:
@@ -144,7 +145,7 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], set
     """
     task = steps.config.task
     columns = history_columns(task, loss_scaling=state.loss_scale is not None, staged=bool(stages))
-    watch = make_monitor(settings, columns)
+    watch = make_monitor(settings, columns, task)
     staged = StagedSteps(stages, epochs=-(-settings.total_steps // settings.steps_per_epoch)) if stages else None
     loop = _Loop(steps, task, columns, watch, settings, train_batches, val_batches, _as_hooks(hooks), list(writers),
                  out_dir=Path(out_dir) if out_dir is not None else None, manifest=dict(manifest or {}),
@@ -172,7 +173,7 @@ class _Loop:
         self.history: list[dict] = []
         self.pending = None  # device sums of the train steps since the last history row
         self.window = None  # device sums since the last log
-        self.best = None
+        self.best = self.best_sums = None
         self.stop_reason = "completed"
         self.staged, self.stage = staged, None  # progressive: the StagedSteps, the stage now training
         self.stage_compile_s: dict[str, float] = {}  # stage number -> its first step's compiling, in this process
@@ -216,7 +217,8 @@ class _Loop:
             self._write_reports()
         if _is_main() and self.stop_reason != "completed":
             tqdm.write(self.stop_reason)
-        result = FitResult(state=host_state, history=self.history, best=self.best, stop_reason=self.stop_reason)
+        result = FitResult(state=host_state, history=self.history, best=self.best, stop_reason=self.stop_reason,
+                           best_sums=self.best_sums)
         self._call_hooks("on_run_end", result)
         return result
 
@@ -310,6 +312,7 @@ class _Loop:
         row.update(StagedSteps.fields(self.stage) if self.stage is not None else {})
         row.update({f"train_{k}": v for k, v in train.items() if f"train_{k}" in row})
         row["img_per_s"] = int(train_sums["count"]) / max(train_seconds, 1e-9)
+        sums = None
         if self.val_batches is not None:
             started = time.perf_counter()
             sums = evaluate(self.steps, dev_state, self.val_batches(), prefetch=self.prefetch, progress=self.show)
@@ -326,7 +329,7 @@ class _Loop:
         self.history.append(row)
         improved = self.watch.improves(row, self.best)
         if improved:
-            self.best = row
+            self.best, self.best_sums = row, sums
             if self.write:
                 run_dir.save_best(self.out_dir, host_state.variables(), row, monitor=self.watch.name,
                                   manifest=self.manifest)
