@@ -1,30 +1,15 @@
-"""``python -m kaggle_utils train | predict | cv | plan | report``: :mod:`kaggle_utils.run` from a command line.
+"""``python -m kaggle_utils train | cv | predict | plan | report``: :mod:`kaggle_utils.run` from a command line.
 
-``train``: the flags are :class:`~kaggle_utils.config.TrainConfig`'s fields (``--help`` lists
-them by section); TFRecords in the competition layout (``--data-dir DIR/{train,val,test}``;
-without it the embedded digits sample) -> ``OUT/`` ``config.json``, ``best.msgpack``,
-``last.msgpack``, ``metrics.json``, ``history.csv``, ``tensorboard/``, ``curves.png``,
-``per_class.csv``, ``val_counts.json`` and, with a test split, ``submission.csv`` predicted by
-the best checkpoint (``--task multilabel``: the classes above ``--threshold``, space-separated); it ends
-with a summary block (best score, time, files, the next command).
-It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 calls the same function.
-
-``predict``: run folders, checkpoints or CV folders (:mod:`kaggle_utils.run.predict`) + test images
-(``DIR/test`` TFRecords, or an image folder or CSV) -> ``OUT/submission.csv`` and
-``OUT/probabilities.csv`` (the weighted mean of the models' probabilities); it ends with a summary
-block too (each checkpoint with its weight and TTA, rows, time, files, the next command).
-
-``cv --folds K``: :func:`kaggle_utils.run.cross_validate` with the train flags: ``OUT/fold{k}/`` runs,
-``folds.csv``, ``oof.csv`` / ``oof.npy``, ``cv.json`` and the fold models' mean submission.
-
-``plan --target tpu-v5e-8 | tpu-v3-8 | local`` with the train flags: the run's steps compiled for that device, no
-TPU needed (:mod:`kaggle_utils.run.target_plan`): bytes per device, the largest batch that fits, FLOPs per image.
-
-``report OUT``: ``curves.png`` and ``per_class.csv`` drawn again from a run folder's files (or
-each ``foldK/`` of a CV folder), with no model and no data (:mod:`kaggle_utils.report`).
-
-Every check on the input (values, model, monitor, splits, labels, test ids, batch vs devices,
-weights vs model, output folder vs another run) runs before the first step.
+``train``: the flags are :class:`~kaggle_utils.config.TrainConfig`'s fields (``--help`` lists them by
+section) -> :func:`kaggle_utils.run.train` into ``--out`` (``config.json``, checkpoints, ``metrics.json``,
+``history.csv``, ``tensorboard/``, ``curves.png``, ``per_class.csv`` and, with a test split,
+``submission.csv`` + ``probabilities.csv``), ending with a summary block. ``cv --folds K``:
+:func:`kaggle_utils.run.cross_validate` with the same flags. ``predict``: run folders, checkpoints or CV
+folders + test images -> ``submission.csv`` and ``probabilities.csv`` of their weighted mean. ``report OUT``:
+a run or CV folder's pictures and tables drawn again from its files. ``plan --target tpu-v5e-8 | tpu-v3-8 |
+local``: the run's steps compiled for that device, no TPU needed (:mod:`kaggle_utils.run.target_plan`). Flags
+in, words out: every check on the input runs before the first step, and every way a command can stop is one
+line and an exit code.
 """
 from __future__ import annotations
 
@@ -36,9 +21,12 @@ from pathlib import Path
 
 import jax
 
-from . import checkpoint, outdir, run
-from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
+from . import checkpoint, outdir, report, run
+from .config import ConfigError, DataConfig, TrainConfig, add_config_flags, config_from_args
+from .data import DataError
+from .data.convert import source_from_spec
 from .run import target_plan
+from .train import MetricError, TrainingDiverged, WriterError
 
 __all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command"]
 
@@ -109,8 +97,6 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
 
 def train_command(args, config_cls: type = TrainConfig) -> dict:
     """Runs ``train`` (:func:`kaggle_utils.run.train`); returns a summary (best row, files written)."""
-    from . import report
-
     started = time.perf_counter()
     result = run.train(config_from_args(args, config_cls), args.out, resume=args.resume, overwrite=args.overwrite,
                        progress=args.progress)
@@ -165,16 +151,16 @@ def _cv_lines(result, wall_s: float) -> list[str]:
         return [f"cv: fold(s) {left} not finished; run the same command with --resume (or --only-folds {left}) "
                 f"to train them, then {out}/oof.csv and cv.json are written"]
     scores = result.scores
+    names = [name for name in scores["fold_mean_std"] if name != "loss"]  # the task's scores: acc, f1, ...
+
+    def shown(values: dict) -> str:
+        return ", ".join(f"{name} {values[name]:.4f}" for name in names)
+
     lines = [f"cv: {len(scores['folds'])} folds in {out} ({wall_s:.0f} s this call)"]
-    for fold in scores["folds"]:
-        lines.append(f"  fold {fold['fold']}: held-out accuracy {fold['accuracy']:.4f}, macro F1 "
-                     f"{fold['macro_f1']:.4f} ({fold['examples']} records)")
+    lines += [f"  fold {fold['fold']}: held-out {shown(fold)} ({fold['examples']} records)" for fold in scores["folds"]]
     spread = scores["fold_mean_std"]
-    lines.append(f"  folds: accuracy {spread['accuracy']['mean']:.4f} +- {spread['accuracy']['std']:.4f}, "
-                 f"macro F1 {spread['macro_f1']['mean']:.4f} +- {spread['macro_f1']['std']:.4f}")
-    micro = f", micro F1 {scores['oof']['micro_f1']:.4f}" if "micro_f1" in scores["oof"] else ""  # multi-label
-    lines.append(f"  out-of-fold: accuracy {scores['oof']['accuracy']:.4f}, macro F1 {scores['oof']['macro_f1']:.4f}"
-                 f"{micro} over {scores['oof']['examples']} records")
+    lines.append("  folds: " + ", ".join(f"{n} {spread[n]['mean']:.4f} +- {spread[n]['std']:.4f}" for n in names))
+    lines.append(f"  out-of-fold: {shown(scores['oof'])} over {scores['oof']['examples']} records")
     files = [name for name in ("folds.csv", "oof.csv", "oof.npy", "cv.json", "submission.csv",
                                "test_probabilities.csv") if (out / name).is_file()]
     lines.append(f"  files: {', '.join(str(out / name) for name in files)}")
@@ -186,20 +172,13 @@ def _cv_lines(result, wall_s: float) -> list[str]:
 
 def predict_command(args) -> dict:
     """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); ends with a summary block; returns the files and rows."""
-    from . import report
-    from .config import DataConfig
-
     started = time.perf_counter()
     if args.test_image_dir is not None and args.test_source is None:
         raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     outdir.check_writable(args.out)  # before the prediction, not after it
     members = run.load_members(args.checkpoint, args.weights_per_checkpoint)
-    source = None
-    if args.test_source is not None:
-        from .data.convert import source_from_spec
-
-        source = source_from_spec(args.test_source, image_dir=args.test_image_dir, labeled=False,
-                                  id_column=members[0].config.data.id_column or "id")
+    source = None if args.test_source is None else source_from_spec(
+        args.test_source, image_dir=args.test_image_dir, labeled=False, id_column=members[0].config.data.id_column or "id")
     batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
     with run.open_test_split(data_dir=args.data_dir, source=source) as records:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
@@ -239,8 +218,6 @@ def _predict_next(args, submission: Path) -> list[str]:
 
 def report_command(args) -> list[str]:
     """Runs ``report OUT`` (:func:`kaggle_utils.report.report_command`); prints and returns its lines."""
-    from . import report
-
     lines = report.report_command(args.out)
     print("\n".join(lines))
     return lines
@@ -286,9 +263,6 @@ def main(argv=None) -> int:
     target_plan.quiet_libtpu()  # before any backend starts: a CPU machine with libtpu installed prints no TPU search
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .data import DataError
-    from .train import MetricError, TrainingDiverged, WriterError
-
     prefix = f"{parser.prog} {args.command}"
     try:
         {"train": train_command, "cv": cv_command, "predict": predict_command, "report": report_command,

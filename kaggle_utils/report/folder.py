@@ -12,12 +12,13 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Sequence
 
 from .. import checkpoint
 from .curves import CURVES_FILE, write_curves
-from .tables import COUNTS_FILE, PER_CLASS_FILE, read_counts, write_per_class_from_counts
+from .tables import COUNTS_FILE, PER_CLASS_FILE, counts_record, read_counts, write_counts, write_per_class_from_counts
 
-__all__ = ["METRICS_FILE", "ReportError", "fold_folders", "read_metrics", "redraw", "report_command"]
+__all__ = ["METRICS_FILE", "ReportError", "finish_run", "fold_folders", "read_metrics", "redraw", "report_command"]
 
 METRICS_FILE = "metrics.json"
 _FOLD = re.compile(r"^fold(\d+)$")
@@ -72,6 +73,15 @@ def redraw(out: Path) -> list[str]:
     else:
         lines.append(f"wrote {write_per_class_from_counts(out, counts)}")
     return lines
+
+
+def finish_run(out: str | Path, sums: dict, class_names: Sequence[str], best: dict | None) -> list[str]:
+    """The end of a run: the best evaluation's validation ``sums`` stored as ``val_counts.json`` (so a report never
+    evaluates again), then ``curves.png`` and ``per_class.csv`` drawn; the lines saying what was written."""
+    record = counts_record(sums, class_names, best)
+    if record is not None:
+        write_counts(Path(out), record)
+    return redraw(Path(out))
 
 
 def _best_line(name: str, report: dict) -> tuple[str, float | None]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..checkpoint import atomic_write_text
 from ..config import ConfigError
+from ..data.stratify import iterative_stratification
 
 __all__ = ["FOLDS_FILE", "assign_folds", "read_fold_groups", "read_folds", "settle_folds"]
 
@@ -48,8 +49,6 @@ def assign_folds(labels: Sequence[int], k: int, seed: int, groups: Sequence | No
     if groups is not None:
         return _group_folds(labels, np.asarray(groups), k, rng)
     if labels.ndim == 2:
-        from ..data.stratify import iterative_stratification
-
         return iterative_stratification(labels, [1.0] * k, seed)
     start = 0
     for label in np.unique(labels):
