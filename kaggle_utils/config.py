@@ -98,24 +98,22 @@ class _Section:
 class ModelConfig(_Section):
     name: str = _field("tf_efficientnetv2_b0", "registered EfficientNet name (see kaggle_utils.efficientnet)",
                        flag="model")
-    weights: str | None = _field(None, "ported weights (.msgpack from weights_port) to fine-tune; the head is new "
-                                       "and starts at zero")
+    weights: str | None = _field(None, "ported weights (.msgpack from weights_port) to fine-tune; a new zero head")
     freeze: tuple[str, ...] = _field((), "with --weights: regex of parameter paths to keep frozen (repeatable)")
     num_classes: int | None = _field(None, "number of classes (default: from the data)", valid=AT_LEAST_1)
-    image_size: int | None = _field(None, "image side the model sees (default: the stored size of the data)",
+    image_size: int | None = _field(None, "image side the model sees (default: the data's stored size)",
                                     valid=AT_LEAST_1)
-    precision: str = _field("auto", "compute precision: auto (bf16 on TPU and on GPUs of compute capability 8.0+, "
-                                    "fp16 with loss scaling on older GPUs such as the T4, fp32 on CPU) | fp32 | bf16 "
-                                    "| fp16; weights, optimizer state and BatchNorm statistics stay fp32",
+    precision: str = _field("auto", "compute precision: auto (bf16 on TPU and GPUs of compute capability 8.0+, fp16 "
+                                    "+ loss scaling on older GPUs such as the T4, fp32 on CPU) | fp32 | bf16 | fp16; "
+                                    "weights, optimizer state and BatchNorm statistics stay fp32",
                             choices=("auto", "fp32", "bf16", "fp16"))
     drop_rate: float = _field(0.2, "dropout before the classifier", valid=within("[0, 1)"))
     drop_path_rate: float = _field(0.1, "stochastic depth rate", valid=within("[0, 1)"))
     sync_bn: bool = _field(True, "BatchNorm statistics over the global batch")
-    remat: str = _field("none", "none | blocks: recompute each block's activations in the backward pass instead of "
-                                "keeping them (less memory for a large model at a large size, more compute)",
-                        choices=("none", "blocks"))
-    head_multiple: int | None = _field(None, "pad the classifier's outputs to a multiple of this (default 128 on "
-                                             "TPU, 1 elsewhere); padded outputs are masked out", valid=AT_LEAST_1)
+    remat: str = _field("none", "none | blocks: recompute each block's activations in the backward pass (less "
+                                "memory, more compute)", choices=("none", "blocks"))
+    head_multiple: int | None = _field(None, "pad the classifier's outputs to a multiple of this, masked out "
+                                             "(default 128 on TPU, 1 elsewhere)", valid=AT_LEAST_1)
 
     def _rules(self):
         if self.freeze and not self.weights:
@@ -124,60 +122,59 @@ class ModelConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(_Section):
-    data_dir: str | None = _field(None, "folder with train/, val/ and optionally test/ TFRecords (default: the "
-                                        "embedded digits sample, written to a temporary folder)")
+    data_dir: str | None = _field(None, "folder of train/, val/ and optionally test/ TFRecords (default: the "
+                                        "embedded digits sample)")
     source: str | None = _field(None, "instead of --data-dir: class folders DIR/<class>/*.jpg, a CSV of id + label "
                                       "(images in --image-dir), or tfds:NAME[:SPLIT]; converted once into OUT/data")
     test_source: str | None = _field(None, "with --source: unlabeled test images (a folder or a CSV of ids)")
-    image_dir: str | None = _field(None, "with a CSV --source / --test-source: the images' folder (default: the "
-                                         "CSV's folder)")
-    test_image_dir: str | None = _field(None, "with a CSV --test-source: the test images' folder (default: "
-                                              "--image-dir, else the CSV's folder)")
-    tfds_data_dir: str | None = _field(None, "with a tfds:NAME --source / --test-source: the folder it is prepared "
-                                             "in (default: tfds's own, $TFDS_DATA_DIR or ~/tensorflow_datasets)")
-    id_column: str | None = _field(None, "the CSV's id column, and the submission's (default: the one a converted "
-                                         "records folder records, else id)")
-    label_column: str | None = _field(None, "the CSV's label column, and the submission's (default: the one a "
-                                            "converted records folder records, else label)")
+    image_dir: str | None = _field(None, "with a CSV source: the images' folder (default: the CSV's folder)")
+    test_image_dir: str | None = _field(None, "with a CSV --test-source: its images' folder (default: --image-dir)")
+    tfds_data_dir: str | None = _field(None, "with a tfds:NAME source: the folder it is prepared in (default: tfds's)")
+    id_column: str | None = _field(None, "the CSV's and the submission's id column (default: the records' own, "
+                                         "else id)")
+    label_column: str | None = _field(None, "the CSV's and the submission's label column (default: the records' "
+                                            "own, else label)")
     val_fraction: float = _field(0.15, "with --source: stratified share of each class held out for validation",
                                  valid=within("(0, 1)"))
-    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: those a converted records "
-                                              "folder or --source records; empty: the index itself)")
+    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: the records' own; empty: "
+                                              "the index itself)")
     batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
-    batch_per_device: int | str | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
-                                                      "BATCH_SIZE_PER_CORE); global = this x device count; auto: the "
-                                                      "largest whose compiled train step fits the device's memory "
-                                                      "(less a margin), found before anything is written",
+    batch_per_device: int | str | None = _field(None, "batch per device instead of --batch-size; auto: the largest "
+                                                      "whose compiled train step fits the device, less a margin",
                                                 parse=_int_or_auto)
-    memory_budget: float | None = _field(None, "with --batch-per-device auto: GiB one device may use (default: what "
-                                               "the device reports, memory_stats()['bytes_limit'], on GPU and TPU; a "
-                                               "CPU reports none, so give it there)", resume_may_change=True,
+    memory_budget: float | None = _field(None, "with --batch-per-device auto: GiB a device may use (default: what "
+                                               "a GPU or TPU reports; a CPU needs it)", resume_may_change=True,
                                          valid=POSITIVE)
-    augment: str = _field("none", "none | randaugment (TF, on the host) | imgaug (worker processes) | "
-                                  "randaugment-device (JAX, inside the jitted train step: no host work)",
+    augment: str = _field("none", "none | randaugment (TF, host) | imgaug (worker processes) | randaugment-device "
+                                  "(JAX, in the jitted step)",
                           choices=("none", "randaugment", "imgaug", "randaugment-device"))
-    randaugment_magnitude: float = _field(15.0, "RandAugment's magnitude on imgaug's 0-30 scale, for every --augment "
-                                                "route (imgaug rounds it to an integer); with --progressive-stages "
-                                                "the last stage's", valid=within("[0, 30]", "imgaug's scale"))
-    mixup_alpha: float = _field(0.0, "Mixup's Beta(alpha, alpha) (0: off); on the device, soft targets",
-                                valid=NOT_NEGATIVE)
+    randaugment_magnitude: float = _field(15.0, "RandAugment's magnitude on imgaug's 0-30 scale, every --augment "
+                                                "route (with --progressive-stages: the last stage's)",
+                                          valid=within("[0, 30]", "imgaug's scale"))
+    mixup_alpha: float = _field(0.0, "Mixup's Beta(alpha, alpha) (0: off); on the device", valid=NOT_NEGATIVE)
     cutmix_alpha: float = _field(0.0, "CutMix's Beta(alpha, alpha) (0: off)", valid=NOT_NEGATIVE)
-    mix_prob: float = _field(1.0, "probability of mixing a batch (with --mixup-alpha / --cutmix-alpha)",
-                             valid=within("[0, 1]"))
+    mix_prob: float = _field(1.0, "probability of mixing a batch", valid=within("[0, 1]"))
     mix_switch_prob: float = _field(0.5, "probability of CutMix instead of Mixup when both are on",
                                     valid=within("[0, 1]"))
-    train_crop: str = _field("none", "training crop: none (the stored image, resized to --image-size if that "
-                                     "differs) | random-resized (timm's RandomResizedCrop + flip)",
+    train_crop: str = _field("none", "training crop: none (the stored image, resized to --image-size) | "
+                                     "random-resized (timm's RandomResizedCrop + flip)",
                              choices=("none", "random-resized"))
     eval_image_size: int | None = _field(None, "image side for evaluation and prediction (FixRes; default "
                                                "--image-size)", valid=AT_LEAST_1)
-    crop_pct: float | None = _field(None, "evaluation / prediction center crop: resize to size / crop_pct, crop "
-                                          "the center (timm's rule; e.g. 0.875); default a plain resize",
-                                    valid=within("(0, 1]"))
+    crop_pct: float | None = _field(None, "evaluation center crop: resize to size / crop_pct, crop the center "
+                                          "(timm's rule, e.g. 0.875); default a plain resize", valid=within("(0, 1]"))
     skip_errors: bool = _field(False, "skip unreadable records (counted and reported) instead of stopping")
     deterministic: bool = _field(True, "deterministic input order, so --resume continues exactly")
 
     def _rules(self):
+        if self.source is not None and self.data_dir is not None:
+            raise ConfigError("--source and --data-dir exclude each other: give the records folder or the source")
+        if self.source is None and (self.test_source is not None or self.test_image_dir is not None):
+            raise ConfigError("--test-source and --test-image-dir need --source (the training images); with "
+                              "--data-dir the test split is DIR/test/")
+        if self.source is None and self.tfds_data_dir is not None:
+            raise ConfigError(f"--tfds-data-dir {self.tfds_data_dir} goes with --source tfds:NAME (it says where that "
+                              "dataset is prepared); with --data-dir it reads nothing")
         repeated = sorted({name for name in self.class_names if self.class_names.count(name) > 1})
         if repeated:
             raise ConfigError(f"--class-names repeats {', '.join(map(repr, repeated))}: the submission could not "
@@ -196,27 +193,25 @@ class DataConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Section):
-    lr: float | str = _field(1e-2, "AdamW peak learning rate per 256 images, scaled to the global batch, or auto: "
-                                   "an LR range test on the training data picks it before the run "
-                                   "(kaggle_utils.run.lr_find)", parse=learning_rate, valid=POSITIVE)
-    lr_find_steps: int | None = _field(None, "with --lr auto: steps of the LR range test (default: 100, fewer when "
-                                             "the run is shorter, at least 40)", resume_may_change=True,
+    lr: float | str = _field(1e-2, "AdamW peak learning rate per 256 images (scaled to the global batch), or auto: "
+                                   "an LR range test picks it before the run", parse=learning_rate, valid=POSITIVE)
+    lr_find_steps: int | None = _field(None, "with --lr auto: steps of the range test (default: 100, fewer for a "
+                                             "shorter run, at least 40)", resume_may_change=True,
                                        valid=(lambda v: v >= 10, "must be at least 10 (the range test's curve)"))
-    warmup_epochs: float = _field(1.0, "linear warmup length in epochs (at most --warmup-max-fraction of the run)",
+    warmup_epochs: float = _field(1.0, "linear warmup in epochs (at most --warmup-max-fraction of the run)",
                                   valid=NOT_NEGATIVE)
-    warmup_max_fraction: float = _field(0.2, "warmup never takes more than this fraction of the run's steps",
+    warmup_max_fraction: float = _field(0.2, "the largest share of the run's steps the warmup takes",
                                         valid=within("[0, 1)"))
     weight_decay: float = _field(0.05, "AdamW weight decay (matrices and kernels only)", valid=NOT_NEGATIVE)
     clip_norm: float | None = _field(1.0, "clip gradients to this global norm (none: no clipping)", valid=POSITIVE)
     ema_decay: float = _field(0.0, "EMA of the weights for evaluation (0: off)", valid=within("[0, 1)"))
-    accumulate_steps: int = _field(1, "micro-batches per optimizer step: each device runs its share of the batch in K "
-                                      "pieces one after another (the memory of a K times smaller batch); BatchNorm "
-                                      "normalises each piece with its own statistics", valid=AT_LEAST_1)
-    layer_decay: float | None = _field(None, "lr x D^(depth from the head) for the stem and each stage; timm's "
-                                             "--layer-decay, counted per stage (none: off)",
+    accumulate_steps: int = _field(1, "micro-batches per optimizer step: the memory of a K times smaller batch (each "
+                                      "normalised by BatchNorm on its own)", valid=AT_LEAST_1)
+    layer_decay: float | None = _field(None, "lr x D^(depth from the head) for the stem and each stage, timm's "
+                                             "--layer-decay per stage (none: off)",
                                        valid=within("(0, 1]", "above 1 the early layers would learn fastest"))
-    head_lr_mult: float = _field(1.0, "the classifier's lr x M: a new head learns faster than a pretrained backbone "
-                                      "(to keep it fixed, use --freeze classifier)", valid=POSITIVE)
+    head_lr_mult: float = _field(1.0, "the classifier's lr x M (to keep it fixed: --freeze classifier)",
+                                 valid=POSITIVE)
 
     def _rules(self):
         if isinstance(self.lr, bool) or isinstance(self.lr, str) and self.lr != "auto":
@@ -229,42 +224,38 @@ class TaskConfig(_Section):
                        choices=("softmax", "focal", "multilabel"))
     label_smoothing: float = _field(0.1, "label smoothing of the training targets", valid=within("[0, 1)"))
     focal_gamma: float = _field(2.0, "focal loss gamma (task focal)", valid=NOT_NEGATIVE)
-    threshold: float = _field(0.5, "task multilabel: a class is predicted where its probability exceeds this (the "
-                                   "submission's labels, accuracy and F1)", valid=within("(0, 1)"))
+    threshold: float = _field(0.5, "task multilabel: a class is predicted above this probability",
+                              valid=within("(0, 1)"))
     tta: bool = _field(False, "average predictions with horizontally flipped images")
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig(_Section):
-    epochs: int = _field(10, "epochs to train (an epoch: --steps-per-epoch steps)", valid=AT_LEAST_1)
+    epochs: int = _field(10, "epochs to train (of --steps-per-epoch steps)", valid=AT_LEAST_1)
     steps: int | None = _field(None, "total steps instead of --epochs", valid=AT_LEAST_1)
     steps_per_epoch: int | None = _field(None, "default: training examples // global batch", valid=AT_LEAST_1)
     eval_every: int | None = _field(None, "evaluate every N steps (default: at each epoch end)", valid=AT_LEAST_1)
-    checkpoint_every: int | None = _field(None, "write last.msgpack every N steps too (default: at each "
-                                                "evaluation); a killed run loses at most N steps", valid=AT_LEAST_1)
+    checkpoint_every: int | None = _field(None, "write last.msgpack every N steps too (default: at each evaluation)",
+                                          valid=AT_LEAST_1)
     keep_checkpoints: int = _field(1, "checkpoints kept besides best.msgpack: last.msgpack + K-1 older ckpt-STEP",
                                    valid=AT_LEAST_1)
     log_every: int = _field(20, "steps between metric pulls (progress bar, TensorBoard)", resume_may_change=True,
                             valid=AT_LEAST_1)
     monitor: str = _field("val_f1", "history column that picks best.msgpack (e.g. val_loss, val_acc, train_loss)")
-    monitor_mode: str = _field("auto", "min | max | auto (the task's direction for the metric: min for a loss)",
+    monitor_mode: str = _field("auto", "min | max | auto (the metric's own direction: min for a loss)",
                                choices=("auto", "min", "max"))
     min_delta: float = _field(0.0, "an improvement must beat the best by more than this", valid=NOT_NEGATIVE)
     patience: int | None = _field(None, "stop after this many evaluations without improvement", valid=AT_LEAST_1)
-    tensorboard: bool = _field(True, "write TensorBoard event files to OUT/tensorboard", resume_may_change=True)
+    tensorboard: bool = _field(True, "TensorBoard event files in OUT/tensorboard", resume_may_change=True)
     mode: str = _field("jit", "jit (jit + shard_map) or pmap", choices=("jit", "pmap"), resume_may_change=True)
-    compile_cache: str | None = _field(None, "folder of JAX's persistent compilation cache, to keep between sessions "
-                                             "so a resumed or repeated run does not compile again (default: "
+    compile_cache: str | None = _field(None, "JAX's persistent compilation cache, kept between sessions (default: "
                                              "OUT/jax_cache)", resume_may_change=True)
     progressive_stages: int = _field(0, "EfficientNetV2's progressive learning in N stages of whole epochs (0: off): "
-                                        "the image size grows from --progressive-min-size to --image-size, "
-                                        "RandAugment's magnitude from 5 and the Mixup / CutMix alphas from 0 to "
-                                        "their flags' values; evaluation stays at the eval size", valid=NOT_NEGATIVE)
-    progressive_min_size: int | None = _field(None, "with --progressive-stages: the official code's ibase, from "
-                                                    "which the stage sizes grow (default 128, or half --image-size "
-                                                    "when that is smaller)")
-    progressive_dropout: bool = _field(False, "with --progressive-stages: grow the dropout too, from 0.1 to "
-                                              "--drop-rate (the paper's schedule, which the official code omits)")
+                                        "size from --progressive-min-size, RandAugment from 5, Mixup / CutMix from 0 "
+                                        "to their flags' values", valid=NOT_NEGATIVE)
+    progressive_min_size: int | None = _field(None, "with --progressive-stages: the first stage's size (default 128, "
+                                                    "at most half --image-size)")
+    progressive_dropout: bool = _field(False, "with --progressive-stages: grow the dropout too, from 0.1")
 
     def _rules(self):
         n = self.progressive_stages
@@ -285,9 +276,6 @@ class LoopConfig(_Section):
                               f"number of epochs; give at least {n} epochs, or fewer stages")
 
 
-SECTIONS = ("model", "data", "optim", "task", "loop")
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = ModelConfig()
@@ -299,8 +287,9 @@ class TrainConfig:
 
     def check(self) -> "TrainConfig":
         """Refuses a value no run can use, naming its flag (each section's fields and rules); returns the config."""
-        for section in SECTIONS:
-            getattr(self, section).check()
+        for field in dataclasses.fields(self):
+            if isinstance(getattr(self, field.name), _Section):
+                getattr(self, field.name).check()
         return self
 
     def replace(self, **changes) -> "TrainConfig":
@@ -333,27 +322,22 @@ class TrainConfig:
 # --------------------------------------------------------------------------- fields and flags
 
 
-def _sections(cls) -> list[tuple[str | None, type]]:
-    """(section attribute, dataclass) pairs: the nested sections, then the top level itself."""
+def _leaves(cls) -> list[tuple[str | None, type, dataclasses.Field]]:
+    """(section attribute or None, its class, field) of every leaf field: the sections' fields, then the top level's."""
     hints = typing.get_type_hints(cls)
     nested = [(f.name, hints[f.name]) for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
-    return nested + [(None, cls)]
-
-
-def _leaf_fields(cls) -> list[dataclasses.Field]:
-    hints = typing.get_type_hints(cls)
-    return [f for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])]
+    return [(section, kind, field) for section, kind in [*nested, (None, cls)] for field in dataclasses.fields(kind)
+            if not dataclasses.is_dataclass(typing.get_type_hints(kind)[field.name])]
 
 
 def _flag_table(cls) -> dict[str, tuple[str | None, dataclasses.Field]]:
     """``flag name -> (section, field)``; a name used twice is a programming error, found here."""
     table: dict[str, tuple[str | None, dataclasses.Field]] = {}
-    for section, section_cls in _sections(cls):
-        for field in _leaf_fields(section_cls):
-            name = field.metadata.get("flag", field.name)
-            if name in table:
-                raise TypeError(f"flag --{name} is defined twice ({table[name][0]} and {section}): rename one field")
-            table[name] = (section, field)
+    for section, _, field in _leaves(cls):
+        name = field.metadata.get("flag", field.name)
+        if name in table:
+            raise TypeError(f"flag --{name} is defined twice ({table[name][0]} and {section}): rename one field")
+        table[name] = (section, field)
     return table
 
 
@@ -361,46 +345,41 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _parse_type(annotation) -> tuple[type, bool]:
-    """(scalar type, optional?) of a field annotation such as ``int | None``."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [a for a in typing.get_args(annotation) if a is not type(None)][0], type(None) in typing.get_args(
-            annotation)
-    return annotation, False
-
-
-def _optional(kind: type):
-    def parse(text: str):
-        return None if text.lower() == "none" else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
+def _value(config, section: str | None, field: dataclasses.Field):
+    return getattr(getattr(config, section) if section else config, field.name)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
     """One flag per leaf field of ``cls`` (default :class:`TrainConfig`), in argument groups by section."""
     cls = cls or TrainConfig
-    defaults = cls()
-    for section, section_cls in _sections(cls):
-        hints = typing.get_type_hints(section_cls)
-        group = parser.add_argument_group(f"{section or 'run'} ({section_cls.__name__})")
-        for field in _leaf_fields(section_cls):
-            name = field.metadata.get("flag", field.name)
-            default = getattr(getattr(defaults, section) if section else defaults, field.name)
-            kind, optional = _parse_type(hints[field.name])
-            help_text = field.metadata.get("help", "")
-            if "default" not in help_text:
-                help_text += f" (default: {default!r})"
-            kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
-            if kind is bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
-            elif typing.get_origin(kind) is tuple:
-                kwargs.update(action="append", metavar=typing.get_args(kind)[0].__name__.upper())
-            else:
-                kind = field.metadata.get("parse", kind)
-                kwargs["type"] = _optional(kind) if optional else kind
-                if "choices" in field.metadata:
-                    kwargs["choices"] = field.metadata["choices"]
-            group.add_argument(flag_of(name), **kwargs)
+    defaults, groups = cls(), {}
+    for section, kind, field in _leaves(cls):
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"{section or 'run'} ({kind.__name__})")
+        annotation = typing.get_type_hints(kind)[field.name]
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)  # int | None: int, optional
+        optional = union and type(None) in typing.get_args(annotation)
+        scalar = next(a for a in typing.get_args(annotation) if a is not type(None)) if union else annotation
+        help_text = field.metadata.get("help", "")
+        help_text += "" if "default" in help_text else f" (default: {_value(defaults, section, field)!r})"
+        options: dict[str, Any] = {"dest": field.metadata.get("flag", field.name), "default": argparse.SUPPRESS,
+                                   "help": help_text.replace("%", "%%")}
+        if scalar is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(scalar) is tuple:
+            options.update(action="append", metavar=typing.get_args(scalar)[0].__name__.upper())
+        else:
+            parse = field.metadata.get("parse", scalar)
+            options.update(type=_or_none(parse) if optional else parse, choices=field.metadata.get("choices"))
+        groups[section].add_argument(flag_of(options["dest"]), **options)
+
+
+def _or_none(parse):
+    """A flag type that also takes ``none`` (the field's default of None)."""
+    def or_none(text: str):
+        return None if text.lower() == "none" else parse(text)
+    or_none.__name__ = parse.__name__  # argparse names the type in its message
+    return or_none
 
 
 def config_from_args(args: argparse.Namespace, cls: type = None) -> TrainConfig:
@@ -417,13 +396,8 @@ def overrides(config: TrainConfig) -> dict[str, Any]:
 
 def differences(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
     """``(flag name, before, after)`` for every field that differs, in declaration order."""
-    out = []
-    for name, (section, field) in _flag_table(type(after)).items():
-        old = getattr(getattr(before, section) if section else before, field.name)
-        new = getattr(getattr(after, section) if section else after, field.name)
-        if old != new:
-            out.append((name, old, new))
-    return out
+    pairs = [(name, _value(before, *where), _value(after, *where)) for name, where in _flag_table(type(after)).items()]
+    return [(name, old, new) for name, old, new in pairs if old != new]
 
 
 def resume_may_change(name: str, cls: type = None) -> bool:
@@ -438,10 +412,8 @@ def _from_dict(cls, data: dict, where: str):
     if unknown:
         raise ConfigError(f"{where} has fields this version of {cls.__name__} does not know: {', '.join(unknown)}")
     values = {}
-    for field in dataclasses.fields(cls):
-        if field.name in data:
-            value, kind = data[field.name], hints[field.name]
-            if dataclasses.is_dataclass(kind):
-                value = _from_dict(kind, value, f"{where}.{field.name}")
-            values[field.name] = tuple(value) if isinstance(value, list) else value
+    for name, value in data.items():
+        if dataclasses.is_dataclass(hints[name]):
+            value = _from_dict(hints[name], value, f"{where}.{name}")
+        values[name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)

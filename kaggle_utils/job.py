@@ -1,15 +1,8 @@
 """``python -m kaggle_utils train | cv | predict | plan | report``: :mod:`kaggle_utils.run` from a command line.
 
-``train``: the flags are :class:`~kaggle_utils.config.TrainConfig`'s fields (``--help`` lists them by
-section) -> :func:`kaggle_utils.run.train` into ``--out`` (``config.json``, checkpoints, ``metrics.json``,
-``history.csv``, ``tensorboard/``, ``curves.png``, ``per_class.csv`` and, with a test split,
-``submission.csv`` + ``probabilities.csv``), ending with a summary block. ``cv --folds K``:
-:func:`kaggle_utils.run.cross_validate` with the same flags. ``predict``: run folders, checkpoints or CV
-folders + test images -> ``submission.csv`` and ``probabilities.csv`` of their weighted mean. ``report OUT``:
-a run or CV folder's pictures and tables drawn again from its files. ``plan --target tpu-v5e-8 | tpu-v3-8 |
-local``: the run's steps compiled for that device, no TPU needed (:mod:`kaggle_utils.run.target_plan`). Flags
-in, words out: every check on the input runs before the first step, and every way a command can stop is one
-line and an exit code.
+Flags in (``train``, ``cv`` and ``plan`` take :class:`~kaggle_utils.config.TrainConfig`'s fields; ``plan``:
+:mod:`kaggle_utils.run.target_plan`), words out: each command ends with a summary block, and every way it can
+stop is one line and an exit code.
 """
 from __future__ import annotations
 
@@ -50,13 +43,9 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
                                                  "layout, or predict a submission from a run.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train, evaluate, keep the best checkpoint, predict the test split",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    job = train.add_argument_group("job")
-    job.add_argument("--out", required=True, help="output folder (one run per folder)")
-    job.add_argument("--resume", action="store_true", help="continue the run in --out from last.msgpack")
-    job.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    train = _run_parser(commands, "train", "train, evaluate, keep the best checkpoint, predict the test split",
+                        out="output folder (one run per folder)", resume="continue the run in --out from last.msgpack",
+                        overwrite="replace the run in --out")
     add_config_flags(train, config_cls)
 
     predict = commands.add_parser("predict", help="write submission.csv and probabilities.csv from runs")
@@ -113,22 +102,32 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
 # --------------------------------------------------------------------------- cv
 
 
+def _run_parser(commands, name: str, help: str, **helps: str) -> argparse.ArgumentParser:
+    """``train`` or ``cv``'s parser with the flags of the job around the config's: --out, --resume, --overwrite."""
+    parser = commands.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    job = parser.add_argument_group("job")
+    job.add_argument("--out", required=True, help=helps["out"])
+    job.add_argument("--resume", action="store_true", help=helps["resume"])
+    job.add_argument("--overwrite", action="store_true", help=helps["overwrite"])
+    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    return parser
+
+
 def _add_cv_parser(commands, config_cls: type) -> None:
-    cv = commands.add_parser("cv", help="K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    cv = _run_parser(commands, "cv", "K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
+                     out="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission",
+                     resume="skip finished folds, continue the unfinished one",
+                     overwrite="start the whole CV in --out again")
     job = cv.add_argument_group("cross-validation")
-    job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified; multi-label: iterative "
-                                                           "stratification)")
-    job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2", help="train only these folds now")
+    job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified; "
+                     "multi-label: iterative stratification)")
+    job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2",
+                     help="train only these folds now")
     job.add_argument("--fold-group", metavar="COLUMN", help="a column whose groups stay in one fold (a patient, a "
                      "video), read from a CSV --source or --fold-group-file; folds then balance the labels as the "
                      "groups allow")
     job.add_argument("--fold-group-file", metavar="CSV", help="with --fold-group: the CSV holding the run's id column "
                      "and COLUMN (needed with --data-dir, class folders or tfds; default: a CSV --source)")
-    job.add_argument("--out", required=True, help="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission")
-    job.add_argument("--resume", action="store_true", help="skip finished folds, continue the unfinished one")
-    job.add_argument("--overwrite", action="store_true", help="start the whole CV in --out again")
-    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     add_config_flags(cv, config_cls)
 
 
@@ -185,23 +184,10 @@ def predict_command(args) -> dict:
     submission, probabilities = run.write_predictions(args.out, ids, probs, members[0].config)
     if jax.process_index() == 0:
         test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source
-        models = [_model_summary(member, args.tta) for member in members]
-        print("\n".join(report.prediction_lines(args.out, models, rows=len(ids), test=test,
+        print("\n".join(report.prediction_lines(args.out, members, tta=args.tta, rows=len(ids), test=test,
                                                 wall_s=time.perf_counter() - started,
                                                 next_steps=_predict_next(args, submission))))
     return {"submission": str(submission), "probabilities": str(probabilities), "rows": len(ids)}
-
-
-def _model_summary(member, tta: bool | None) -> dict:
-    """What the summary says of one model: its checkpoint, where it was saved (its manifest), weight, size, TTA."""
-    try:
-        saved = json.loads(checkpoint.manifest_path(member.file).read_text())
-    except (OSError, ValueError, TypeError):
-        saved = {}
-    config = member.config
-    return {"checkpoint": str(member.file or member.path), "step": saved.get("step"), "monitor": saved.get("monitor"),
-            "value": saved.get("value"), "weight": member.weight, "tta": config.task.tta if tta is None else tta,
-            "image_size": config.data.eval_image_size or config.model.image_size}
 
 
 def _predict_next(args, submission: Path) -> list[str]:
@@ -223,15 +209,6 @@ def report_command(args) -> list[str]:
     return lines
 
 
-def _saved_step(out: str) -> int | None:
-    """The step ``OUT/last.msgpack`` holds, per its manifest; None before the first checkpoint."""
-    try:
-        step = json.loads((Path(out) / "last.json").read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return step if isinstance(step, int) and (Path(out) / "last.msgpack").is_file() else None
-
-
 def _what_is_kept(args, fix: str | None = None) -> str:
     """What a stopped command leaves usable, and the command that goes on from there."""
     then = f"{fix}, then " if fix else ""
@@ -240,8 +217,11 @@ def _what_is_kept(args, fix: str | None = None) -> str:
                 f"{then}the same command with --resume goes on")
     if args.command != "train":
         return f"no half-written file is left (writes are atomic): {then}run predict again"
-    step = _saved_step(args.out)
-    if step is None:
+    try:  # the step last.msgpack holds, per its manifest
+        step = json.loads((Path(args.out) / "last.json").read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    if not isinstance(step, int) or not (Path(args.out) / "last.msgpack").is_file():
         return f"the run stopped before its first checkpoint: {then}run the same command again"
     return f"{args.out}/last.msgpack (step {step}) is intact: {then}the same command with --resume continues from it"
 

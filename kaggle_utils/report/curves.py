@@ -1,10 +1,8 @@
-"""The pictures: ``curves.png`` (loss, the task's scores, the learning rate against the step, from ``metrics.json``)
-and ``lr_find.png`` (the LR range test's loss against the rate, with its pick).
+"""The pictures: ``curves.png`` (loss, scores, learning rate by step, from ``metrics.json``) and ``lr_find.png``.
 
-Drawn with matplotlib's object interface on an Agg canvas, never ``pyplot``: a run inside a notebook
-must not switch the notebook's backend or open a window, and a terminal run has no display. matplotlib
-is imported when a picture is drawn (it costs a second at import, and a kit without it still trains:
-the caller gets a :class:`ModuleNotFoundError` and says so in one line).
+matplotlib's object interface on an Agg canvas, never ``pyplot``: a run in a notebook must not switch its
+backend or open a window. matplotlib is imported when a picture is drawn (a second at import; a kit without
+it still trains, and the caller says so in one line).
 """
 from __future__ import annotations
 

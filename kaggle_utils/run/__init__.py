@@ -1,20 +1,11 @@
 """One training run from a :class:`~kaggle_utils.config.TrainConfig`: what the job, notebook 04 and ``cv`` share.
 
-Read :mod:`.trainer` first: :func:`train` is the whole run, top to bottom. Each step's helpers sit in a
-module of their own, each importing only those above it in this list:
-
-* ``data``: :func:`open_data` -> :class:`RunData`, every input check (``--source`` converted, the sample).
-* ``stages``: ``--progressive-stages``, each stage a config.
-* ``build``: the :class:`Plan` a run is built from; :func:`build_model`, :func:`initial_variables`,
-  :func:`build_training` (optimizer, steps, state), the datasets.
-* ``memory_plan``: ``--batch-per-device auto``, the batch whose compiled train step fits.
-* ``resolve``: :func:`check_config`, :func:`resolve` (what the config left open, for this machine and data).
-* ``saved``: ``config.json``, checkpoints' manifests, :func:`load_run`.
-* ``predict``: the one prediction path :func:`predict` ``(steps, variables, batches) -> (ids, probabilities)``,
-  ensembles, and :func:`write_predictions` (``submission.csv``, ``probabilities.csv``).
-* ``lr_find``: ``--lr auto``, the LR range test (:func:`find_lr` alone, for a notebook).
-* ``trainer``: :func:`train` and :func:`fit_run` (the loop with the config's settings).
-* ``cv`` (with ``folds``, ``groups``): :func:`cross_validate`, a :func:`train` per fold over one pool.
+Read :func:`train` in ``trainer`` first: the whole run, top to bottom. Its steps' helpers, each module importing
+only those before it: ``data`` (open_data, every input check), ``stages`` (--progressive-stages), ``build``
+(the Plan; model, variables, optimizer, steps, datasets), ``memory_plan`` (--batch-per-device auto),
+``resolve`` (check_config, resolve), ``saved`` (config.json, load_run), ``predict`` (the one prediction path,
+ensembles, submission files), ``lr_find`` (--lr auto), ``trainer`` (train, fit_run), ``cv`` and ``folds``
+(cross_validate: a train per fold over one pool).
 """
 from .build import (Plan, Training, build_model, build_training, device_augmentation, eval_dataset, initial_variables,
                     make_task, train_dataset, val_dataset)

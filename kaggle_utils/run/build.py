@@ -75,12 +75,8 @@ def build_model(config: TrainConfig) -> nn.Module:
 
 
 def initial_variables(config: TrainConfig, model: nn.Module) -> dict:
-    """Random init, or ported weights for the backbone with a zero classifier.
-
-    A zero head outputs equal logits, so the first loss is ln C and the first gradients reach
-    the head only: timm's U(±1/sqrt(fan_out)) init, sized for 1000 outputs, gives a few
-    classes large random logits that the pretrained features then spend steps unlearning.
-    """
+    """Random init, or ported weights for the backbone with a zero classifier: equal logits, so the first loss is
+    ln C (timm's init, sized for 1000 outputs, gives a few classes large logits the features must unlearn)."""
     variables = init_variables(model, config.model.image_size, seed=config.seed)
     if config.model.weights is None:
         return variables
@@ -117,12 +113,10 @@ class Training(NamedTuple):
 def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables: dict, *, task: Task | None = None,
                    mesh: jax.sharding.Mesh | None = None, mode: str | None = None,
                    schedule: optax.Schedule | None = None) -> Training:
-    """Task (``task``, default the config's), optimizer (frozen parts, lr groups), steps and initial state.
+    """Task (default the config's), optimizer (frozen parts, lr groups), steps and initial state.
 
-    ``variables`` may be abstract (``jax.ShapeDtypeStruct`` leaves): the state is then abstract too,
-    enough to compile the steps without initialising anything (:mod:`.memory_plan`). ``mode``
-    (default the config's) and ``mesh`` as for ``make_steps``; ``schedule``: the learning rate by
-    step instead of the plan's warmup and cosine (the LR range test's sweep).
+    Abstract ``variables`` (``jax.ShapeDtypeStruct`` leaves) give an abstract state: enough to compile the
+    steps (:mod:`.memory_plan`). ``schedule``: the rate by step instead of the plan's (the LR range test's).
     """
     if schedule is None:
         schedule = warmup_cosine(plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps)
@@ -168,10 +162,8 @@ def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | No
 
 
 def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) -> HostDataset:
-    """This process's training batches for ``epoch``: repeated, shuffled by epoch, cropped and host-augmented.
-
-    imgaug's RandAugment takes an integer magnitude: the flag's value, rounded.
-    """
+    """This process's training batches for ``epoch``: repeated, shuffled by epoch, cropped, host-augmented (imgaug's
+    RandAugment takes the magnitude rounded)."""
     size, augment, magnitude = config.model.image_size, config.data.augment, config.data.randaugment_magnitude
     crop = RandomResizedCrop(size) if config.data.train_crop == "random-resized" else (
         Resize(size) if size != data.stored_size else None)

@@ -9,7 +9,7 @@ written last: that file makes a fold finished, so ``--resume`` skips it. Once ev
 ``OUT/cv.json`` (each fold's best row and held-out scores by the task's own metrics, their mean and sample
 std, the pooled out-of-fold scores) and, with a test split, the fold models' mean as ``submission.csv`` +
 ``test_probabilities.csv``. Folds are stratified (multi-label: iteratively), and ``fold_group`` keeps each
-group in one fold (:mod:`.folds`, :mod:`.groups`). Records are named by their ``id`` feature when every
+group in one fold (:mod:`.folds`). Records are named by their ``id`` feature when every
 pool record has a unique one, else by ``split/file#index``.
 """
 from __future__ import annotations
@@ -34,8 +34,7 @@ from ..report import read_metrics
 from ..train import Hook, Task
 from .build import eval_dataset, make_task
 from .data import RunData, converted_source, open_data, sample_or_folder
-from .folds import FOLDS_FILE, assign_folds, settle_folds
-from .groups import FoldGroups, group_file, read_groups
+from .folds import FOLDS_FILE, FoldGroups, assign_folds, group_file, read_groups, settle_folds
 from .predict import load_members, predict, predict_ensemble, prediction_steps, write_predictions
 from .resolve import check_config, resolve
 from .saved import load_run
@@ -79,12 +78,10 @@ class Pool:
 def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_folds: Sequence[int] | None = None,
                    fold_group: str | None = None, fold_group_file: str | Path | None = None, resume: bool = False,
                    overwrite: bool = False, progress: bool = True, hooks: Sequence[Hook] = ()) -> CVResult:
-    """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files; see above.
+    """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files.
 
-    ``config`` is one run's (every fold trains with it); ``resume`` goes on with an existing CV folder
-    (without it, one is refused), ``overwrite`` starts it again; ``hooks`` go to each fold's run in turn.
-    ``fold_group``: a column whose groups stay in one fold, read from ``fold_group_file`` (default: a CSV
-    ``--source``).
+    ``config`` is every fold's; ``resume`` goes on with a CV folder (else one is refused), ``overwrite`` starts
+    it again. ``fold_group``: a column whose groups stay in one fold (its CSV: ``fold_group_file``).
     """
     out = Path(out)
     chosen = _check_args(folds, only_folds, resume, overwrite)

@@ -21,7 +21,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from ..config import ConfigError, TrainConfig
-from ..data import Source, count_data_items, list_tfrecords, load_dataset, make_sample_dataset, tensorflow_on_host
+from ..data import Source, count_data_items, list_tfrecords, load_dataset, make_sample_dataset
 from ..data.convert import (INFO_FILE, conversion_changes, convert_source, read_conversion_info, source_from_spec,
                             stratified_split)
 from ..data.selection import scan_records
@@ -61,26 +61,17 @@ def _sync(name: str) -> None:
 
 @contextlib.contextmanager
 def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
-    """The folder of TFRecords a run reads: ``--data-dir``, ``--source`` converted (staged), or the sample.
-
-    A staged conversion that was not committed (the run was refused) is removed on the way out.
-    """
-    data = config.data
-    if data.source is not None:
-        try:
-            yield converted_source(config, out_dir, stage=True)
-        finally:
-            if jax.process_index() == 0:
-                shutil.rmtree(Path(out_dir) / STAGED, ignore_errors=True)
+    """The folder of TFRecords a run reads: ``--data-dir``, the sample, or ``--source`` converted (staged: removed
+    on the way out unless committed)."""
+    if config.data.source is None:
+        with sample_or_folder(config) as root:
+            yield root
         return
-    if data.test_source is not None or data.test_image_dir is not None:
-        raise ConfigError("--test-source and --test-image-dir need --source (the training images); with --data-dir "
-                          "the test split is DIR/test/")
-    if data.tfds_data_dir is not None:
-        raise ConfigError(f"--tfds-data-dir {data.tfds_data_dir} goes with --source tfds:NAME (it says where that "
-                          "dataset is prepared); with --data-dir it reads nothing")
-    with sample_or_folder(config) as root:
-        yield root
+    try:
+        yield converted_source(config, out_dir, stage=True)
+    finally:
+        if jax.process_index() == 0:
+            shutil.rmtree(Path(out_dir) / STAGED, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -98,15 +89,9 @@ def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
 
 
 def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = False) -> Path:
-    """``--source`` as competition-layout TFRecords in ``OUT/data``: converted once, redone when its input changed.
-
-    ``OUT/data`` is reused only when the fingerprint it records matches the sources and settings as they
-    are now (:mod:`kaggle_utils.data.fingerprint`). With ``stage`` a conversion goes to ``OUT/.data.staging``
-    and the folder returned is that one, until :func:`commit_conversion`.
-    """
+    """``--source`` as competition-layout TFRecords in ``OUT/data``, converted again only when its fingerprint
+    (:mod:`kaggle_utils.data.fingerprint`) changed; with ``stage``, into ``OUT/.data.staging`` until committed."""
     data = config.data
-    if data.data_dir is not None:
-        raise ConfigError("--source and --data-dir exclude each other: give the records folder or the source")
     if config.model.image_size is None:
         raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
     target, staged = Path(out_dir) / "data", Path(out_dir) / STAGED
@@ -256,27 +241,22 @@ def _label_range(config: TrainConfig, splits: dict, stored: int) -> tuple[bool, 
 
 
 def scan_test_ids(files: list[str]) -> list[str]:
-    """The test split's ids in order, parsed without decoding images; checked as a submission needs them."""
-    tf = tensorflow_on_host()
-    feature = {"id": tf.io.FixedLenFeature([], tf.string, default_value="\x00missing")}
-    ids = []
-    for name in files:
-        for index, record in enumerate(tf.data.TFRecordDataset(name)):
-            value = tf.io.parse_single_example(record, feature)["id"].numpy()
-            if value == b"\x00missing":
-                raise ConfigError(f"{name}, record {index}: the test split has no 'id' feature; submission.csv "
-                                  "needs one id per test image")
-            ids.append(value.decode("utf-8"))
+    """The test split's ids in order, read without decoding images; checked as a submission needs them."""
+    index = scan_records(files)
+    missing = next((r for r, i in enumerate(index.ids) if not i), None)
+    if missing is not None:
+        raise ConfigError(f"{index.files[missing]}, record {index.indices[missing]}: the test split has no 'id' "
+                          "feature; submission.csv needs one id per test image")
     expected = count_data_items(files)
-    if len(ids) != expected:
-        raise ConfigError(f"the test split holds {len(ids)} records but its file names promise {expected}: "
+    if len(index) != expected:
+        raise ConfigError(f"the test split holds {len(index)} records but its file names promise {expected}: "
                           "a submission would miss or repeat images")
-    seen: set[str] = set()
-    repeated = [i for i in ids if i in seen or seen.add(i)]
-    if repeated:
-        raise ConfigError(f"test ids repeat ({len(repeated)} duplicates, e.g. {sorted(set(repeated))[:5]}): "
-                          "refusing to train for an ambiguous submission")
-    return ids
+    ids, counts = np.unique(index.ids, return_counts=True)
+    if (counts > 1).any():
+        repeated = [str(i) for i in ids[counts > 1][:5]]
+        raise ConfigError(f"test ids repeat ({int((counts - 1).sum())} duplicates, e.g. {repeated}): refusing to "
+                          "train for an ambiguous submission")
+    return list(index.ids)
 
 
 def open_data(config: TrainConfig, root: str | Path) -> RunData:
@@ -316,11 +296,8 @@ def named_classes(names) -> tuple[str, ...]:
 
 
 def submission_labels(config: TrainConfig, root: Path) -> dict:
-    """The class names and id / label columns of a run on ``root``: given, else recorded there, else the defaults.
-
-    A records folder written by a conversion (``class_names.json``) carries the source's columns and
-    class names into every run on it; a flag that disagrees with the record is refused, naming both.
-    """
+    """The class names and id / label columns of a run on ``root``: given, else recorded by its conversion
+    (``class_names.json``), else the defaults; a flag that disagrees with the record is refused, naming both."""
     info = read_conversion_info(root) if (root / INFO_FILE).is_file() else {}
     where = f"{root / INFO_FILE} (written by the conversion of {info.get('source')})"
     data = config.data

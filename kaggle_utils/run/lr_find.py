@@ -1,14 +1,12 @@
 """``--lr auto``: an LR range test (Smith 2015; fastai's ``lr_find``) picks the run's peak learning rate.
 
-A few dozen optimizer steps from the run's own initial state and ``build_training`` (frozen parts, lr
-groups, precision, augmentation), the rate growing geometrically from ``LR_MIN`` to ``LR_MAX`` per 256
-images; the test stops once the loss explodes (not finite, or its trailing mean above ``EXPLODE_FACTOR`` x
-its lowest). The state it trained is thrown away. The pick (:func:`pick_lr`, fastai's ``steep``) is the rate
-where the loss, smoothed by a *centred* mean (a trailing one lags by a large part of a decade), falls
-fastest before its minimum; a curve that never falls ``MIN_DROP`` below its start picks nothing and the run
-keeps the default rate. Why this rule and not a tenth of the lowest-loss rate or ``valley``: bench/README.md,
-"Learning rate of a short fine-tune". The found rate is the run's ``lr`` in ``config.json`` with a note
-(``lr_find``), which ``--resume`` reads instead of testing again.
+A few dozen optimizer steps from the run's own initial state and training (frozen parts, lr groups,
+precision, augmentation), the rate growing geometrically from ``LR_MIN`` to ``LR_MAX`` per 256 images,
+until the loss explodes; the state it trained is thrown away. The pick (:func:`pick_lr`, fastai's ``steep``)
+is where the loss, smoothed by a *centred* mean (a trailing one lags), falls fastest before its minimum; a
+curve that never falls ``MIN_DROP`` below its start picks nothing and the default rate stays. Why this rule:
+bench/README.md, "Learning rate of a short fine-tune". The found rate is the run's ``lr`` in ``config.json``,
+with a note (``lr_find``) that ``--resume`` reads instead of testing again.
 """
 from __future__ import annotations
 
@@ -75,26 +73,20 @@ class LrFinding:
         """A row per decade of the sweep (and the minimum and the pick): rate, smoothed loss, a bar."""
         lrs, smoothed = np.asarray(self.lrs), np.asarray(self.smoothed)
         rows = {int(np.argmin(np.abs(np.log10(lrs) - d))) for d in range(-7, 2) if lrs[0] <= 10.0 ** d <= lrs[-1]}
-        marks = {}
-        if self.found:
-            marks = {int(np.argmin(np.abs(lrs - self.min_loss_lr))): "  <- lowest",
-                     int(np.argmin(np.abs(np.log(lrs) - math.log(self.lr)))): "  <- picked"}
+        marks = {int(np.argmin(np.abs(lrs - self.min_loss_lr))): "  <- lowest",
+                 int(np.argmin(np.abs(np.log(lrs / self.lr)))): "  <- picked"} if self.found else {}
         finite = smoothed[np.isfinite(smoothed)]
         low, span = float(finite.min()), max(float(finite.max() - finite.min()), 1e-12)
-        lines = []
-        for i in sorted(rows | set(marks) | {len(lrs) - 1}):
-            value = smoothed[i]
-            bar = "#" * (1 + round((width - 1) * (value - low) / span)) if math.isfinite(value) else "!"
-            lines.append(f"  lr {lrs[i]:8.2e}  loss {value:8.4f} {bar}{marks.get(i, '')}")
-        return "\n".join(lines)
+        bar = lambda v: "#" * (1 + round((width - 1) * (v - low) / span)) if math.isfinite(v) else "!"  # noqa: E731
+        return "\n".join(f"  lr {lrs[i]:8.2e}  loss {smoothed[i]:8.4f} {bar(smoothed[i])}{marks.get(i, '')}"
+                         for i in sorted(rows | set(marks) | {len(lrs) - 1}))
 
     def csv_text(self) -> str:
+        rows = [["step", "lr", "peak_lr", "loss", "smoothed_loss"]]
+        rows += [[step, f"{lr:.6g}", f"{lr * self.global_batch / 256:.6g}", f"{loss:.6g}", f"{smoothed:.6g}"]
+                 for step, (lr, loss, smoothed) in enumerate(zip(self.lrs, self.losses, self.smoothed))]
         buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["step", "lr", "peak_lr", "loss", "smoothed_loss"])
-        for step, (lr, loss, smooth_loss) in enumerate(zip(self.lrs, self.losses, self.smoothed)):
-            writer.writerow([step, f"{lr:.6g}", f"{lr * self.global_batch / 256:.6g}", f"{loss:.6g}",
-                             f"{smooth_loss:.6g}"])
+        csv.writer(buffer, lineterminator="\n").writerows(rows)
         return buffer.getvalue()
 
     def note(self) -> dict:
@@ -135,11 +127,8 @@ def exploded(losses, factor: float = EXPLODE_FACTOR, window: int = WINDOW) -> bo
 
 
 def pick_lr(lrs, losses, window: int = WINDOW) -> tuple[float | None, float | None]:
-    """``(picked rate, rate of the lowest smoothed loss)`` of a curve; ``(None, None)`` when it never fell.
-
-    The pick is the rate of the steepest fall (``d loss / d log lr`` most negative) up to the lowest
-    point. Non-finite losses (the step that exploded) are left out before smoothing.
-    """
+    """``(picked rate, rate of the lowest smoothed loss)``; ``(None, None)`` when it never fell. The pick: the
+    steepest fall (``d loss / d log lr`` most negative) up to the lowest point; non-finite losses left out."""
     lrs, losses = np.asarray(lrs, np.float64), np.asarray(losses, np.float64)
     keep = np.isfinite(losses)
     lrs, losses = lrs[keep], losses[keep]
@@ -159,11 +148,8 @@ def pick_lr(lrs, losses, window: int = WINDOW) -> tuple[float | None, float | No
 def range_test(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, variables: dict, *,
                task: Task | None = None, steps: int | None = None, mesh: jax.sharding.Mesh | None = None,
                progress: bool = False) -> LrFinding:
-    """Runs the range test from ``variables`` (left as they are) with the run's optimizer and steps.
-
-    ``config`` and ``plan`` are resolved (:func:`~kaggle_utils.run.resolve`); their ``lr`` is not read.
-    ``steps``: ``DEFAULT_STEPS``, or the run's own length when shorter (at least ``FEWEST_DEFAULT_STEPS``).
-    """
+    """The range test from ``variables`` (left as they are) with a resolved run's optimizer and steps, for
+    ``steps`` steps (default ``DEFAULT_STEPS``, or the run's length when shorter, at least ``FEWEST_DEFAULT_STEPS``)."""
     count = steps or config.optim.lr_find_steps or int(min(DEFAULT_STEPS, max(FEWEST_DEFAULT_STEPS,
                                                                                 plan.total_steps)))
     rates = sweep(count)
@@ -204,7 +190,6 @@ def _finding(config: TrainConfig, plan: Plan, lrs: list, losses: list, stop: str
 
 
 def with_lr(config: TrainConfig, plan: Plan, lr: float) -> tuple[TrainConfig, Plan]:
-    """The resolved config and plan with ``lr`` (per 256 images) in place of ``auto``."""
     return config.replace(lr=lr), dataclasses.replace(plan, peak_lr=scaled_lr(lr, plan.global_batch))
 
 
@@ -224,11 +209,8 @@ def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, 
 
 
 def reuse_found_lr(out: str | Path, config: TrainConfig, plan: Plan) -> tuple[TrainConfig, Plan, dict | None]:
-    """For ``--resume`` with ``--lr auto``: the rate the run's range test found, from ``OUT/config.json``.
-
-    Unchanged (and no note) when the folder holds no found rate: the folder checks then say what is
-    wrong. The note is kept, too, when the found rate is given by hand (``--lr 0.0123``).
-    """
+    """``--resume`` with ``--lr auto``: the rate the run's range test found, from ``OUT/config.json`` (its note is
+    kept for that rate given by hand too); unchanged, without a note, where none was found."""
     try:
         record = json.loads((Path(out) / "config.json").read_text())
         note, lr = record["lr_find"], record["config"]["optim"]["lr"]
@@ -245,11 +227,8 @@ def reuse_found_lr(out: str | Path, config: TrainConfig, plan: Plan) -> tuple[Tr
 
 def find_lr(config: TrainConfig, data: RunData | None = None, *, task: Task | None = None,
             out: str | Path | None = None, steps: int | None = None, progress: bool = True) -> LrFinding:
-    """The range test of ``config`` alone, for a notebook: no run folder, nothing written unless ``out`` is given.
-
-    ``data``: a :class:`RunData` already opened for this config (default: opened here, a ``--source``
-    converted in a temporary folder). Use the pick with ``config.replace(lr=finding.lr)``.
-    """
+    """The range test of ``config`` alone, for a notebook (``data``: opened here unless given; nothing written
+    unless ``out`` is given). Use the pick with ``config.replace(lr=finding.lr)``."""
     with contextlib.ExitStack() as stack:
         if data is None:
             staging = stack.enter_context(tempfile.TemporaryDirectory(prefix="kaggle_utils_lr_find_"))

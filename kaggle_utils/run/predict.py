@@ -1,14 +1,9 @@
-"""Prediction, one path: ``predict(steps, variables, batches) -> (ids, probabilities)``, and its files.
+"""Prediction, one path: :func:`predict` ``(steps, variables, batches) -> (ids, probabilities)``, and its files.
 
-A run's test split, ``python -m kaggle_utils predict``, a CV's out-of-fold files and ensembles all call
-:func:`predict`; ``submission.csv`` and ``probabilities.csv`` are two views of its probabilities
-(:func:`write_predictions`). Every process reads the whole split in order and keeps its own rows of each
-global batch; the predict step gathers the probabilities back onto every device, so the ids of a batch line
-up with its predictions and process 0 can write the files alone.
-
-An ensemble is a list of :class:`Member` s (run folders, checkpoints, CV folders' ``fold{k}/`` runs), each
-predicting with its own steps at its own crop; only their classes must agree. The test images are a records
-folder's ``test/`` split, or a source converted at each member's image size, as a run on it stores them.
+A run's test split, ``python -m kaggle_utils predict``, a CV's out-of-fold files and ensembles all call it;
+``submission.csv`` and ``probabilities.csv`` are two views of its probabilities (:func:`write_predictions`).
+An ensemble's :class:`Member` s (runs, checkpoints, a CV folder's folds) each predict at their own crop with
+their own steps; only their classes must agree.
 """
 from __future__ import annotations
 
@@ -42,7 +37,8 @@ Records = Callable[[TrainConfig], tuple[list[str], int]]  # (config) -> (test sp
 
 def predict(steps: Steps, variables: dict | TrainState, batches: Iterable[dict], *, prefetch: int = 2
             ) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, probabilities ``[N, C]``) of the real examples of global host ``batches``, in order."""
+    """(ids, probabilities ``[N, C]``) of the real examples of global host ``batches``, in order: every process
+    feeds its rows of each batch, the step gathers the whole batch's probabilities back onto every device."""
     state = steps.put_state(variables if isinstance(variables, TrainState) else inference_state(variables))
     kept: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, mask) of each batch, in feeding order
 
@@ -64,11 +60,10 @@ def _text(value) -> str:
 
 def predict_split(steps: Steps, variables: dict, files: list[str], config: TrainConfig, *, batch_size: int,
                   stored_size: int) -> tuple[list[str], np.ndarray]:
-    """(ids, probabilities) of an unlabeled split's TFRecords as ``config`` evaluates them (its crop), in file order.
+    """(ids, probabilities) of an unlabeled split's TFRecords at ``config``'s evaluation crop, in file order.
 
-    The rows are checked against the counts in the file names and the ids must be unique, so a submission
-    never silently misses or repeats an image. A test JPEG whose data are corrupt is predicted as libjpeg
-    recovers it, with a warning naming it: the submission needs its row.
+    Checked complete (the file names' counts) and unique, so a submission never misses or repeats an image;
+    a corrupt test JPEG is predicted as libjpeg recovers it, with a warning: the submission needs its row.
     """
     files = list_tfrecords(files)
     dataset = load_dataset(files, labeled=False, image_size=stored_size, batch_size=batch_size, ordered=True,
@@ -129,11 +124,8 @@ def expand_checkpoint(path: str | Path) -> list[Path]:
 
 
 def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | None = None) -> list[Member]:
-    """Every model of ``checkpoints``, checked to agree on their classes, with weights summing to 1.
-
-    ``weights``: one per entry of ``checkpoints`` (default: equal); the folds of a CV folder share its
-    weight equally, so a CV folder counts as one model of the blend.
-    """
+    """Every model of ``checkpoints``, checked to agree on their classes, with ``weights`` (one per entry, default
+    equal; a CV folder's folds share its weight) normalised to sum to 1."""
     if not checkpoints:
         raise ConfigError("give at least one --checkpoint")
     weights = [1.0] * len(checkpoints) if weights is None else list(weights)
@@ -176,8 +168,8 @@ def _check_same_classes(first: Member, other: Member) -> None:
 
 @contextlib.contextmanager
 def open_test_split(*, data_dir: str | Path | None = None, source: Source | None = None) -> Iterator[Records]:
-    """``records(config) -> (files, stored size)``: a records folder's ``test/`` split, or ``source`` converted once
-    per image size (the run's ``--image-size``, where a run on that source stored it) into a temporary folder."""
+    """``records(config) -> (files, stored size)``: a records folder's ``test/`` split, or ``source`` converted
+    (once per ``--image-size``, as a run on it stores it) into a temporary folder."""
     if (data_dir is None) == (source is None):
         raise ConfigError("give the test images as --data-dir (TFRecords with a test/ split) or as --test-source "
                           "(an image folder or a CSV of ids), one of them")
@@ -201,10 +193,8 @@ def open_test_split(*, data_dir: str | Path | None = None, source: Source | None
 
 def predict_ensemble(members: Sequence[Member], records: Records, *, batch_size: int, tta: bool | None = None,
                      mode: str = "jit") -> tuple[list[str], np.ndarray]:
-    """(ids, the members' probabilities averaged with their weights); ``tta=None``: each run's own ``--tta``.
-
-    Members of one model and task (the folds of a CV folder) share compiled steps.
-    """
+    """(ids, the members' weighted mean probabilities); ``tta=None``: each run's own ``--tta``. Members of one model
+    and task (a CV folder's folds) share compiled steps."""
     ids, total, compiled = None, None, {}
     for member in members:
         flip = member.config.task.tta if tta is None else tta
@@ -233,10 +223,8 @@ def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray
                       *, probabilities_name: str = "probabilities.csv") -> tuple[Path, Path]:
     """``submission.csv`` and ``probabilities.csv`` in ``config``'s columns and class names (process 0, atomic).
 
-    The submission's label is the argmax (a class name where the run has them, else its index); for
-    ``--task multilabel`` every class above ``--threshold``, space-separated (empty when none is: the
-    convention of multi-label competitions). ``probabilities.csv``: the id, then a column per class, each
-    value the shortest decimal that reads back as the same float32, for blending.
+    The label is the argmax (a class name, else its index); for ``--task multilabel`` every class above
+    ``--threshold``, space-separated. ``probabilities.csv``: the id, then a column per class (for blending).
     """
     out_dir, data = Path(out_dir), config.data
     probs = np.asarray(probs, np.float32)

@@ -26,11 +26,8 @@ from .stages import progressive_stages
 
 
 def check_config(config: TrainConfig, task: Task | None = None) -> None:
-    """Every check that needs no data: each section's values, the model, the weights, the monitor.
-
-    ``task`` (default: the config's) may be a user's task with metrics of its own, which are then as
-    good a ``--monitor`` as the built-in ones.
-    """
+    """Every check that needs no data: each section's values, the model, the weights, the monitor (a metric of
+    ``task``, default the config's: a user's task's metrics are as good a ``--monitor``)."""
     config.check()
     try:
         resolve_name(config.model.name)
@@ -74,11 +71,8 @@ def global_batch(config: TrainConfig) -> int:
 
 
 def resolve(config: TrainConfig, data: RunData, task: Task | None = None) -> tuple[TrainConfig, Plan]:
-    """``config`` with nothing left open for this machine and data, and the numbers it implies.
-
-    ``--batch-per-device auto`` becomes the largest batch whose compiled train step fits the device;
-    the resolved config records it as the global ``batch_size``, so a resumed run keeps it.
-    """
+    """``config`` with nothing left open for this machine and data, and the :class:`Plan` it implies. ``auto``'s batch
+    (the largest whose compiled train step fits) is recorded as the global ``batch_size``: a resume keeps it."""
     if config.data.batch_per_device != "auto":
         return _resolve(config, data, task)
     check_config(config, task)

@@ -18,10 +18,8 @@ from .build import Plan, build_model
 
 def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None,
                  notes: dict | None = None) -> Path:
-    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan.
-
-    ``notes``: more top-level records, e.g. ``lr_find`` (how ``--lr auto`` found the config's lr).
-    """
+    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan and
+    ``notes`` (e.g. ``lr_find``: how ``--lr auto`` found the lr)."""
     path = Path(out_dir) / "config.json"
     record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan),
               **(notes or {})}
@@ -47,11 +45,8 @@ def checkpoint_file(path: Path) -> Path:
 
 
 def load_run(path: str | Path) -> tuple[nn.Module, dict, TrainConfig]:
-    """``(model, variables, config)`` of a run folder (its best checkpoint) or of one of its checkpoints.
-
-    ``variables`` are the evaluation variables (the EMA weights when the run kept them), checked
-    leaf by leaf against the model the config builds.
-    """
+    """``(model, variables, config)`` of a run folder (its best checkpoint) or one of its checkpoints: the evaluation
+    variables (EMA weights where kept), checked leaf by leaf against the model the config builds."""
     file = checkpoint_file(Path(path))
     manifest_file = checkpoint.manifest_path(file)
     if not manifest_file.is_file():

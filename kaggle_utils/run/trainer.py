@@ -55,12 +55,10 @@ class RunResult:
 def train(config: TrainConfig, out: str | Path, *, task: Task | None = None, hooks: Sequence[Hook] = (),
           writers: Sequence[MetricWriter] = (), data: RunData | None = None, resume: bool = False,
           overwrite: bool = False, progress: bool = True) -> RunResult:
-    """Trains ``config`` into the folder ``out``, reports it and predicts its test split with the best checkpoint.
+    """Trains ``config`` into ``out``, reports it and predicts its test split with the best checkpoint.
 
-    ``task``: a :class:`~kaggle_utils.train.Task` instead of the config's (e.g. ``with_metric``: its metrics
-    can then be the ``monitor``). ``data``: a :class:`RunData` already opened for this config (``open_data``).
-    ``hooks`` and ``writers`` as for :func:`~kaggle_utils.train.fit`. With ``lr="auto"`` the LR range test runs
-    before the loop (not on ``--resume``, which reads the rate found before from config.json).
+    ``task``: instead of the config's (``with_metric``: its metrics can be the ``monitor``); ``data``: already
+    opened for this config; ``hooks``, ``writers``: as for :func:`~kaggle_utils.train.fit`.
     """
     check_config(config, task)  # 1. check: values, model, weights, monitor
     out, main = Path(out), jax.process_index() == 0
@@ -162,11 +160,8 @@ def _best_variables(out: Path, result: FitResult) -> dict:
 
 def _report(out: Path, config: TrainConfig, plan: Plan, data: RunData, steps: Steps, result: FitResult,
             best: dict) -> None:
-    """``val_counts.json``, ``curves.png`` and ``per_class.csv`` of the best checkpoint (process 0 writes).
-
-    Its validation counts are the loop's sums of that evaluation; only where the loop did not make it
-    (the best came before a ``--resume``, or there is none) is the split evaluated again, collectively.
-    """
+    """``val_counts.json``, ``curves.png``, ``per_class.csv`` from the loop's sums of the best evaluation; evaluated
+    again (collectively) only where this process did not make it (the best came before a ``--resume``)."""
     sums = result.best_sums
     if sums is None:
         batches = val_dataset(config, plan, data)

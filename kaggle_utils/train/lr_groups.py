@@ -55,11 +55,8 @@ def group_multipliers(parts: Sequence[Part], *, layer_decay: float | None = None
 
 def assign_lr_groups(params: Any, parts: Sequence[Part], *, layer_decay: float | None = None,
                      head_lr_mult: float = 1.0) -> LrGroups:
-    """The group of every leaf of ``params`` and the multiplier of each group.
-
-    A path no part matches is an error that names it: the model would otherwise train at one
-    rate while the plan line claims several.
-    """
+    """The group of every leaf of ``params`` and each group's multiplier; a path no part matches is refused, named
+    (the model would train at one rate while the plan line claims several)."""
     def group_of(path: str) -> str | None:
         return next((group for group, pattern, _ in parts if re.fullmatch(pattern, path.split("/", 1)[0])), None)
 
@@ -75,11 +72,8 @@ def assign_lr_groups(params: Any, parts: Sequence[Part], *, layer_decay: float |
 
 
 def scale_by_tree(multipliers: Any) -> optax.GradientTransformation:
-    """Each update times its leaf's multiplier (a tree of floats like the params).
-
-    Chained after AdamW it is a per-leaf learning rate (see the module's docstring). Its state
-    is empty; a tree that does not fit the params is refused at ``init``, naming the paths.
-    """
+    """Each update times its leaf's multiplier (a tree of floats like the params): after AdamW, a per-leaf rate. A tree
+    that does not fit the params is refused at ``init``, naming the paths."""
 
     def init(params):
         if jax.tree.structure(params) != jax.tree.structure(multipliers):
