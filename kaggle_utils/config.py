@@ -69,7 +69,8 @@ NOT_NEGATIVE = (lambda v: v >= 0 and math.isfinite(v), "must be >= 0 (0: off)")
 def within(interval: str, why: str = ""):
     """Values in ``interval``, written as the refusal shows it: ``"[0, 1)"``, ``"(0, 1]"``."""
     low, high = (float(end) for end in interval[1:-1].split(","))
-    return (lambda v: (v >= low if interval[0] == "[" else v > low) and (v <= high if interval[-1] == "]" else v < high),
+    closed_low, closed_high = interval[0] == "[", interval[-1] == "]"
+    return (lambda v: (v >= low if closed_low else v > low) and (v <= high if closed_high else v < high),
             f"must be in {interval}" + (f" ({why})" if why else ""))
 
 

@@ -177,7 +177,8 @@ def predict_command(args) -> dict:
     outdir.check_writable(args.out)  # before the prediction, not after it
     members = run.load_members(args.checkpoint, args.weights_per_checkpoint)
     source = None if args.test_source is None else source_from_spec(
-        args.test_source, image_dir=args.test_image_dir, labeled=False, id_column=members[0].config.data.id_column or "id")
+        args.test_source, image_dir=args.test_image_dir, labeled=False,
+        id_column=members[0].config.data.id_column or "id")
     batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
     with run.open_test_split(data_dir=args.data_dir, source=source) as records:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)

@@ -16,8 +16,8 @@ from .. import checkpoint
 from .curves import CURVES_FILE, write_curves
 from .tables import COUNTS_FILE, PER_CLASS_FILE, counts_record, read_counts, write_counts, write_per_class_from_counts
 
-__all__ = ["METRICS_FILE", "ReportError", "finish_run", "fold_folders", "next_lines", "prediction_lines", "read_metrics",
-           "redraw", "report_command", "summary_lines"]
+__all__ = ["METRICS_FILE", "ReportError", "finish_run", "fold_folders", "next_lines", "prediction_lines",
+           "read_metrics", "redraw", "report_command", "summary_lines"]
 
 METRICS_FILE = "metrics.json"
 _FOLD = re.compile(r"^fold(\d+)$")
@@ -192,7 +192,8 @@ def summary_lines(out: str | Path, *, wall_s: float | None = None, next_steps: S
     report = read_metrics(out)
     history = report.get("history") or []
     last = history[-1] if history else {}
-    head = f"run finished: {out} (step {last.get('step', 0)}, epoch {last.get('epoch', 0)}; {report.get('stop_reason', '?')})"
+    head = (f"run finished: {out} (step {last.get('step', 0)}, epoch {last.get('epoch', 0)}; "
+            f"{report.get('stop_reason', '?')})")
     return _block(head, [_best_line(report), *_time_lines(report, wall_s), _file_line(out), *next_steps])
 
 

@@ -1,4 +1,4 @@
-"""What a resolved run is built from and of: its :class:`Plan`, model, initial variables, optimizer, steps, state, datasets."""
+"""What a resolved run is built from and of: its :class:`Plan`; model, variables, optimizer, steps, state; datasets."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +47,7 @@ class Plan:
 
     def describe(self, config: TrainConfig) -> str:
         found = math.isfinite(self.peak_lr)  # NaN: --lr auto, before the range test
-        lr = f"{self.peak_lr:.3g} ({config.optim.lr:g} per 256 images)" if found else "auto (the LR range test finds it)"
+        lr = f"{self.peak_lr:.3g} ({config.optim.lr:g} per 256 images)" if found else "auto (a range test finds it)"
         groups = f"; {describe_lr_groups(self.peak_lr, self.lr_multipliers)}" if self.lr_multipliers and found else ""
         k = config.optim.accumulate_steps
         pieces = f" in {k} micro-batches of {self.per_device_batch // k}" if k > 1 else ""
