@@ -69,6 +69,13 @@ class EfficientNet(nn.Module):
     def stages(self):
         return build_blocks(self.spec, self.drop_path_rate)
 
+    def lr_parts(self) -> tuple[tuple[str, str, int], ...]:
+        """The parts for per-part learning rates, input to output: (group, regex of its parameters' top-level names,
+        depth). timm's per-stage grouping: the head conv shares the last stage's depth, the classifier is last."""
+        n = len(self.stages)
+        return (("stem", "conv_stem|bn1", 0), *((f"stage{i}", rf"blocks_{i}_\d+", i + 1) for i in range(n)),
+                ("head", "conv_head|bn2", n), ("classifier", "classifier", n + 1))
+
     @nn.compact
     def __call__(self, x, train: bool | None = None):
         if train is None:

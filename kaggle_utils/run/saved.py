@@ -1,4 +1,4 @@
-"""A run on disk: ``config.json`` and the manifest each checkpoint carries; reading a run back."""
+"""A run on disk: ``config.json``, the manifest each checkpoint carries, and a run read back from either."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,25 +8,28 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from .. import checkpoint
-from ..config import TrainConfig
-from .build import build_model
-from .resolve import Plan
+from ..config import TrainConfig, overrides
+from ..variable_trees import abstract_variables
+from .build import Plan, build_model
+
 
 def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None,
                  notes: dict | None = None) -> Path:
-    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan.
-
-    ``notes``: more top-level records, e.g. ``lr_find`` (how ``--lr auto`` found the config's lr).
-    """
-    from ..config import overrides
-
+    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan and
+    ``notes`` (e.g. ``lr_find``: how ``--lr auto`` found the lr)."""
     path = Path(out_dir) / "config.json"
     record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan),
               **(notes or {})}
     checkpoint.atomic_write_text(path, json.dumps(record, indent=2, default=list) + "\n")
     return path
+
+
+def run_manifest(config: TrainConfig, plan: Plan) -> dict:
+    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model."""
+    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
 
 
 def checkpoint_file(path: Path) -> Path:
@@ -41,14 +44,9 @@ def checkpoint_file(path: Path) -> Path:
     return path
 
 
-def load_run(path: str | Path) -> tuple[object, dict, TrainConfig]:
-    """``(model, variables, config)`` of a run folder (its best checkpoint) or of one of its checkpoints.
-
-    ``variables`` are the evaluation variables (the EMA weights when the run kept them), checked
-    leaf by leaf against the model the config builds.
-    """
-    from ..variable_trees import abstract_variables
-
+def load_run(path: str | Path) -> tuple[nn.Module, dict, TrainConfig]:
+    """``(model, variables, config)`` of a run folder (its best checkpoint) or one of its checkpoints: the evaluation
+    variables (EMA weights where kept), checked leaf by leaf against the model the config builds."""
     file = checkpoint_file(Path(path))
     manifest_file = checkpoint.manifest_path(file)
     if not manifest_file.is_file():
@@ -66,8 +64,7 @@ def load_run(path: str | Path) -> tuple[object, dict, TrainConfig]:
     raw = checkpoint.load(file)
     if "state" in raw:  # last.msgpack / ckpt-*.msgpack: the whole training state
         state = raw["state"]
-        params = state.get("ema_params") or state["params"]
-        raw = {"params": params, "batch_stats": state.get("batch_stats", {})}
+        raw = {"params": state.get("ema_params") or state["params"], "batch_stats": state.get("batch_stats", {})}
     variables = {k: raw[k] for k in ("params", "batch_stats") if k in raw}
     size = config.model.image_size
     template = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))

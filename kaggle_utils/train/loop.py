@@ -57,6 +57,7 @@ class FitResult:
     history: list[dict]
     best: dict | None  # history row of the best evaluation by the monitored metric
     stop_reason: str
+    best_sums: dict | None = None  # the validation sums of that evaluation, when this call made it (a report's counts)
 
 
 class Hook:
@@ -132,7 +133,7 @@ class _Loop:
         self.train_batches, self.val_batches, self.lr_schedule = train_batches, val_batches, lr_schedule
         self.hooks, self.writers, self.show = hooks, writers, progress
         self.columns = history_columns(self.task, loss_scaling=state.loss_scale is not None, staged=bool(stages))
-        self.watch = make_monitor(settings, self.columns)
+        self.watch = make_monitor(settings, self.columns, self.task)
         self.staged = StagedSteps(stages, epochs=self._epoch_of(settings.total_steps - 1)) if stages else None
         self.stage = None  # progressive: the stage now training
         self.stage_compile_s: dict[str, float] = {}  # stage number -> its first step's compiling, in this process
@@ -140,7 +141,7 @@ class _Loop:
         self.history: list[dict] = []
         self.pending = None  # device sums of the train steps since the last history row
         self.window = None  # device sums since the last log
-        self.best = None
+        self.best = self.best_sums = None
         self.stop_reason = "completed"
         self.checkpoint_s = 0.0  # the training thread's time on checkpoints: pulling the state, waiting for a write
 
@@ -195,7 +196,8 @@ class _Loop:
                                                   if k.startswith(("train_", "val_"))})
         if _is_main() and self.stop_reason != "completed":
             tqdm.write(self.stop_reason)
-        result = FitResult(state=host_state, history=self.history, best=self.best, stop_reason=self.stop_reason)
+        result = FitResult(state=host_state, history=self.history, best=self.best, stop_reason=self.stop_reason,
+                           best_sums=self.best_sums)
         self._call_hooks("on_run_end", result)
         return result
 
@@ -299,6 +301,7 @@ class _Loop:
         row.update({f"train_{k}": v for k, v in train.items() if f"train_{k}" in row})
         row["img_per_s"] = int(train_sums["count"]) / max(train_seconds, 1e-9)
         scalars = {"epoch": epoch, **{f"train_epoch/{k}": v for k, v in train.items()}}
+        sums = None
         if self.val_batches is not None:
             started = time.perf_counter()
             sums = evaluate(self.steps, dev_state, self.val_batches(), progress=self.show)
@@ -315,7 +318,8 @@ class _Loop:
         self.pending = None
         self.history.append(row)
         improved = self.watch.improves(row, self.best)
-        self.best = row if improved else self.best
+        if improved:
+            self.best, self.best_sums = row, sums
         if _is_main():
             tqdm.write(_format_row(row, self.watch.name, improved))
         self.stop_reason = self.watch.early_stop(self.history, self.best) or self.stop_reason

@@ -87,10 +87,10 @@ def _check_positive(**values) -> None:
             raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
 
 
-def make_monitor(settings: FitSettings, columns) -> _Monitor:
+def make_monitor(settings: FitSettings, columns, task: Task) -> _Monitor:
     monitor = settings.monitor
     if monitor not in columns:
         raise ValueError(f"monitor {monitor!r} is not a history column of this task; choose one of "
                          f"{', '.join(c for c in columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
-    mode = Task.monitor_mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
+    mode = task.mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
     return _Monitor(monitor, mode, settings.min_delta, settings.patience)

@@ -180,11 +180,15 @@ class Steps:
 
     mode: str
     mesh: Mesh
-    train: Callable  # (state, device_batch) -> (state, {"task": sums, "optim": figures}); donates the state
-    evaluate: Callable  # (state, device_batch) -> metrics
-    predict: Callable  # (state, device_batch) -> probabilities [global batch, C]
+    train: Callable  # jitted (state, device_batch) -> (state, {"task": sums, "optim": figures}); donates the state
+    evaluate: Callable  # jitted (state, device_batch) -> metrics
+    predict: Callable  # jitted (state, device_batch) -> probabilities [global batch, C]
     config: StepConfig  # the task, num_classes, ...: what the loop needs to read the outputs
-    jitted: dict | None = None  # "train", "eval", "predict": the jitted (pmapped) functions, to .lower() and compile
+
+    @property
+    def jitted(self) -> dict[str, Callable]:
+        """The steps by name, to ``.lower()`` and compile for abstract inputs (a memory plan)."""
+        return {"train": self.train, "eval": self.evaluate, "predict": self.predict}
 
     @property
     def device_count(self) -> int:
@@ -213,10 +217,13 @@ class Steps:
         return jax.tree.map(lambda x: _first_shard(x, self.mode == "pmap"), tree)
 
     def put_batch(self, batch: dict) -> dict:
-        return shard_batch(batch, mode=self.mode, mesh=self.mesh)
+        """A host batch on the devices, without its host-only fields (ids): what the steps take."""
+        return _device_fields(shard_batch(batch, mode=self.mode, mesh=self.mesh))
 
     def prefetch(self, batches, size: int = 2):
-        return prefetch_to_device(batches, size, mode=self.mode, mesh=self.mesh)
+        """:meth:`put_batch` of each batch, ``size`` transfers ahead of the step that reads it."""
+        for batch in prefetch_to_device(batches, size, mode=self.mode, mesh=self.mesh):
+            yield _device_fields(batch)
 
 
 def _device_fields(batch: dict) -> dict:
@@ -228,24 +235,14 @@ def make_steps(model, tx: optax.GradientTransformation, config: StepConfig, *, m
     """Compiles the three steps for ``mode`` ("pmap" or "jit") over ``mesh`` (all devices by default)."""
     check_mode(mode)
     mesh = make_mesh() if mesh is None else mesh
-    train_fn = lambda s, b: train_step(s, b, model=model, tx=tx, config=config)  # noqa: E731
-    eval_fn = lambda s, b: eval_step(s, b, model=model, config=config)  # noqa: E731
-    predict_fn = lambda s, b: predict_step(s, b, model=model, config=config)  # noqa: E731
 
-    def distribute(fn, donate=()):
+    def distribute(step, donate=(), **more):
+        fn = functools.partial(step, model=model, config=config, **more)
         if mode == "pmap":
             # every replica returns replicated values (psum / all_gather), one copy per device
             return jax.pmap(fn, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=donate)
         mapped = jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(), check_vma=False)
         return jax.jit(mapped, donate_argnums=donate)
 
-    train_c, eval_c, predict_c = distribute(train_fn, donate=(0,)), distribute(eval_fn), distribute(predict_fn)
-    return Steps(
-        mode=mode,
-        mesh=mesh,
-        train=lambda state, batch: train_c(state, _device_fields(batch)),
-        evaluate=lambda state, batch: eval_c(state, _device_fields(batch)),
-        predict=lambda state, batch: predict_c(state, _device_fields(batch)),
-        config=config,
-        jitted={"train": train_c, "eval": eval_c, "predict": predict_c},
-    )
+    return Steps(mode=mode, mesh=mesh, train=distribute(train_step, donate=(0,), tx=tx),
+                 evaluate=distribute(eval_step), predict=distribute(predict_step), config=config)
