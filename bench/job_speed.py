@@ -169,15 +169,12 @@ def build_routes(args, data) -> dict[str, Route]:
 
 def measure(args) -> dict:
     from kaggle_utils import run
-    from kaggle_utils.data import tensorflow_on_host
 
     base = job_config(args, "none")
     run.check_config(base)
     with run.sample_or_folder(base) as root:
         data = run.open_data(base, root)
         data = dataclasses.replace(data, splits={**data.splits, "val": data.splits["val"][:1]})
-        if base.data.deterministic:  # as the job does (kaggle_utils.job), for its input order
-            tensorflow_on_host().config.experimental.enable_op_determinism()
         start = time.perf_counter()
         routes = build_routes(args, data)
         runs = {name: {"feed": [], "job": [], "step": []} for name in routes}
@@ -233,8 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--windows", type=int, default=2, help="timed windows per route and round")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
     parser.add_argument("--nondeterministic", action="store_true",
-                        help="without tf.data op determinism (the job's --no-deterministic): parallel maps stay "
-                             "parallel, the input order is not reproducible")
+                        help="the job's --no-deterministic: tf.data hands out elements as they are ready, the "
+                             "input order is not reproducible")
     parser.add_argument("--threshold", type=float, default=0.9, help="job/step below this: input-bound")
     parser.add_argument("--host-cores", type=int, default=None,
                         help="run on this many of the host's cores (Kaggle's T4 x2: 4), threads and imgaug workers "

@@ -1,4 +1,4 @@
-"""The corrupt-JPEG check (kaggle_utils.data.jpeg_check): what it finds, what it costs.
+"""The corrupt-JPEG check (kaggle_utils.data.jpeg): what it finds, what it costs.
 
     python bench/jpeg_check_speed.py                 # ~5 minutes on 2 cores
     python bench/jpeg_check_speed.py --part speed --rounds 3
@@ -96,7 +96,7 @@ def garble(data: bytes, rng, kind: str) -> bytes:
 def detection(args) -> None:
     import numpy as np
 
-    from kaggle_utils.data import jpeg_check
+    from kaggle_utils.data import jpeg
 
     clean = [pil_jpeg(photo(name, args.size), quality=90) for name in PHOTOS]
     print(f"\n| garble ({args.samples} files, {args.size}px, PIL q90 4:2:0) | libjpeg warns | check flags | disagree |")
@@ -106,7 +106,7 @@ def detection(args) -> None:
         warned = flagged = disagree = 0
         for k in range(args.samples):
             data = garble(clean[k % len(clean)], rng, kind)
-            w, f = libjpeg_warns(data), bool(jpeg_check.jpeg_problem(data))
+            w, f = libjpeg_warns(data), bool(jpeg.jpeg_problem(data))
             warned, flagged, disagree = warned + w, flagged + f, disagree + (w != f)
         print(f"| {kind} | {warned} | {flagged} | {disagree} |")
 
@@ -146,7 +146,7 @@ def clean(args) -> None:
     import tensorflow as tf
     from skimage import data
 
-    from kaggle_utils.data import jpeg, jpeg_check
+    from kaggle_utils.data import jpeg
 
     names = [n for n in data.__all__ if n not in ("download_all", "data_dir", "lbp_frontal_face_cascade_filename")]
     files = flagged = warned = differ = 0
@@ -159,7 +159,7 @@ def clean(args) -> None:
             continue
         for label, encoded in encodings(image).items():
             files += 1
-            flagged += bool(jpeg_check.jpeg_problem(encoded))
+            flagged += bool(jpeg.jpeg_problem(encoded))
             warned += libjpeg_warns(encoded)
             out = np.zeros(image.shape, np.uint8)
             jpeg.decode_jpeg_into(encoded, out)
@@ -170,14 +170,14 @@ def clean(args) -> None:
 
 def _forgetful():
     """A CheckedRecords that remembers nothing: every read is checked (a first epoch, for ever)."""
-    from kaggle_utils.data import jpeg_check, tensorflow_on_host
+    from kaggle_utils.data import jpeg, tensorflow_on_host
 
     tf = tensorflow_on_host()
 
-    class Forgetful(jpeg_check.CheckedRecords):
-        def tf_check(self, files=None):
-            return lambda filename, index, jpeg: tf.ensure_shape(
-                tf.numpy_function(jpeg_check._problem_bytes, [jpeg], tf.string, stateful=False), [])
+    class Forgetful(jpeg.CheckedRecords):
+        def tf_check(self, files=()):
+            return lambda filename, index, data: tf.ensure_shape(
+                tf.numpy_function(jpeg._problem_bytes, [data], tf.string, stateful=False), [])
 
     return Forgetful()
 
@@ -186,8 +186,8 @@ def speed(args) -> None:
     import numpy as np
 
     import kaggle_utils.data as kd
-    from kaggle_utils.data import jpeg, jpeg_check
-    from pipeline_speed import measure  # this folder's: steady-state images/s of a fresh pipeline
+    from kaggle_utils.data import jpeg
+    from input_speed import measure  # this folder's: steady-state images/s of a fresh pipeline
 
     images = [np.roll(photo(name, args.size), 37 * k, axis=1) for k in range(args.images // len(PHOTOS))
               for name in PHOTOS]
@@ -197,15 +197,14 @@ def speed(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, kd.shard_name(0, args.size, len(encoded)))
         kd.write_tfrecord(path, [kd.serialize_example(data, label=0) for data in encoded])
-        load = dict(labeled=True, image_size=args.size, batch_size=32, repeat=True, seed=0, shuffle_buffer_size=64,
-                    process_index=0, process_count=1)
-        saved = jpeg_check._decoder, jpeg_check._notice_given, jpeg_check._tfrecord_checks
-        jpeg_check._decoder, jpeg_check._notice_given = None, True
+        load = dict(image_size=args.size, batch_size=32, training=True, seed=0)
+        saved = jpeg._decoders["simplejpeg"], jpeg._notice_given, jpeg._checked
+        jpeg._decoders["simplejpeg"], jpeg._notice_given = None, True
         datasets = {"check off (no simplejpeg)": kd.load_dataset(path, **load)}
-        jpeg_check._decoder, jpeg_check._notice_given = saved[:2]
-        jpeg_check._tfrecord_checks = _forgetful()
+        jpeg._decoders["simplejpeg"], jpeg._notice_given = saved[:2]
+        jpeg._checked = _forgetful()
         datasets["check on, every read (first epoch)"] = kd.load_dataset(path, **load)
-        jpeg_check._tfrecord_checks = saved[2]
+        jpeg._checked = saved[2]
         datasets["check on, records checked before"] = kd.load_dataset(path, **load)
         runs = {name: [] for name in datasets}
         for _ in range(args.rounds):
@@ -222,7 +221,7 @@ def speed(args) -> None:
     out = np.zeros((args.size, args.size, 3), np.uint8)
     timings = {}
     for label, decoder in (("simplejpeg, strict", saved[0]), ("OpenCV (without simplejpeg)", None)):
-        jpeg_check._decoder = decoder
+        jpeg._decoders["simplejpeg"] = decoder
         best = []
         for _ in range(args.rounds):
             start = time.perf_counter()
@@ -230,7 +229,7 @@ def speed(args) -> None:
                 jpeg.decode_jpeg_into(data, out)
             best.append((time.perf_counter() - start) / len(encoded) * 1e3)
         timings[label] = min(best)
-    jpeg_check._decoder = saved[0]
+    jpeg._decoders["simplejpeg"] = saved[0]
     print("\n| augmentation worker, one image | ms (best round) |\n|---|---|")
     for label, ms in timings.items():
         print(f"| {label} | {ms:.2f} |")

@@ -111,8 +111,8 @@ def config_for(data: Path, lr, seed: int, cache: Path, weights: str | None = Non
     from kaggle_utils.config import TrainConfig
 
     return TrainConfig().replace(data_dir=str(data), model=MODEL, image_size=SIZE, batch_size=BATCH,
-                                 lr=None if lr == "default" else lr, weights=weights, seed=seed, tensorboard=False,
-                                 monitor="val_acc", compile_cache=str(cache), **changes)
+                                 lr=TrainConfig().optim.lr if lr == "default" else lr, weights=weights, seed=seed,
+                                 tensorboard=False, monitor="val_acc", compile_cache=str(cache), **changes)
 
 
 def pretrain(data: Path, work: Path, epochs: int = 6) -> str:

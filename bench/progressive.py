@@ -41,7 +41,7 @@ def parse_args(argv=None):
     parser.add_argument("--target", type=float, default=0.9, help="validation accuracy to time")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--lr", type=float, default=None, help="per 256 images (default: the kit's)")
     return parser.parse_args(argv)
 
 
@@ -49,7 +49,8 @@ def fixed_config(args, data_dir: str):
     from kaggle_utils.config import TrainConfig
 
     return TrainConfig().replace(model=args.model, data_dir=data_dir, image_size=args.size, batch_size=args.batch,
-                                 epochs=args.epochs, lr=args.lr, tensorboard=False, log_every=10_000)
+                                 epochs=args.epochs, tensorboard=False, log_every=10_000,
+                                 **({} if args.lr is None else {"lr": args.lr}))
 
 
 def progressive_config(args, data_dir: str):

@@ -1,17 +1,8 @@
-"""msgpack checkpoints: atomic writes, checked reads, a JSON manifest beside each file.
+"""msgpack checkpoints: atomic writes, checked reads, a JSON manifest beside each file, writes off the caller's thread.
 
-A Kaggle session can be killed at any moment (time limit, preemption, a user pressing stop),
-so every write goes to a temporary file in the same folder and is renamed into place: a
-reader sees the old file or the new one, never half of one. Reads check the whole tree
-against what the caller expects and name every key that does not fit, because a silently
-partial load (a head with the wrong size, a missing stage) trains for hours before anyone
-notices.
-
-A writer killed mid-write (SIGKILL, a lost machine) leaves its hidden temporary file behind:
-the name carries the writer's pid and a tag of its host, so :func:`remove_stale_temp_files`
-can tell a dead writer's leftover (same host, pid gone) from a file still being written.
-A leftover from another host (a shared folder) cannot be checked that way and is removed
-only once nothing has written to it for ``max_age_s``, far longer than any write takes.
+A Kaggle session can be killed at any moment, so every write goes to a temporary file (named with its pid and
+host, so :func:`remove_stale_temp_files` knows a dead writer's) renamed into place: a reader sees the old file
+or the new one. Reads name every key that does not fit (a silently partial load trains for hours).
 """
 from __future__ import annotations
 
@@ -21,6 +12,7 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -32,18 +24,8 @@ from flax import serialization
 
 from .variable_trees import flatten
 
-__all__ = [
-    "CheckpointError",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "check_digest",
-    "check_format",
-    "check_tree",
-    "load",
-    "manifest_path",
-    "remove_stale_temp_files",
-    "save",
-]
+__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_text", "check_digest",
+           "check_format", "check_tree", "load", "manifest_path", "remove_stale_temp_files", "save"]
 
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 # .<name>.<pid>.<host tag>.<mkstemp's 8 random characters>.tmp
@@ -104,11 +86,8 @@ def _writer_alive(pid: int) -> bool:
 
 
 def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STALE_TEMP_AGE_S) -> list[Path]:
-    """Deletes the temporary files that writers killed mid-write left in ``folder``; returns them.
-
-    Only names :func:`atomic_write_bytes` makes are touched. A file whose writer ran on this
-    host goes when that pid is gone; one from another host when it is older than ``max_age_s``.
-    """
+    """Deletes (and returns) the temporary files of :func:`atomic_write_bytes` whose writer died: on this host when
+    its pid is gone, from another host when older than ``max_age_s``."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -139,11 +118,8 @@ def _to_numpy(tree: Any) -> Any:
 
 
 def save(path: str | os.PathLike, tree: Any, *, manifest: dict | None = None) -> str:
-    """Serialises ``tree`` (any Flax-serialisable pytree) to msgpack; returns its sha256.
-
-    With ``manifest``, a JSON file is written beside the checkpoint (after it, so a manifest
-    never describes a file that is not there) with ``sha256`` and ``file`` added.
-    """
+    """Serialises ``tree`` (any Flax-serialisable pytree) to msgpack; returns its sha256. ``manifest``: a JSON file
+    beside it, with ``sha256`` and ``file`` added, written after it (never describing a file not there)."""
     data = serialization.msgpack_serialize(serialization.to_state_dict(_to_numpy(tree)))
     digest = hashlib.sha256(data).hexdigest()
     atomic_write_bytes(path, data)
@@ -164,10 +140,7 @@ def _check_head(path: Path, data: bytes) -> None:
 
 
 def check_format(path: str | os.PathLike) -> None:
-    """Raises :class:`CheckpointError` for a missing, empty or PyTorch file, reading only its first bytes.
-
-    For checks before any work: loading the file itself may come minutes later.
-    """
+    """Raises :class:`CheckpointError` for a missing, empty or PyTorch file from its first bytes, before any work."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -252,12 +225,8 @@ def check_tree(actual: Any, expected: Any, *, what: str = "tree") -> None:
 
 
 def load(path: str | os.PathLike, target: Any = None) -> Any:
-    """Reads a checkpoint written by :func:`save`.
-
-    Without ``target`` it returns the raw nested dict of numpy arrays. With ``target`` (a
-    tree of arrays or ``jax.ShapeDtypeStruct``), every key and shape is checked first, and the
-    values come back in ``target``'s structure and dtypes.
-    """
+    """A checkpoint of :func:`save` as a nested dict of numpy arrays, or with ``target`` (arrays or
+    ``jax.ShapeDtypeStruct``) every key and shape checked and the values in ``target``'s structure and dtypes."""
     path = Path(path)
     state = _read_state_dict(path)
     if target is None:
@@ -266,3 +235,34 @@ def load(path: str | os.PathLike, target: Any = None) -> Any:
     template = jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), target)
     restored = serialization.from_state_dict(template, state)
     return jax.tree.map(lambda r, t: np.asarray(r, dtype=t.dtype), restored, template)
+
+
+class BackgroundWrites:
+    """Runs write jobs (of host data) in a thread, one at a time, so training goes on while a checkpoint reaches the
+    disk. :meth:`submit` first waits for the job before it; :meth:`wait` for the last, raising its error if it had
+    one. Not a daemon thread: a process that ends finishes its last write; a killed one leaves the old file whole.
+    """
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, job, *args, **kwargs) -> None:
+        self.wait()
+
+        def run():
+            try:
+                job(*args, **kwargs)
+            except BaseException as err:  # raised in the caller's thread by the next wait
+                self._error = err
+
+        self._thread = threading.Thread(target=run, name="checkpoint-writer")
+        self._thread.start()
+
+    def wait(self, *, raise_error: bool = True) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None and raise_error:
+            raise error

@@ -1,14 +1,9 @@
 """Compile once: JAX's persistent compilation cache in a folder a user keeps, and the seconds compiling took.
 
-A Kaggle session that restarts (or the next fold of a cross-validation, or a second run of the
-same model) compiles the same programs again: minutes for a large EfficientNet. With the cache
-in a kept folder (``/kaggle/working/...`` survives as a notebook's output) those compiles become
-reads. :func:`enable_cache` points JAX at that folder unless the user pointed it somewhere
-already (``JAX_COMPILATION_CACHE_DIR``, or ``jax.config``), and keeps every compiled program
-(JAX's default keeps only those that took a second or more to compile).
-
-:func:`seconds` is the time this process has spent tracing, lowering and compiling, summed from
-JAX's own monitoring events, so the loop can report compile time apart from step time.
+A restarted Kaggle session, the next fold or a second run compiles the same programs again (minutes
+for a large EfficientNet); with the cache in a kept folder (``/kaggle/working`` survives as output)
+those compiles become reads. :func:`seconds` sums JAX's own compile events, so the loop reports
+compile time apart from step time.
 """
 from __future__ import annotations
 
@@ -17,8 +12,7 @@ import threading
 from pathlib import Path
 
 import jax
-
-__all__ = ["enable_cache", "seconds"]
+from jax.experimental.compilation_cache import compilation_cache
 
 # JAX's monitoring events of one compilation's stages (jax._src.dispatch), stable since jax 0.4
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -44,17 +38,11 @@ def seconds() -> float:
 
 
 def enable_cache(folder: str | os.PathLike) -> Path:
-    """Caches compiled programs in ``folder`` from now on; returns the folder in use.
-
-    A folder already configured (the environment variable or ``jax.config``) wins: the user chose
-    it. JAX decides once, at its first compile, whether a cache is in use; programs compiled
-    before this call (a model's init, say) were not cached, and the cache is re-read from here.
-    """
+    """Caches every compiled program (JAX's default: those of a second or more) in ``folder`` from now on;
+    returns the folder in use. One already configured (``JAX_COMPILATION_CACHE_DIR``, ``jax.config``) wins."""
     configured = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if configured:
         return Path(configured)
-    from jax.experimental.compilation_cache import compilation_cache
-
     folder = Path(folder)
     compilation_cache.set_cache_dir(str(folder))
     compilation_cache.reset_cache()

@@ -1,15 +1,11 @@
 """``TrainConfig``: everything that defines a training run, written once, with the recipe as defaults.
 
-The notebook builds one (``TrainConfig(model=ModelConfig(name=...), ...)`` or
-``TrainConfig().replace(lr=...)``), the job builds one from its command line, and both hand it
-to the same functions (:mod:`kaggle_utils.run`). The command-line flags are generated from the
-fields: a field's type, default and ``help`` metadata become its flag, so a field added here
-appears in ``--help`` and in ``config.json`` with no other edit. Flag names are the field names
-(``lr`` -> ``--lr``) unless the metadata names another (``flag="model"``); they are unique
-across the sections.
-
-``config.json`` holds :meth:`TrainConfig.to_dict`; ``--resume`` compares it field by field with
-:func:`differences` and names every field that changed.
+The notebook builds one (``TrainConfig().replace(lr=3e-3, epochs=5)``), the job builds one from its
+flags, and both hand it to :mod:`kaggle_utils.run`. A field's type, default and ``help`` become its flag
+(``lr`` -> ``--lr``, unless the metadata names another: ``flag="model"``), so a field added here appears in
+``--help`` and ``config.json`` with no other edit. The values a field may take sit beside it (``valid``)
+and a section's rules in its ``_rules``: :meth:`TrainConfig.check` refuses the others, naming the flag,
+before a run writes anything. ``--resume`` compares ``config.json`` field by field (:func:`differences`).
 """
 from __future__ import annotations
 
@@ -17,18 +13,22 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 __all__ = ["ConfigError", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
-           "add_config_flags", "config_from_args", "differences", "flag_of", "int_in", "overrides"]
+           "add_config_flags", "config_from_args", "config_from_file", "differences", "flag_of", "int_in", "overrides"]
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run; the message names the flag."""
 
 
 def int_in(low: int, high: int | None = None):
-    """An argparse ``type`` for an integer in ``[low, high]``: a value no command can use is a usage error
-    naming the flag, not a traceback from deep inside the work."""
+    """An argparse ``type`` for an integer in ``[low, high]``: a value no command can use is a usage error naming
+    the flag, not a traceback from deep inside the work."""
     def parse(text: str) -> int:
         value = int(text)
         if value < low or (high is not None and value > high):
@@ -39,23 +39,15 @@ def int_in(low: int, high: int | None = None):
     return parse
 
 
-class ConfigError(ValueError):
-    """A config value that cannot run; the message names the flag."""
-
-
 def _int_or_auto(text: str) -> int | str:
     """The flag type of a field that is a number or ``"auto"`` (metadata ``parse``: its annotation cannot say)."""
     return "auto" if text.lower() == "auto" else int(text)
 
 
-_int_or_auto.__name__ = "integer or auto"  # argparse names the type in its message
-
-
-def learning_rate(text: str) -> float | str | None:
-    """``--lr``: a number > 0 (per 256 images), ``auto`` (an LR range test picks it) or ``none`` (the default)."""
-    word = text.strip().lower()
-    if word in ("auto", "none"):
-        return None if word == "none" else "auto"
+def learning_rate(text: str) -> float | str:
+    """``--lr``: a number > 0 (per 256 images) or ``auto`` (an LR range test picks it)."""
+    if text.strip().lower() == "auto":
+        return "auto"
     try:
         value = float(text)
     except ValueError:
@@ -67,7 +59,20 @@ def learning_rate(text: str) -> float | str | None:
     return value
 
 
-learning_rate.__name__ = "learning rate"  # argparse names the type in its message
+_int_or_auto.__name__, learning_rate.__name__ = "integer or auto", "learning rate"  # argparse names the type
+
+# what a field may hold: (test, the words of the refusal "--flag VALUE: words")
+AT_LEAST_1 = (lambda v: v >= 1, "must be at least 1")
+POSITIVE = (lambda v: v > 0 and math.isfinite(v), "must be a finite number > 0")
+NOT_NEGATIVE = (lambda v: v >= 0 and math.isfinite(v), "must be >= 0 (0: off)")
+
+
+def within(interval: str, why: str = ""):
+    """Values in ``interval``, written as the refusal shows it: ``"[0, 1)"``, ``"(0, 1]"``."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    closed_low, closed_high = interval[0] == "[", interval[-1] == "]"
+    return (lambda v: (v >= low if closed_low else v > low) and (v <= high if closed_high else v < high),
+            f"must be in {interval}" + (f" ({why})" if why else ""))
 
 
 def _field(default, help: str, **metadata):
@@ -76,173 +81,257 @@ def _field(default, help: str, **metadata):
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
-# fields renamed since: old name -> (new name, old value -> new value); an old run's config.json, an old
-# notebook's replace(dtype=...) and the old flag (with a deprecation line, see add_config_flags) still work
-_ALIASES = {"dtype": ("precision", {None: "auto", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"})}
+class _Section:
+    """A section's :meth:`check`: each field's ``valid`` values, then the section's rules across fields."""
+
+    def check(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            test, words = field.metadata.get("valid", (None, ""))
+            if test is not None and isinstance(value, (int, float)) and not test(value):
+                raise ConfigError(f"{flag_of(field.metadata.get('flag', field.name))} {value}: {words}")
+        self._rules()
+
+    def _rules(self) -> None:
+        """Refusals that read several fields of the section."""
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Section):
     name: str = _field("tf_efficientnetv2_b0", "a registered model: an EfficientNet (timm's name) or your own "
                                                "(kaggle_utils.models.register_model)", flag="model")
-    weights: str | None = _field(None, "ported weights (.msgpack from weights_port) to fine-tune; the head is new "
-                                       "and starts at zero")
-    zero_head: bool = _field(True, "with --weights: the new classifier starts at zero (equal logits, first loss ln C); "
+    weights: str | None = _field(None, "ported weights (.msgpack from weights_port) to fine-tune; a new zero head")
+    zero_head: bool = _field(True, "with --weights: the new classifier starts at zero (first loss ln C); "
                                    "--no-zero-head: at the model's random init, timm's")
-    init_from: str | None = _field(None, "a finished run folder (its best checkpoint) or one of its checkpoints: start "
-                                         "from its weights, classifier included (the same --model and classes); "
+    init_from: str | None = _field(None, "a finished run folder (its best checkpoint) or one of its checkpoints: "
+                                         "start from its weights, classifier included (same --model and classes); "
                                          "unlike --weights (a new head) and --resume (the same run)")
     freeze: tuple[str, ...] = _field((), "with --weights or --init-from: regex of parameter paths to keep frozen "
                                          "(repeatable)")
-    num_classes: int | None = _field(None, "number of classes (default: from the data)")
-    image_size: int | None = _field(None, "image side the model sees (default: the stored size of the data)")
-    precision: str = _field("auto", "compute precision: auto (bf16 on TPU and on GPUs of compute capability 8.0+, "
-                                    "fp16 with loss scaling on older GPUs such as the T4, fp32 on CPU) | fp32 | bf16 "
-                                    "| fp16; weights, optimizer state and BatchNorm statistics stay fp32",
-                            choices=("auto", "fp32", "bf16", "fp16"),
-                            alias="dtype")
-    drop_rate: float = _field(0.2, "dropout before the classifier")
-    drop_path_rate: float = _field(0.1, "stochastic depth rate")
+    num_classes: int | None = _field(None, "number of classes (default: from the data)", valid=AT_LEAST_1)
+    image_size: int | None = _field(None, "image side the model sees (default: the data's stored size)",
+                                    valid=AT_LEAST_1)
+    precision: str = _field("auto", "compute precision: auto (bf16 on TPU and GPUs of compute capability 8.0+, fp16 "
+                                    "+ loss scaling on older GPUs such as the T4, fp32 on CPU) | fp32 | bf16 | fp16; "
+                                    "weights, optimizer state and BatchNorm statistics stay fp32",
+                            choices=("auto", "fp32", "bf16", "fp16"))
+    drop_rate: float = _field(0.2, "dropout before the classifier", valid=within("[0, 1)"))
+    drop_path_rate: float = _field(0.1, "stochastic depth rate", valid=within("[0, 1)"))
     sync_bn: bool = _field(True, "BatchNorm statistics over the global batch")
-    remat: str = _field("none", "none | blocks: recompute each block's activations in the backward pass instead of "
-                                "keeping them (less memory for a large model at a large size, more compute)",
-                        choices=("none", "blocks"))
-    head_multiple: int | None = _field(None, "pad the classifier's outputs to a multiple of this (default 128 on "
-                                             "TPU, 1 elsewhere); padded outputs are masked out")
+    remat: str = _field("none", "none | blocks: recompute each block's activations in the backward pass (less "
+                                "memory, more compute)", choices=("none", "blocks"))
+    head_multiple: int | None = _field(None, "pad the classifier's outputs to a multiple of this, masked out "
+                                             "(default 128 on TPU, 1 elsewhere)", valid=AT_LEAST_1)
+
+    def _rules(self):
+        if self.weights and self.init_from:
+            raise ConfigError("--weights (a new head) and --init-from (a run's weights, head included) exclude each "
+                              "other")
+        if self.freeze and not (self.weights or self.init_from):
+            raise ConfigError("--freeze needs --weights or --init-from (freezing a randomly initialised network is a "
+                              "mistake)")
+        if not self.zero_head and not self.weights:
+            raise ConfigError("--no-zero-head needs --weights: only a new head on ported weights starts at zero")
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
-    data_dir: str | None = _field(None, "folder with train/, val/ and optionally test/ TFRecords (default: the "
-                                        "embedded digits sample, written to a temporary folder)")
+class DataConfig(_Section):
+    data_dir: str | None = _field(None, "folder of train/, val/ and optionally test/ TFRecords (default: the "
+                                        "embedded digits sample)")
     source: str | None = _field(None, "instead of --data-dir: class folders DIR/<class>/*.jpg, a CSV of id + label "
                                       "(images in --image-dir), or tfds:NAME[:SPLIT]; converted once into OUT/data")
     test_source: str | None = _field(None, "with --source: unlabeled test images (a folder or a CSV of ids)")
-    image_dir: str | None = _field(None, "with a CSV --source / --test-source: the images' folder (default: the "
-                                         "CSV's folder)")
-    test_image_dir: str | None = _field(None, "with a CSV --test-source: the test images' folder (default: "
-                                              "--image-dir, else the CSV's folder)")
-    tfds_data_dir: str | None = _field(None, "with a tfds:NAME --source / --test-source: the folder it is prepared "
-                                             "in (default: tfds's own, $TFDS_DATA_DIR or ~/tensorflow_datasets)")
-    id_column: str | None = _field(None, "the CSV's id column, and the submission's (default: the one a converted "
-                                         "records folder records, else id)")
-    label_column: str | None = _field(None, "the CSV's label column, and the submission's (default: the one a "
-                                            "converted records folder records, else label)")
-    val_fraction: float = _field(0.15, "with --source: stratified share of each class held out for validation")
-    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: those a converted records "
-                                              "folder or --source records; empty: the index itself)")
+    image_dir: str | None = _field(None, "with a CSV source: the images' folder (default: the CSV's folder)")
+    test_image_dir: str | None = _field(None, "with a CSV --test-source: its images' folder (default: --image-dir)")
+    tfds_data_dir: str | None = _field(None, "with a tfds:NAME source: the folder it is prepared in (default: tfds's)")
+    id_column: str | None = _field(None, "the CSV's and the submission's id column (default: the records' own, "
+                                         "else id)")
+    label_column: str | None = _field(None, "the CSV's and the submission's label column (default: the records' "
+                                            "own, else label)")
+    val_fraction: float = _field(0.15, "with --source: stratified share of each class held out for validation",
+                                 valid=within("(0, 1)"))
+    class_names: tuple[str, ...] = _field((), "submission labels by class index (default: the records' own; empty: "
+                                              "the index itself)")
     batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
-    batch_per_device: int | str | None = _field(None, "batch per device instead of --batch-size (the seed tutorial's "
-                                                      "BATCH_SIZE_PER_CORE); global = this x device count; auto: the "
-                                                      "largest whose compiled train step fits the device's memory "
-                                                      "(less a margin), found before anything is written",
+    batch_per_device: int | str | None = _field(None, "batch per device instead of --batch-size; auto: the largest "
+                                                      "whose compiled train step fits the device, less a margin",
                                                 parse=_int_or_auto)
-    memory_budget: float | None = _field(None, "with --batch-per-device auto: GiB one device may use (default: what "
-                                               "the device reports, memory_stats()['bytes_limit'], on GPU and TPU; a "
-                                               "CPU reports none, so give it there)", resume_may_change=True)
-    augment: str = _field("none", "none | randaugment (TF, on the host) | imgaug (worker processes) | "
-                                  "randaugment-device (JAX, inside the jitted train step: no host work)",
+    memory_budget: float | None = _field(None, "with --batch-per-device auto: GiB a device may use (default: what "
+                                               "a GPU or TPU reports; a CPU needs it)", resume_may_change=True,
+                                         valid=POSITIVE)
+    augment: str = _field("none", "none | randaugment (TF, host) | imgaug (worker processes) | randaugment-device "
+                                  "(JAX, in the jitted step)",
                           choices=("none", "randaugment", "imgaug", "randaugment-device"))
-    randaugment_magnitude: float = _field(15.0, "RandAugment's magnitude on imgaug's 0-30 scale, for every --augment "
-                                                "route (imgaug rounds it to an integer); with --progressive-stages "
-                                                "the last stage's")
-    mixup_alpha: float = _field(0.0, "Mixup's Beta(alpha, alpha) (0: off); on the device, soft targets")
-    cutmix_alpha: float = _field(0.0, "CutMix's Beta(alpha, alpha) (0: off)")
-    mix_prob: float = _field(1.0, "probability of mixing a batch (with --mixup-alpha / --cutmix-alpha)")
-    mix_switch_prob: float = _field(0.5, "probability of CutMix instead of Mixup when both are on")
-    train_crop: str = _field("none", "training crop: none (the stored image, resized to --image-size if that "
-                                     "differs) | flip (the same, flipped left-right half the time) | random-resized "
-                                     "(timm's RandomResizedCrop + flip)", choices=("none", "flip", "random-resized"))
+    randaugment_magnitude: float = _field(15.0, "RandAugment's magnitude on imgaug's 0-30 scale, every --augment "
+                                                "route (with --progressive-stages: the last stage's)",
+                                          valid=within("[0, 30]", "imgaug's scale"))
+    mixup_alpha: float = _field(0.0, "Mixup's Beta(alpha, alpha) (0: off); on the device", valid=NOT_NEGATIVE)
+    cutmix_alpha: float = _field(0.0, "CutMix's Beta(alpha, alpha) (0: off)", valid=NOT_NEGATIVE)
+    mix_prob: float = _field(1.0, "probability of mixing a batch", valid=within("[0, 1]"))
+    mix_switch_prob: float = _field(0.5, "probability of CutMix instead of Mixup when both are on",
+                                    valid=within("[0, 1]"))
+    train_crop: str = _field("none", "training crop: none (the stored image, resized to --image-size) | flip (the "
+                                     "same, flipped left-right half the time) | random-resized (timm's "
+                                     "RandomResizedCrop + flip)", choices=("none", "flip", "random-resized"))
     eval_image_size: int | None = _field(None, "image side for evaluation and prediction (FixRes; default "
-                                               "--image-size)")
-    crop_pct: float | None = _field(None, "evaluation / prediction center crop: resize to size / crop_pct, crop "
-                                          "the center (timm's rule; e.g. 0.875); default a plain resize")
+                                               "--image-size)", valid=AT_LEAST_1)
+    crop_pct: float | None = _field(None, "evaluation center crop: resize to size / crop_pct, crop the center "
+                                          "(timm's rule, e.g. 0.875); default a plain resize", valid=within("(0, 1]"))
     skip_errors: bool = _field(False, "skip unreadable records (counted and reported) instead of stopping")
-    deterministic: bool = _field(True, "deterministic input order, so --resume continues exactly")
+    deterministic: bool = _field(True, "the same batches in the same order for a seed, on any number of cores, so "
+                                       "--resume continues exactly; --no-deterministic: images as they are ready "
+                                       "(a little faster, order varies)")
+
+    def _rules(self):
+        if self.source is not None and self.data_dir is not None:
+            raise ConfigError("--source and --data-dir exclude each other: give the records folder or the source")
+        if self.source is None and (self.test_source is not None or self.test_image_dir is not None):
+            raise ConfigError("--test-source and --test-image-dir need --source (the training images); with "
+                              "--data-dir the test split is DIR/test/")
+        if self.source is None and self.tfds_data_dir is not None:
+            raise ConfigError(f"--tfds-data-dir {self.tfds_data_dir} goes with --source tfds:NAME (it says where that "
+                              "dataset is prepared); with --data-dir it reads nothing")
+        repeated = sorted({name for name in self.class_names if self.class_names.count(name) > 1})
+        if repeated:
+            raise ConfigError(f"--class-names repeats {', '.join(map(repr, repeated))}: the submission could not "
+                              "tell those classes apart; give each class its own name")
+        if self.augment == "none" and self.randaugment_magnitude != DataConfig.randaugment_magnitude:
+            raise ConfigError("--randaugment-magnitude needs --augment randaugment, imgaug or randaugment-device: "
+                              "with --augment none nothing would use it")
+        if self.batch_size is not None and self.batch_per_device is not None:
+            raise ConfigError("--batch-size (global) and --batch-per-device exclude each other: give one")
+        if isinstance(self.batch_per_device, str) and self.batch_per_device != "auto":
+            raise ConfigError(f"--batch-per-device {self.batch_per_device!r}: must be a number or auto")
+        if self.memory_budget is not None and self.batch_per_device != "auto":
+            raise ConfigError(f"--memory-budget {self.memory_budget:g} is read only with --batch-per-device auto: "
+                              "give both, or neither")
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    optimizer: str = _field("adamw", "adamw | sgd | lamb | lion | adafactor (optax); each has its own default --lr "
+class OptimConfig(_Section):
+    optimizer: str = _field("adamw", "adamw | sgd | lamb | lion | adafactor (optax), each with its own default --lr "
                                      "and --weight-decay", choices=("adamw", "sgd", "lamb", "lion", "adafactor"))
-    lr: float | str | None = _field(None, "peak learning rate per 256 images, scaled to the global batch, or auto: an "
-                                          "LR range test on the training data picks it before the run "
-                                          "(kaggle_utils.run.lr_find; default: the optimizer's, 1e-2 for adamw, lamb "
-                                          "and adafactor, 1e-3 for lion, 0.1 for sgd)", parse=learning_rate)
-    lr_find_steps: int | None = _field(None, "with --lr auto: steps of the LR range test (default: 100, fewer when "
-                                             "the run is shorter, at least 40)", resume_may_change=True)
+    lr: float | str | None = _field(None, "peak learning rate per 256 images (scaled to the global batch), or auto: an "
+                                          "LR range test picks it before the run (default: the optimizer's, 1e-2; "
+                                          "lion 1e-3; sgd 0.1)", parse=learning_rate, valid=POSITIVE)
+    lr_find_steps: int | None = _field(None, "with --lr auto: steps of the range test (default: 100, fewer for a "
+                                             "shorter run, at least 40)", resume_may_change=True,
+                                       valid=(lambda v: v >= 10, "must be at least 10 (the range test's curve)"))
     schedule: str = _field("cosine", "after the warmup: cosine (to --end-lr-factor x the peak) | linear (the same) | "
-                                     "constant | step (x --decay-rate every --decay-epochs) | onecycle (optax's cosine "
-                                     "one-cycle, rising over the warmup)",
+                                     "constant | step (x --decay-rate every --decay-epochs) | onecycle (optax's, "
+                                     "rising over the warmup)",
                            choices=("cosine", "linear", "constant", "step", "onecycle"))
-    end_lr_factor: float = _field(0.0, "cosine and linear schedules: the last rate as a fraction of the peak")
+    end_lr_factor: float = _field(0.0, "cosine and linear schedules: the last rate as a fraction of the peak",
+                                  valid=within("[0, 1]"))
     decay_epochs: float | None = _field(None, "step schedule: epochs between drops (default: a third of the steps "
-                                              "after the warmup)")
-    decay_rate: float = _field(0.1, "step schedule: each drop multiplies the rate by this")
-    warmup_epochs: float = _field(1.0, "linear warmup length in epochs (at most --warmup-max-fraction of the run)")
-    warmup_max_fraction: float = _field(0.2, "warmup never takes more than this fraction of the run's steps")
+                                              "after the warmup)", valid=POSITIVE)
+    decay_rate: float = _field(0.1, "step schedule: each drop multiplies the rate by this", valid=within("(0, 1]"))
+    warmup_epochs: float = _field(1.0, "linear warmup in epochs (at most --warmup-max-fraction of the run)",
+                                  valid=NOT_NEGATIVE)
+    warmup_max_fraction: float = _field(0.2, "the largest share of the run's steps the warmup takes",
+                                        valid=within("[0, 1)"))
     weight_decay: float | None = _field(None, "weight decay of matrices and kernels (default: the optimizer's, 0.05; "
-                                              "lion 0.5; sgd 1e-4, as L2 on the gradient)")
-    momentum: float = _field(0.9, "sgd's momentum (0: none)")
+                                              "lion 0.5; sgd 1e-4, as L2 on the gradient)", valid=NOT_NEGATIVE)
+    momentum: float = _field(0.9, "sgd's momentum (0: none)", valid=within("[0, 1)"))
     nesterov: bool = _field(False, "sgd: Nesterov momentum")
-    b1: float | None = _field(None, "adamw, lamb, lion: the first moment's decay (default 0.9)")
-    b2: float | None = _field(None, "adamw, lamb, lion: the second moment's decay (default 0.999; lion 0.99)")
-    clip_norm: float | None = _field(1.0, "clip gradients to this global norm (none: no clipping)")
-    ema_decay: float = _field(0.0, "EMA of the weights for evaluation (0: off)")
-    accumulate_steps: int = _field(1, "micro-batches per optimizer step: each device runs its share of the batch in K "
-                                      "pieces one after another (the memory of a K times smaller batch); BatchNorm "
-                                      "normalises each piece with its own statistics")
-    layer_decay: float | None = _field(None, "lr x D^(depth from the head) for the stem and each stage; timm's "
-                                             "--layer-decay, counted per stage (none: off)")
-    head_lr_mult: float = _field(1.0, "the classifier's lr x M: a new head learns faster than a pretrained backbone")
+    b1: float | None = _field(None, "adamw, lamb, lion: the first moment's decay (default 0.9)", valid=within("[0, 1)"))
+    b2: float | None = _field(None, "adamw, lamb, lion: the second moment's decay (default 0.999; lion 0.99)",
+                              valid=within("[0, 1)"))
+    clip_norm: float | None = _field(1.0, "clip gradients to this global norm (none: no clipping)", valid=POSITIVE)
+    ema_decay: float = _field(0.0, "EMA of the weights for evaluation (0: off)", valid=within("[0, 1)"))
+    accumulate_steps: int = _field(1, "micro-batches per optimizer step: the memory of a K times smaller batch (each "
+                                      "normalised by BatchNorm on its own)", valid=AT_LEAST_1)
+    layer_decay: float | None = _field(None, "lr x D^(depth from the head) for the stem and each stage, timm's "
+                                             "--layer-decay per stage (none: off)",
+                                       valid=within("(0, 1]", "above 1 the early layers would learn fastest"))
+    head_lr_mult: float = _field(1.0, "the classifier's lr x M (to keep it fixed: --freeze classifier)",
+                                 valid=POSITIVE)
+
+    def _rules(self):
+        if isinstance(self.lr, bool) or isinstance(self.lr, str) and self.lr != "auto":
+            raise ConfigError(f"--lr {self.lr!r}: must be a finite number > 0 (per 256 images) or 'auto'")
+        default = OptimConfig()
+        unread = [flag for flag, given, reads in (
+            ("--b1 / --b2", (self.b1, self.b2) != (None, None), self.optimizer in ("adamw", "lamb", "lion")),
+            ("--momentum / --nesterov", (self.momentum, self.nesterov) != (default.momentum, default.nesterov),
+             self.optimizer == "sgd"),
+            ("--end-lr-factor", self.end_lr_factor != 0, self.schedule in ("cosine", "linear")),
+            ("--decay-epochs / --decay-rate", (self.decay_epochs, self.decay_rate) != (None, default.decay_rate),
+             self.schedule == "step")) if given and not reads]
+        if unread:
+            raise ConfigError(f"{unread[0]} would not be read by --optimizer {self.optimizer} --schedule "
+                              f"{self.schedule}: drop it, or choose what reads it")
+        if self.nesterov and not self.momentum:
+            raise ConfigError("--nesterov needs --momentum > 0")
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskConfig:
+class TaskConfig(_Section):
     task: str = _field("softmax", "loss and metrics: softmax | focal | multilabel",
                        choices=("softmax", "focal", "multilabel"))
-    label_smoothing: float = _field(0.1, "label smoothing of the training targets")
-    focal_gamma: float = _field(2.0, "focal loss gamma (task focal)")
-    threshold: float = _field(0.5, "task multilabel: a class is predicted where its probability exceeds this (the "
-                                   "submission's labels, accuracy and F1)")
+    label_smoothing: float = _field(0.1, "label smoothing of the training targets", valid=within("[0, 1)"))
+    focal_gamma: float = _field(2.0, "focal loss gamma (task focal)", valid=NOT_NEGATIVE)
+    threshold: float = _field(0.5, "task multilabel: a class is predicted above this probability",
+                              valid=within("(0, 1)"))
     tta: bool = _field(False, "average predictions with horizontally flipped images")
 
 
 @dataclasses.dataclass(frozen=True)
-class LoopConfig:
-    epochs: int = _field(10, "epochs to train (an epoch: --steps-per-epoch steps)")
-    steps: int | None = _field(None, "total steps instead of --epochs")
-    steps_per_epoch: int | None = _field(None, "default: training examples // global batch")
-    eval_every: int | None = _field(None, "evaluate every N steps (default: at each epoch end)")
-    checkpoint_every: int | None = _field(None, "write last.msgpack every N steps too (default: at each "
-                                                "evaluation); a killed run loses at most N steps")
-    keep_checkpoints: int = _field(1, "checkpoints kept besides best.msgpack: last.msgpack + K-1 older ckpt-STEP")
-    log_every: int = _field(20, "steps between metric pulls (progress bar, TensorBoard)", resume_may_change=True)
+class LoopConfig(_Section):
+    epochs: int = _field(10, "epochs to train (of --steps-per-epoch steps)", valid=AT_LEAST_1)
+    steps: int | None = _field(None, "total steps instead of --epochs", valid=AT_LEAST_1)
+    steps_per_epoch: int | None = _field(None, "default: training examples // global batch", valid=AT_LEAST_1)
+    eval_every: int | None = _field(None, "evaluate every N steps (default: at each epoch end)", valid=AT_LEAST_1)
+    checkpoint_every: int | None = _field(None, "write last.msgpack every N steps too (default: at each evaluation)",
+                                          valid=AT_LEAST_1)
+    keep_checkpoints: int = _field(1, "checkpoints kept besides best.msgpack: last.msgpack + K-1 older ckpt-STEP",
+                                   valid=AT_LEAST_1)
+    log_every: int = _field(20, "steps between metric pulls (progress bar, TensorBoard)", resume_may_change=True,
+                            valid=AT_LEAST_1)
     monitor: str = _field("val_f1", "history column that picks best.msgpack (e.g. val_loss, val_acc, train_loss)")
-    monitor_mode: str = _field("auto", "min | max | auto (min for losses)", choices=("auto", "min", "max"))
-    min_delta: float = _field(0.0, "an improvement must beat the best by more than this")
-    patience: int | None = _field(None, "stop after this many evaluations without improvement")
-    tensorboard: bool = _field(True, "write TensorBoard event files to OUT/tensorboard", resume_may_change=True)
+    monitor_mode: str = _field("auto", "min | max | auto (the metric's own direction: min for a loss)",
+                               choices=("auto", "min", "max"))
+    min_delta: float = _field(0.0, "an improvement must beat the best by more than this", valid=NOT_NEGATIVE)
+    patience: int | None = _field(None, "stop after this many evaluations without improvement", valid=AT_LEAST_1)
+    tensorboard: bool = _field(True, "TensorBoard event files in OUT/tensorboard", resume_may_change=True)
+    wandb: str | None = _field(None, "log the run to this Weights & Biases project (--wandb alone: kaggle-utils); "
+                                     "offline in OUT/wandb where W&B is out of reach (no API key or no internet): "
+                                     "`wandb sync` uploads it later", nargs="?", const="kaggle-utils",
+                               resume_may_change=True)
+    wandb_artifact: bool = _field(False, "with --wandb: upload best.msgpack as a model artifact",
+                                  resume_may_change=True)
     mode: str = _field("jit", "jit (jit + shard_map) or pmap", choices=("jit", "pmap"), resume_may_change=True)
-    compile_cache: str | None = _field(None, "folder of JAX's persistent compilation cache, to keep between sessions "
-                                             "so a resumed or repeated run does not compile again (default: "
+    compile_cache: str | None = _field(None, "JAX's persistent compilation cache, kept between sessions (default: "
                                              "OUT/jax_cache)", resume_may_change=True)
     progressive_stages: int = _field(0, "EfficientNetV2's progressive learning in N stages of whole epochs (0: off): "
-                                        "the image size grows from --progressive-min-size to --image-size, "
-                                        "RandAugment's magnitude from 5 and the Mixup / CutMix alphas from 0 to "
-                                        "their flags' values; evaluation stays at the eval size")
-    progressive_min_size: int | None = _field(None, "with --progressive-stages: the official code's ibase, from "
-                                                    "which the stage sizes grow (default 128, or half --image-size "
-                                                    "when that is smaller)")
-    progressive_rule: str = _field("official", "with --progressive-stages: the stage sizes, official (google/automl's "
-                                              "code: stage i of N at min + (size - min)(i + 1)/N, none at the "
-                                              "minimum) | paper (Algorithm 1: min + (size - min) i/(N - 1), the first "
-                                              "at the minimum)", choices=("official", "paper"))
-    progressive_dropout: bool = _field(False, "with --progressive-stages: grow the dropout too, from 0.1 to "
-                                              "--drop-rate (the paper's schedule, which the official code omits)")
+                                        "size from --progressive-min-size, RandAugment from 5, Mixup / CutMix from 0 "
+                                        "to their flags' values", valid=NOT_NEGATIVE)
+    progressive_min_size: int | None = _field(None, "with --progressive-stages: the size the stages grow from (default "
+                                                    "128, at most half --image-size)")
+    progressive_rule: str = _field("official", "with --progressive-stages: stage sizes by official (google/automl's "
+                                               "code: stage i of N at min + (size - min)(i + 1)/N, none at the "
+                                               "minimum) | paper (Algorithm 1: min + (size - min) i/(N - 1), the first "
+                                               "at the minimum)", choices=("official", "paper"))
+    progressive_dropout: bool = _field(False, "with --progressive-stages: grow the dropout too, from 0.1")
 
-
-SECTIONS = ("model", "data", "optim", "task", "loop")
+    def _rules(self):
+        n = self.progressive_stages
+        if n == 0:
+            given = [flag for flag, value in (("--progressive-min-size", self.progressive_min_size is not None),
+                                              ("--progressive-dropout", self.progressive_dropout),
+                                              ("--progressive-rule", self.progressive_rule != "official")) if value]
+            if given:
+                raise ConfigError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --progressive-stages "
+                                  "N (N >= 2): without stages nothing would use them")
+        elif n == 1:
+            raise ConfigError("--progressive-stages 1: one stage is a fixed-size run; give 2 or more (the paper: 4), "
+                              "or 0 (off)")
+        elif self.steps is not None:
+            raise ConfigError(f"--progressive-stages {n} needs --epochs, not --steps: each stage is a whole number of "
+                              "epochs")
+        elif self.epochs < n:
+            raise ConfigError(f"--epochs {self.epochs} cannot make --progressive-stages {n}: each stage is a whole "
+                              f"number of epochs; give at least {n} epochs, or fewer stages")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +343,13 @@ class TrainConfig:
     loop: LoopConfig = LoopConfig()
     seed: int = _field(0, "seed of the initialisation, data order, dropout and augmentation")
 
+    def check(self) -> "TrainConfig":
+        """Refuses a value no run can use, naming its flag (each section's fields and rules); returns the config."""
+        for field in dataclasses.fields(self):
+            if isinstance(getattr(self, field.name), _Section):
+                getattr(self, field.name).check()
+        return self
+
     def replace(self, **changes) -> "TrainConfig":
         """A copy with fields changed by flag name: ``config.replace(lr=1e-3, epochs=3)``."""
         fields = _flag_table(type(self))
@@ -261,8 +357,6 @@ class TrainConfig:
         top: dict[str, Any] = {}
         for name, value in changes.items():
             key = name.replace("-", "_")
-            if key in _ALIASES:  # an old name, e.g. dtype="bfloat16" of a notebook written before precision
-                key, value = _ALIASES[key][0], _ALIASES[key][1].get(value, value)
             if key not in fields:
                 raise ConfigError(f"{type(self).__name__} has no field {name!r}; fields: {', '.join(sorted(fields))}")
             section, field = fields[key]
@@ -273,6 +367,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """``{flag name: value}`` of every field: the config as W&B and TensorBoard's HParams list it."""
+        return {name: _value(self, section, field) for name, (section, field) in _flag_table(type(self)).items()}
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "config") -> "TrainConfig":
@@ -286,27 +384,22 @@ class TrainConfig:
 # --------------------------------------------------------------------------- fields and flags
 
 
-def _sections(cls) -> list[tuple[str | None, type]]:
-    """(section attribute, dataclass) pairs: the nested sections, then the top level itself."""
+def _leaves(cls) -> list[tuple[str | None, type, dataclasses.Field]]:
+    """(section attribute or None, its class, field) of every leaf field: the sections' fields, then the top level's."""
     hints = typing.get_type_hints(cls)
     nested = [(f.name, hints[f.name]) for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
-    return nested + [(None, cls)]
-
-
-def _leaf_fields(cls) -> list[dataclasses.Field]:
-    hints = typing.get_type_hints(cls)
-    return [f for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])]
+    return [(section, kind, field) for section, kind in [*nested, (None, cls)] for field in dataclasses.fields(kind)
+            if not dataclasses.is_dataclass(typing.get_type_hints(kind)[field.name])]
 
 
 def _flag_table(cls) -> dict[str, tuple[str | None, dataclasses.Field]]:
     """``flag name -> (section, field)``; a name used twice is a programming error, found here."""
     table: dict[str, tuple[str | None, dataclasses.Field]] = {}
-    for section, section_cls in _sections(cls):
-        for field in _leaf_fields(section_cls):
-            name = field.metadata.get("flag", field.name)
-            if name in table:
-                raise TypeError(f"flag --{name} is defined twice ({table[name][0]} and {section}): rename one field")
-            table[name] = (section, field)
+    for section, _, field in _leaves(cls):
+        name = field.metadata.get("flag", field.name)
+        if name in table:
+            raise TypeError(f"flag --{name} is defined twice ({table[name][0]} and {section}): rename one field")
+        table[name] = (section, field)
     return table
 
 
@@ -314,76 +407,66 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _parse_type(annotation) -> tuple[type, bool]:
-    """(scalar type, optional?) of a field annotation such as ``int | None``."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0], True
-    return annotation, False
-
-
-def _optional(kind: type):
-    def parse(text: str):
-        return None if text.lower() == "none" else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
+def _value(config, section: str | None, field: dataclasses.Field):
+    return getattr(getattr(config, section) if section else config, field.name)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
     """One flag per leaf field of ``cls`` (default :class:`TrainConfig`), in argument groups by section."""
     cls = cls or TrainConfig
-    defaults = cls()
-    for section, section_cls in _sections(cls):
-        hints = typing.get_type_hints(section_cls)
-        group = parser.add_argument_group(f"{section or 'run'} ({section_cls.__name__})")
-        for field in _leaf_fields(section_cls):
-            name = field.metadata.get("flag", field.name)
-            default = getattr(getattr(defaults, section) if section else defaults, field.name)
-            kind, optional = _parse_type(hints[field.name])
-            help_text = field.metadata.get("help", "")
-            if "default" not in help_text:
-                help_text += f" (default: {default!r})"
-            help_text = help_text.replace("%", "%%")
-            kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-            if kind is bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
-            elif typing.get_origin(kind) is tuple:
-                kwargs.update(action="append", metavar=typing.get_args(kind)[0].__name__.upper())
-            else:
-                kind = field.metadata.get("parse", kind)
-                kwargs["type"] = _optional(kind) if optional else kind
-                if "choices" in field.metadata:
-                    kwargs["choices"] = field.metadata["choices"]
-            group.add_argument(flag_of(name), **kwargs)
-            if "alias" in field.metadata:
-                alias = field.metadata["alias"]
-                mapping = {old: new for old, new in _ALIASES[alias][1].items() if old is not None}
-                meaning = ", ".join(f"{old} = {new}" for old, new in mapping.items())
-                group.add_argument(flag_of(alias), dest=name, default=argparse.SUPPRESS, choices=sorted(mapping),
-                                   action=_DeprecatedAlias, mapping=mapping, new_flag=flag_of(name),
-                                   help=f"deprecated: {flag_of(name)} ({meaning})")
+    defaults, groups = cls(), {}
+    for section, kind, field in _leaves(cls):
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"{section or 'run'} ({kind.__name__})")
+        annotation = typing.get_type_hints(kind)[field.name]
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)  # int | None: int, optional
+        optional = union and type(None) in typing.get_args(annotation)
+        scalar = next(a for a in typing.get_args(annotation) if a is not type(None)) if union else annotation
+        help_text = field.metadata.get("help", "")
+        help_text += "" if "default" in help_text else f" (default: {_value(defaults, section, field)!r})"
+        options: dict[str, Any] = {"dest": field.metadata.get("flag", field.name), "default": argparse.SUPPRESS,
+                                   "help": help_text.replace("%", "%%")}
+        if scalar is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(scalar) is tuple:
+            options.update(action="append", metavar=typing.get_args(scalar)[0].__name__.upper())
+        else:
+            parse = field.metadata.get("parse", scalar)
+            options.update(type=_or_none(parse) if optional else parse, choices=field.metadata.get("choices"))
+            options.update({k: field.metadata[k] for k in ("nargs", "const") if k in field.metadata})
+        groups[section].add_argument(flag_of(options["dest"]), **options)
 
 
-class _DeprecatedAlias(argparse.Action):
-    """An old flag that still works: its value is translated to the new flag's, with one line saying so."""
-
-    def __init__(self, option_strings, dest, *, mapping: dict, new_flag: str, **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.mapping, self.new_flag = mapping, new_flag
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        new = self.mapping[value]
-        print(f"{option_string} {value} is deprecated: it means {self.new_flag} {new}", file=sys.stderr)
-        setattr(namespace, self.dest, new)
+def _or_none(parse):
+    """A flag type that also takes ``none`` (the field's default of None)."""
+    def or_none(text: str):
+        return None if text.lower() == "none" else parse(text)
+    or_none.__name__ = parse.__name__  # argparse names the type in its message
+    return or_none
 
 
-def config_from_args(args: argparse.Namespace, cls: type = None) -> TrainConfig:
-    """The config the command line asks for: defaults, changed by the flags that were given."""
+def config_from_args(args: argparse.Namespace, cls: type = None, *, base: TrainConfig | None = None) -> TrainConfig:
+    """The config the command line asks for: ``base`` (default: the defaults), changed by the flags that were given."""
     cls = cls or TrainConfig
     given = {name: getattr(args, name) for name in _flag_table(cls) if hasattr(args, name)}
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
-    return cls().replace(**given)
+    return (base or cls()).replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+
+
+def config_from_file(path, cls: type = None) -> TrainConfig:
+    """``--config FILE``: a run's ``config.json`` (the flags it was given), ``tune``'s ``best_config.json`` (the
+    same), or a :meth:`TrainConfig.to_dict` JSON."""
+    cls = cls or TrainConfig
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--config {path}: cannot read it as JSON ({err})") from None
+    if isinstance(data, dict) and isinstance(data.get("given"), dict):
+        given = {k: tuple(v) if isinstance(v, list) else v for k, v in data["given"].items()}
+        try:
+            return cls().replace(**given)
+        except ConfigError as err:
+            raise ConfigError(f"--config {path}: {err}") from None
+    return _from_dict(cls, data, f"--config {path}")
 
 
 def overrides(config: TrainConfig) -> dict[str, Any]:
@@ -393,13 +476,8 @@ def overrides(config: TrainConfig) -> dict[str, Any]:
 
 def differences(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
     """``(flag name, before, after)`` for every field that differs, in declaration order."""
-    out = []
-    for name, (section, field) in _flag_table(type(after)).items():
-        old = getattr(getattr(before, section) if section else before, field.name)
-        new = getattr(getattr(after, section) if section else after, field.name)
-        if old != new:
-            out.append((name, old, new))
-    return out
+    pairs = [(name, _value(before, *where), _value(after, *where)) for name, where in _flag_table(type(after)).items()]
+    return [(name, old, new) for name, old, new in pairs if old != new]
 
 
 def resume_may_change(name: str, cls: type = None) -> bool:
@@ -409,23 +487,13 @@ def resume_may_change(name: str, cls: type = None) -> bool:
 def _from_dict(cls, data: dict, where: str):
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a JSON object, got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    for old, (new, values) in _ALIASES.items():
-        if old in data and old not in names and new in names and new not in data and data[old] in values:
-            data = {**{k: v for k, v in data.items() if k != old}, new: values[data[old]]}
     hints = typing.get_type_hints(cls)
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise ConfigError(f"{where} has fields this version of {cls.__name__} does not know: {', '.join(unknown)}")
     values = {}
-    for field in dataclasses.fields(cls):
-        if field.name not in data:
-            continue
-        value, kind = data[field.name], hints[field.name]
-        if dataclasses.is_dataclass(kind):
-            value = _from_dict(kind, value, f"{where}.{field.name}")
-        elif isinstance(value, list):
-            value = tuple(value)
-        values[field.name] = value
+    for name, value in data.items():
+        if dataclasses.is_dataclass(hints[name]):
+            value = _from_dict(hints[name], value, f"{where}.{name}")
+        values[name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
-

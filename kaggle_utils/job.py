@@ -1,27 +1,8 @@
-"""``python -m kaggle_utils train | predict | report``: the run of :mod:`kaggle_utils.run` from a command line.
+"""``python -m kaggle_utils train | cv | tune | predict | plan | report``: :mod:`kaggle_utils.run` from a command line.
 
-``train``: the flags are :class:`~kaggle_utils.config.TrainConfig`'s fields (``--help`` lists
-them by section); TFRecords in the competition layout (``--data-dir DIR/{train,val,test}``;
-without it the embedded digits sample) -> ``OUT/`` ``config.json``, ``best.msgpack``,
-``last.msgpack``, ``metrics.json``, ``history.csv``, ``tensorboard/``, ``curves.png``,
-``per_class.csv``, ``val_counts.json`` and, with a test split, ``submission.csv`` predicted by
-the best checkpoint (``--task multilabel``: the classes above ``--threshold``, space-separated); it ends
-with a summary block (best score, time, files, the next command).
-It is :func:`kaggle_utils.run.train` with flags in and words out; notebook 04 calls the same function.
-
-``predict``: run folders, checkpoints or CV folders (:mod:`kaggle_utils.run.predict`) + test images
-(``DIR/test`` TFRecords, or an image folder or CSV) -> ``OUT/submission.csv`` and
-``OUT/probabilities.csv`` (the weighted mean of the models' probabilities); it ends with a summary
-block too (each checkpoint with its weight and TTA, rows, time, files, the next command).
-
-``cv --folds K``: :func:`kaggle_utils.run.cross_validate` with the train flags: ``OUT/fold{k}/`` runs,
-``folds.csv``, ``oof.csv`` / ``oof.npy``, ``cv.json`` and the fold models' mean submission.
-
-``report OUT``: ``curves.png`` and ``per_class.csv`` drawn again from a run folder's files (or
-each ``foldK/`` of a CV folder), with no model and no data (:mod:`kaggle_utils.report`).
-
-Every check on the input (values, model, monitor, splits, labels, test ids, batch vs devices,
-weights vs model, output folder vs another run) runs before the first step.
+Flags in (``train``, ``cv`` and ``plan`` take :class:`~kaggle_utils.config.TrainConfig`'s fields; ``plan``:
+:mod:`kaggle_utils.run.target_plan`), words out: each command ends with a summary block, and every way it can
+stop is one line and an exit code.
 """
 from __future__ import annotations
 
@@ -33,10 +14,15 @@ from pathlib import Path
 
 import jax
 
-from . import checkpoint, outdir, run
-from .config import ConfigError, TrainConfig, add_config_flags, config_from_args
+from . import checkpoint, outdir, report, run
+from .config import ConfigError, DataConfig, TrainConfig, add_config_flags, config_from_args, config_from_file, int_in
+from .data import DataError
+from .data.convert import source_from_spec
+from .run import target_plan
+from .run.tune import PRUNERS
+from .train import MetricError, TrainingDiverged, WriterError
 
-__all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command"]
+__all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command", "tune_command"]
 
 
 def _comma_list(kind: type, what: str, example: str):
@@ -58,13 +44,9 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
                                                  "layout, or predict a submission from a run.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train, evaluate, keep the best checkpoint, predict the test split",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    job = train.add_argument_group("job")
-    job.add_argument("--out", required=True, help="output folder (one run per folder)")
-    job.add_argument("--resume", action="store_true", help="continue the run in --out from last.msgpack")
-    job.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    train = _run_parser(commands, "train", "train, evaluate, keep the best checkpoint, predict the test split",
+                        out="output folder (one run per folder)", resume="continue the run in --out from last.msgpack",
+                        overwrite="replace the run in --out")
     add_config_flags(train, config_cls)
 
     predict = commands.add_parser("predict", help="write submission.csv and probabilities.csv from runs")
@@ -86,6 +68,15 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     predict.add_argument("--no-progress", dest="progress", action="store_false")
 
     _add_cv_parser(commands, config_cls)
+    _add_tune_parser(commands, config_cls)
+
+    plan = commands.add_parser("plan", help="compile the run's steps for a TPU or this device: memory, batch, FLOPs",
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # kaggle_utils.run.target_plan
+    plan.add_argument("--target", choices=(*target_plan.TARGETS, "local"), default="tpu-v5e-8")
+    plan.add_argument("--train-images", type=int, help="without data: training images (default: the flower "
+                                                       f"competition's {target_plan.FLOWER_TRAIN_IMAGES:,})")
+    plan.add_argument("--out", help="folder for plan.json")
+    add_config_flags(plan, config_cls)
 
     report = commands.add_parser("report", help="draw curves.png and per_class.csv again for a run or CV folder")
     report.add_argument("out", help="a run folder, or a CV folder of fold0/, fold1/, ... run folders")
@@ -97,10 +88,8 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
 
 def train_command(args, config_cls: type = TrainConfig) -> dict:
     """Runs ``train`` (:func:`kaggle_utils.run.train`); returns a summary (best row, files written)."""
-    from . import report
-
     started = time.perf_counter()
-    result = run.train(config_from_args(args, config_cls), args.out, resume=args.resume, overwrite=args.overwrite,
+    result = run.train(_config(args, config_cls), args.out, resume=args.resume, overwrite=args.overwrite,
                        progress=args.progress)
     summary = {"best": result.best, "stop_reason": result.fit.stop_reason, "out": str(result.out)}
     if result.submission is not None:
@@ -115,29 +104,47 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
 # --------------------------------------------------------------------------- cv
 
 
+def _run_parser(commands, name: str, help: str, **helps: str) -> argparse.ArgumentParser:
+    """``train`` or ``cv``'s parser with the flags of the job around the config's: --out, --resume, --overwrite."""
+    parser = commands.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    job = parser.add_argument_group("job")
+    job.add_argument("--out", required=True, help=helps["out"])
+    job.add_argument("--resume", action="store_true", help=helps["resume"])
+    job.add_argument("--overwrite", action="store_true", help=helps["overwrite"])
+    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    job.add_argument("--config", metavar="FILE", help="start from a run's config.json or tune's best_config.json; "
+                                                      "the flags given override it")
+    return parser
+
+
+def _config(args, config_cls: type) -> TrainConfig:
+    """The flags given, over ``--config FILE`` where one is given, else over the defaults."""
+    base = config_from_file(args.config, config_cls) if getattr(args, "config", None) else None
+    return config_from_args(args, config_cls, base=base)
+
+
 def _add_cv_parser(commands, config_cls: type) -> None:
-    cv = commands.add_parser("cv", help="K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    cv = _run_parser(commands, "cv", "K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
+                     out="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission",
+                     resume="skip finished folds, continue the unfinished one",
+                     overwrite="start the whole CV in --out again")
     job = cv.add_argument_group("cross-validation")
-    job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified; multi-label: iterative "
-                                                           "stratification)")
-    job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2", help="train only these folds now")
+    job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified; "
+                     "multi-label: iterative stratification)")
+    job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2",
+                     help="train only these folds now")
     job.add_argument("--fold-group", metavar="COLUMN", help="a column whose groups stay in one fold (a patient, a "
                      "video), read from a CSV --source or --fold-group-file; folds then balance the labels as the "
                      "groups allow")
     job.add_argument("--fold-group-file", metavar="CSV", help="with --fold-group: the CSV holding the run's id column "
                      "and COLUMN (needed with --data-dir, class folders or tfds; default: a CSV --source)")
-    job.add_argument("--out", required=True, help="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission")
-    job.add_argument("--resume", action="store_true", help="skip finished folds, continue the unfinished one")
-    job.add_argument("--overwrite", action="store_true", help="start the whole CV in --out again")
-    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     add_config_flags(cv, config_cls)
 
 
 def cv_command(args, config_cls: type = TrainConfig) -> dict:
     """Runs ``cv`` (:func:`kaggle_utils.run.cross_validate`); prints each fold's best, the OOF score, the files."""
     started = time.perf_counter()
-    result = run.cross_validate(config_from_args(args, config_cls), args.out, folds=args.folds,
+    result = run.cross_validate(_config(args, config_cls), args.out, folds=args.folds,
                                 only_folds=args.only_folds, fold_group=args.fold_group,
                                 fold_group_file=args.fold_group_file, resume=args.resume,
                                 overwrite=args.overwrite, progress=args.progress)
@@ -153,20 +160,49 @@ def _cv_lines(result, wall_s: float) -> list[str]:
         return [f"cv: fold(s) {left} not finished; run the same command with --resume (or --only-folds {left}) "
                 f"to train them, then {out}/oof.csv and cv.json are written"]
     scores = result.scores
+    names = [name for name in scores["fold_mean_std"] if name != "loss"]  # the task's scores: acc, f1, ...
+
+    def shown(values: dict) -> str:
+        return ", ".join(f"{name} {values[name]:.4f}" for name in names)
+
     lines = [f"cv: {len(scores['folds'])} folds in {out} ({wall_s:.0f} s this call)"]
-    for fold in scores["folds"]:
-        lines.append(f"  fold {fold['fold']}: held-out accuracy {fold['accuracy']:.4f}, macro F1 "
-                     f"{fold['macro_f1']:.4f} ({fold['examples']} records)")
+    lines += [f"  fold {fold['fold']}: held-out {shown(fold)} ({fold['examples']} records)" for fold in scores["folds"]]
     spread = scores["fold_mean_std"]
-    lines.append(f"  folds: accuracy {spread['accuracy']['mean']:.4f} +- {spread['accuracy']['std']:.4f}, "
-                 f"macro F1 {spread['macro_f1']['mean']:.4f} +- {spread['macro_f1']['std']:.4f}")
-    micro = f", micro F1 {scores['oof']['micro_f1']:.4f}" if "micro_f1" in scores["oof"] else ""  # multi-label
-    lines.append(f"  out-of-fold: accuracy {scores['oof']['accuracy']:.4f}, macro F1 {scores['oof']['macro_f1']:.4f}"
-                 f"{micro} over {scores['oof']['examples']} records")
+    lines.append("  folds: " + ", ".join(f"{n} {spread[n]['mean']:.4f} +- {spread[n]['std']:.4f}" for n in names))
+    lines.append(f"  out-of-fold: {shown(scores['oof'])} over {scores['oof']['examples']} records")
     files = [name for name in ("folds.csv", "oof.csv", "oof.npy", "cv.json", "submission.csv",
                                "test_probabilities.csv") if (out / name).is_file()]
     lines.append(f"  files: {', '.join(str(out / name) for name in files)}")
     return lines
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def _add_tune_parser(commands, config_cls: type) -> None:
+    tune = _run_parser(commands, "tune", "search train flags with Optuna: a run per trial, pruning, best config",
+                       out="study folder: study.db, trial-K/ runs, tune.json, best_config.json",
+                       resume="continue the study in --out (finished trials are kept)",
+                       overwrite="start the study in --out again")
+    job = tune.add_argument_group("tune")
+    job.add_argument("--trials", type=int_in(1), required=True, help="trials the study ends with (--resume counts "
+                                                                    "those finished before)")
+    job.add_argument("--search", required=True, metavar="SPACE", help="the flags searched: NAME=LOW:HIGH[:STEP] "
+                     "(uniform), NAME=log:LOW:HIGH, NAME=A|B|C, comma-separated, e.g. 'lr=log:1e-4:3e-2,"
+                     "label_smoothing=0:0.2,augment=none|randaugment-device'")
+    job.add_argument("--pruner", choices=PRUNERS, default="median", help="stops weak trials at "
+                     "their evaluations: median (below the median of earlier trials at that step, after 2 trials) "
+                     "| halving (successive halving) | none")
+    job.add_argument("--folds", type=int_in(2), help="score each trial by K-fold cross-validation (the folds' mean)")
+    add_config_flags(tune, config_cls)
+
+
+def tune_command(args, config_cls: type = TrainConfig) -> dict:
+    """Runs ``tune`` (:func:`kaggle_utils.run.tune`); prints the trials, the best one, what to run next."""
+    result = run.tune(_config(args, config_cls), args.search, args.out, trials=args.trials, folds=args.folds,
+                      pruner=args.pruner, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
+    print("\n".join(report.tune_lines(result.out)))
+    return {"out": str(result.out), "best_config": None if result.best_config is None else result.best_config.flat()}
 
 
 # --------------------------------------------------------------------------- predict
@@ -174,43 +210,24 @@ def _cv_lines(result, wall_s: float) -> list[str]:
 
 def predict_command(args) -> dict:
     """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); ends with a summary block; returns the files and rows."""
-    from . import report
-    from .config import DataConfig
-
     started = time.perf_counter()
     if args.test_image_dir is not None and args.test_source is None:
         raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     outdir.check_writable(args.out)  # before the prediction, not after it
     members = run.load_members(args.checkpoint, args.weights_per_checkpoint)
-    source = None
-    if args.test_source is not None:
-        from .data.convert import source_from_spec
-
-        source = source_from_spec(args.test_source, image_dir=args.test_image_dir, labeled=False,
-                                  id_column=members[0].config.data.id_column or "id")
+    source = None if args.test_source is None else source_from_spec(
+        args.test_source, image_dir=args.test_image_dir, labeled=False,
+        id_column=members[0].config.data.id_column or "id")
     batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
     with run.open_test_split(data_dir=args.data_dir, source=source) as records:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
     submission, probabilities = run.write_predictions(args.out, ids, probs, members[0].config)
     if jax.process_index() == 0:
         test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source
-        models = [_model_summary(member, args.tta) for member in members]
-        print("\n".join(report.prediction_lines(args.out, models, rows=len(ids), test=test,
+        print("\n".join(report.prediction_lines(args.out, members, tta=args.tta, rows=len(ids), test=test,
                                                 wall_s=time.perf_counter() - started,
                                                 next_steps=_predict_next(args, submission))))
     return {"submission": str(submission), "probabilities": str(probabilities), "rows": len(ids)}
-
-
-def _model_summary(member, tta: bool | None) -> dict:
-    """What the summary says of one model: its checkpoint, where it was saved (its manifest), weight, size, TTA."""
-    try:
-        saved = json.loads(checkpoint.manifest_path(member.file).read_text())
-    except (OSError, ValueError, TypeError):
-        saved = {}
-    config = member.config
-    return {"checkpoint": str(member.file or member.path), "step": saved.get("step"), "monitor": saved.get("monitor"),
-            "value": saved.get("value"), "weight": member.weight, "tta": config.task.tta if tta is None else tta,
-            "image_size": config.data.eval_image_size or config.model.image_size}
 
 
 def _predict_next(args, submission: Path) -> list[str]:
@@ -227,20 +244,9 @@ def _predict_next(args, submission: Path) -> list[str]:
 
 def report_command(args) -> list[str]:
     """Runs ``report OUT`` (:func:`kaggle_utils.report.report_command`); prints and returns its lines."""
-    from . import report
-
     lines = report.report_command(args.out)
     print("\n".join(lines))
     return lines
-
-
-def _saved_step(out: str) -> int | None:
-    """The step ``OUT/last.msgpack`` holds, per its manifest; None before the first checkpoint."""
-    try:
-        step = json.loads((Path(out) / "last.json").read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return step if isinstance(step, int) and (Path(out) / "last.msgpack").is_file() else None
 
 
 def _what_is_kept(args, fix: str | None = None) -> str:
@@ -249,10 +255,16 @@ def _what_is_kept(args, fix: str | None = None) -> str:
     if args.command == "cv":
         return (f"finished folds are kept (fold*/oof.csv) and the unfinished one resumes from its last.msgpack: "
                 f"{then}the same command with --resume goes on")
+    if args.command == "tune":
+        return (f"{args.out}/study.db keeps every finished trial and the unfinished one resumes from its checkpoint: "
+                f"{then}the same command with --resume goes on")
     if args.command != "train":
         return f"no half-written file is left (writes are atomic): {then}run predict again"
-    step = _saved_step(args.out)
-    if step is None:
+    try:  # the step last.msgpack holds, per its manifest
+        step = json.loads((Path(args.out) / "last.json").read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    if not isinstance(step, int) or not (Path(args.out) / "last.msgpack").is_file():
         return f"the run stopped before its first checkpoint: {then}run the same command again"
     return f"{args.out}/last.msgpack (step {step}) is intact: {then}the same command with --resume continues from it"
 
@@ -271,15 +283,15 @@ def _os_error_line(err: OSError, args) -> str:
 
 def main(argv=None) -> int:
     """The command, with every way it can stop turned into one line and an exit code (no traceback)."""
+    target_plan.quiet_libtpu()  # before any backend starts: a CPU machine with libtpu installed prints no TPU search
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .data import DataError
-    from .train import MetricError, TrainingDiverged, WriterError
-
     prefix = f"{parser.prog} {args.command}"
     try:
-        {"train": train_command, "cv": cv_command, "predict": predict_command,
-         "report": report_command}[args.command](args)
+        {"train": train_command, "cv": cv_command, "tune": tune_command, "predict": predict_command,
+         "report": report_command,
+         "plan": lambda a: target_plan.plan_command(config_from_args(a), a.target, out=a.out,
+                                                    train_images=a.train_images)}[args.command](args)
     except DataError as err:
         hint = ("(--skip-errors skips unreadable records, counts them and names them in the log)\n"
                 if err.skippable and args.command == "train" else "")

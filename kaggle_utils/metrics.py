@@ -1,22 +1,16 @@
 """Classification metrics from confusion counts: accuracy, per-class and macro F1.
 
-Everything derives from one ``[num_classes, num_classes]`` count matrix (rows: true class,
-columns: predicted class). Counts add up exactly across batches, devices and hosts, so the
-macro F1 of a split is exact however it was batched; averaging per-batch F1 scores is not.
-
-``confusion_counts`` is the jnp version used inside the jitted evaluation step; the rest is
-numpy on the host. Macro F1 follows scikit-learn's ``f1_score(average="macro")`` (the
-competition's metric): classes that occur neither as a label nor as a prediction are left out
-of the average, and a class with no true positives scores 0.
+Everything derives from one ``[C, C]`` count matrix (rows: true class, columns: predicted), whose
+counts add up exactly across batches, devices and hosts, so a split's macro F1 is exact however it
+was batched. ``confusion_counts`` runs inside the jitted step, the rest on the host. Macro F1 is
+scikit-learn's ``f1_score(average="macro")`` (the competition's): classes absent as label and
+prediction are left out, a class with no true positive scores 0.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-__all__ = ["accuracy", "confusion_counts", "confusion_matrix", "macro_f1", "multilabel_f1", "per_class_f1",
-           "precision_recall", "summarize"]
 
 
 def confusion_counts(labels: jax.Array, preds: jax.Array, num_classes: int, mask: jax.Array) -> jax.Array:
@@ -80,17 +74,3 @@ def multilabel_f1(tp, fp, fn) -> tuple[float, float]:
     macro = float(per_class[present].mean()) if present.any() else float("nan")
     total = denom.sum()
     return macro, float(2 * tp.sum() / total) if total else float("nan")
-
-
-def summarize(sums: dict, prefix: str = "") -> dict:
-    """Per-split figures from summed step outputs (``loss_sum``, ``correct``, ``count``,
-    optionally ``confusion``): mean loss, accuracy and, with confusion counts, macro F1."""
-    count = int(sums["count"])
-    out = {
-        f"{prefix}loss": float(sums["loss_sum"]) / count if count else float("nan"),
-        f"{prefix}acc": float(sums["correct"]) / count if count else float("nan"),
-        f"{prefix}count": count,
-    }
-    if "confusion" in sums:
-        out[f"{prefix}f1"] = macro_f1(sums["confusion"])
-    return out

@@ -1,8 +1,9 @@
 """The models ``--model`` names: name -> a builder of a Flax module, and the preprocessing its weights expect.
 
 The EfficientNet family is registered here, a notebook's own module with :func:`register_model`; ``--model``
-then trains it through ``run.train``, ``cross_validate``, ``predict``, ensembles and reports (``--weights`` and
-``--layer-decay`` read an EfficientNet's parameter names: refused for others). A builder takes ``num_classes``
+then trains it through ``run.train``, ``cross_validate``, ``predict``, ensembles and reports (``--weights`` reads an
+EfficientNet's parameter names; ``--layer-decay`` / ``--head-lr-mult`` a module's ``lr_parts()``, as
+``EfficientNet.lr_parts``: refused for others). A builder takes ``num_classes``
 and those of ``dtype``, ``drop_rate``, ``drop_path_rate``, ``bn_axis_name``, ``remat`` it names. The kit applies
 the module as ``apply(variables, images)`` to evaluate and with ``mutable=["batch_stats"]`` and a ``dropout``
 rng to train: ``self.is_mutable_collection("batch_stats")`` tells the two apart, as in the EfficientNet.
@@ -25,8 +26,7 @@ class RegisteredModel:
     builder: Callable
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)  # of pixels in [0, 1], as its weights were trained
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
-    crop_pct: float = 0.875  # the evaluation centre crop of its weights (timm's pretrained_cfg)
-    efficientnet: bool = False  # ported --weights and lr groups by stage read an EfficientNet's parameter names
+    efficientnet: bool = False  # ported --weights read an EfficientNet's parameter names
 
 
 _MODELS: dict[str, RegisteredModel] = {}
@@ -62,5 +62,4 @@ def build_model(name: str, *, num_classes: int, **options):
 
 for _name in list_models():
     _spec = get_spec(_name)
-    register_model(_name, functools.partial(create_model, _name), mean=_spec.mean, std=_spec.std,
-                   crop_pct=_spec.crop_pct, efficientnet=True)
+    register_model(_name, functools.partial(create_model, _name), mean=_spec.mean, std=_spec.std, efficientnet=True)

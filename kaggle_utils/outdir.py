@@ -1,14 +1,10 @@
 """An output folder belongs to one run: a lock while it runs, and never two runs' files mixed.
 
-Two runs writing into one folder both "succeed" and leave one run's checkpoints beside the
-other's history. So the run that starts first holds ``.kaggle_utils.lock`` (pid, host, the
-process's start time) for as long as it runs; a second run is refused with the holder named.
-A lock left by a crash is stale when its process is gone: on the same host that is checked
-(pid and start time, so a reused pid is not mistaken for the holder); a lock from another host
-(a shared filesystem) cannot be checked from here, so the message says how to remove it.
-
-:func:`prepare` decides what an existing run folder allows: ``--resume`` of the same config,
-``--overwrite`` (the kit's own files only), or nothing.
+The first run holds ``.kaggle_utils.lock`` (pid, host, process start time) while it runs; a second
+is refused with the holder named. A crashed run's lock is stale when its process is gone, which is
+checked on the same host (pid and start time: a reused pid is not the holder); another host's lock
+cannot be checked, so the message says how to remove it. :func:`prepare` decides what an existing
+run folder allows: ``--resume`` of the same config, ``--overwrite`` (the kit's own files only), or nothing.
 """
 from __future__ import annotations
 
@@ -22,8 +18,6 @@ from pathlib import Path
 from typing import Iterator
 
 from .config import ConfigError, TrainConfig, differences, flag_of, resume_may_change
-
-__all__ = ["LOCK_NAME", "OUTPUTS", "OutDirError", "check_writable", "owned", "prepare"]
 
 LOCK_NAME = ".kaggle_utils.lock"
 OUTPUTS = ("config.json", "best.msgpack", "best.json", "last.msgpack", "last.json", "metrics.json", "history.csv",
@@ -54,8 +48,7 @@ def _alive(pid: int, started: str | None) -> bool:
 
 
 def check_writable(out: str | os.PathLike, flag: str = "--out") -> Path:
-    """Refuses a folder the results could not be written into, before any work: the file would
-    otherwise be refused only after the whole prediction or run. Creates nothing."""
+    """Refuses a folder the results could not be written into, before any work; creates nothing."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutDirError(f"{flag} {out} is a file, not a folder: choose a folder for the output files")
@@ -93,10 +86,8 @@ def _take_lock(lock: Path, me: dict) -> bool:
 
 @contextlib.contextmanager
 def owned(out: str | os.PathLike) -> Iterator[Path]:
-    """Holds ``out`` for this run (creating it); refuses a folder another live run holds.
-
-    A folder this call created and nothing was written to is removed again on exit.
-    """
+    """Holds ``out`` for this run (creating it); refuses a folder another live run holds. A folder this
+    call created and nothing was written to is removed again on exit."""
     out = Path(out)
     created = not out.exists()
     _make_folder(out)

@@ -1,23 +1,11 @@
 """What the steps and the input feed share: the mesh, its axis name, and host batches -> device arrays.
 
-The train/eval/predict steps reduce over the axis ``"data"`` of the mesh made here, and batches
-are placed on the same mesh, a couple of batches ahead of the step that needs them.
-
-A host batch is a dict of numpy arrays (``image`` uint8, ``label``, ``mask``, and ``id`` bytes
-for unlabeled data). Two layouts, one per way of running the step functions:
-
-* ``"pmap"``: every numeric field gets a leading axis of local devices,
-  ``[B, ...] -> [n_local, B / n_local, ...]``, each slice placed on its device (the layout
-  ``jax.pmap`` maps over, as the seed tutorial's ``shard`` made it).
-* ``"jit"``: one global ``jax.Array`` of shape ``[B * process_count, ...]`` split on the batch
-  axis over the mesh axis ``"data"``. ``jax.make_array_from_process_local_data`` builds it from
-  each process's own rows, so the same call serves one host and many.
-
-Ids stay on the host (numpy): strings have no place on an accelerator, and the caller needs
-them next to the predictions anyway. Images stay uint8 until the step normalises them on the
-device: a quarter of the host-to-device traffic of float32.
-
-This module imports no TensorFlow: it works with any iterator of numpy dicts.
+The steps reduce over the axis ``"data"`` of the mesh made here. A host batch (a dict of numpy arrays:
+``image`` uint8, ``label``, ``mask``, ``id``) goes on the devices in one of two layouts: ``"pmap"``, a
+leading axis of local devices ``[n_local, B / n_local, ...]`` (the seed tutorial's ``shard``), or
+``"jit"``, one global ``jax.Array`` split over ``"data"``, built from each process's own rows. Ids stay
+numpy on the host (the caller needs them beside the predictions); images stay uint8 until the step
+normalises them, a quarter of float32's transfer.
 """
 from __future__ import annotations
 
@@ -28,9 +16,6 @@ from typing import Iterable, Iterator, Mapping
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-__all__ = ["AXIS", "MODES", "check_mode", "local_devices", "local_rows", "make_mesh", "prefetch_to_device",
-           "shard_batch"]
 
 AXIS = "data"  # the one mesh / pmap axis name every step function reduces over
 MODES = ("pmap", "jit")
@@ -43,11 +28,8 @@ def check_mode(mode: str) -> str:
 
 
 def make_mesh(devices=None) -> Mesh:
-    """A 1-D mesh named ``"data"``, each process's devices in one contiguous block.
-
-    Process-major order makes the global batch the concatenation of the processes' local
-    batches in process order, which is what gathered predictions rely on.
-    """
+    """A 1-D mesh named ``"data"``, each process's devices in one contiguous block (so the global batch
+    is the processes' local batches in process order, which gathered predictions rely on)."""
     devices = jax.devices() if devices is None else list(devices)
     if not devices:
         raise ValueError("make_mesh: no devices given")
@@ -99,12 +81,9 @@ def shard_batch(batch: Mapping[str, np.ndarray], *, mode: str, mesh: Mesh) -> di
 
 def local_rows(batch: Mapping[str, np.ndarray], *, process_index: int | None = None,
                process_count: int | None = None) -> dict:
-    """This process's contiguous slice of a *global* host batch that every process holds.
-
-    Evaluation and prediction read the whole split on every process and keep their own rows:
-    every process then runs the same number of steps (no hang on uneven files) and the
-    gathered outputs come back in file order.
-    """
+    """This process's contiguous slice of a *global* host batch that every process holds: evaluation and
+    prediction read the whole split everywhere, so every process runs the same steps (no hang on uneven
+    files) and gathered outputs come back in file order."""
     index = jax.process_index() if process_index is None else process_index
     count = jax.process_count() if process_count is None else process_count
     size = _batch_size(batch)
@@ -116,12 +95,8 @@ def local_rows(batch: Mapping[str, np.ndarray], *, process_index: int | None = N
 
 def prefetch_to_device(batches: Iterable[Mapping[str, np.ndarray]], size: int = 2, *, mode: str,
                        mesh: Mesh) -> Iterator[dict]:
-    """Yields device batches while the next ``size - 1`` are already being transferred.
-
-    ``jax.device_put`` is asynchronous, so queueing a transfer before the current step is
-    dispatched lets copy and compute overlap; ``size=2`` is enough for a step that takes
-    longer than a copy, more only holds more device memory.
-    """
+    """Yields device batches while the next ``size - 1`` are already being transferred (``device_put`` is
+    asynchronous, so copy and compute overlap; more than 2 only holds more device memory)."""
     if size < 1:
         raise ValueError(f"prefetch size must be >= 1, got {size}")
     check_mode(mode)

@@ -1,24 +1,10 @@
 """The precision a run computes in, chosen from the device, and fp16's dynamic loss scaling.
 
-* ``fp32``: everything in float32 (CPUs; and where a result must not depend on rounding).
-* ``bf16``: convolutions and matmuls in bfloat16; parameters, optimizer state, BatchNorm
-  statistics and the loss stay float32. bf16 has fp32's exponent range, so no loss scaling.
-  Right on TPUs and on GPUs of compute capability 8.0 or more (Ampere on), which have bf16
-  hardware. Older GPUs have none: XLA computes bf16 convolutions there in fp32 and converts
-  around them, slower than fp32 itself.
-* ``fp16``: the same split with float16, for GPUs with fp16 tensor cores but no bf16 (Turing's
-  T4, Volta's V100; the P100 has fast fp16 arithmetic). fp16's range is small (max 65504,
-  normal min 6e-5), so gradients are computed for ``loss x scale`` and divided by the scale in
-  fp32 afterwards: small gradients no longer flush to zero. The scale is dynamic, with the
-  semantics of PyTorch's ``GradScaler`` and Flax's ``DynamicScale``: x2 after
-  ``GROWTH_INTERVAL`` finite steps in a row, x0.5 and the step skipped when any gradient is
-  inf or NaN (on any replica: the check reads the summed gradients).
-
-A skipped step changes nothing an optimizer step would: parameters, optimizer state (so the
-learning-rate schedule, which optax reads from the optimizer's own step count, does not
-advance, nor Adam's bias correction), EMA weights and BatchNorm statistics (computed from the
-overflowed forward pass) all keep their values. ``TrainState.step`` does advance: it counts
-the batches consumed, and the data order, the dropout keys and resume are functions of it.
+``fp32`` on CPUs; ``bf16`` compute (fp32 weights, optimizer state, BN statistics and loss) on TPUs
+and GPUs of compute capability 8.0+; ``fp16`` on GPUs with fp16 but no bf16 units (T4, V100), whose
+small range needs the loss scaled. The scale is dynamic, as PyTorch's ``GradScaler``: x2 after
+``GROWTH_INTERVAL`` finite steps, x0.5 and the step skipped (parameters, optimizer state, EMA and BN
+statistics kept; ``TrainState.step`` counts the batch) when a gradient is inf or NaN.
 """
 from __future__ import annotations
 
@@ -28,9 +14,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
-
-__all__ = ["GROWTH_INTERVAL", "INITIAL_SCALE", "MAX_SKIPS_IN_ROW", "MIN_SCALE", "PRECISIONS", "LossScale",
-           "Precision", "all_finite", "choose_precision", "overflow_verdict"]
 
 INITIAL_SCALE = 2.0 ** 15  # Flax's DynamicScale; GradScaler starts at 2^16 and halves on the first overflow
 GROWTH_INTERVAL = 2000  # finite steps in a row before the scale doubles (both libraries' default)
@@ -72,10 +55,8 @@ def _gpu_compute_capability(device) -> float | None:
 
 
 def choose_precision(requested: str = "auto", device=None) -> tuple[Precision, str]:
-    """``(precision, why)`` for ``requested`` ("auto" or a name) on ``device`` (default: the first one).
-
-    ``why`` is the line the job's plan prints, e.g. "Tesla T4, compute 7.5, no bf16 hardware".
-    """
+    """``(precision, why)`` for ``requested`` ("auto" or a name) on ``device`` (default: the first one);
+    ``why`` is what the plan prints, e.g. "Tesla T4, compute 7.5, no bf16 hardware"."""
     device = jax.devices()[0] if device is None else device
     kind = getattr(device, "device_kind", device.platform)
     if requested != "auto":

@@ -1,22 +1,8 @@
 """Variable trees: what the training engine and model surgery both need, and nothing of either.
 
-A Flax model's variables are nested dicts of arrays. The engine (:mod:`kaggle_utils.train`) and
-the user tools (:mod:`kaggle_utils.surgery`) both initialise them, trace their shapes, name
-their leaves by path and freeze some of them; those pieces live here so that the engine does
-not import the user tools and both name a leaf, or match a pattern, the same way.
-
-* Paths: :func:`flatten` / :func:`unflatten` / :func:`shapes` with ``/``-joined paths
-  (``params/blocks_0_0/conv/kernel``); patterns are regular expressions searched in them
-  (:func:`select_paths`: a pattern that matches nothing is an error, since a typo would
-  otherwise select nothing and nobody would notice).
-* Initialisation: :func:`init_variables` (jitted, with an ``rbg`` key: each initialiser lowers
-  to one random-bits op, which compiles much faster on CPU) and :func:`abstract_variables`
-  (the same shapes and dtypes, traced without compiling anything).
-* Freezing: :func:`freeze_mask` and :func:`freeze_optimizer` (frozen leaves get a zero update
-  and no optimizer state).
-
-Imports only jax and numpy (optax when :func:`freeze_optimizer` is called), so that the model
-code, which needs :func:`abstract_variables`, imports no optimizer library.
+The engine and surgery both name a leaf by its ``/``-joined path (``params/blocks_0_0/conv/kernel``),
+select leaves by regular expressions searched in those paths (one matching nothing is an error: a typo
+would otherwise select nothing unnoticed), initialise variables and freeze some.
 """
 from __future__ import annotations
 
@@ -32,35 +18,11 @@ import numpy as np
 if TYPE_CHECKING:
     import optax
 
-__all__ = [
-    "Patterns",
-    "VariableTreeError",
-    "abstract_variables",
-    "as_patterns",
-    "flatten",
-    "freeze_mask",
-    "freeze_optimizer",
-    "init_variables",
-    "leaf_size",
-    "listing",
-    "path_name",
-    "resolve_mask",
-    "select_paths",
-    "shapes",
-    "unflatten",
-]
-
 Patterns = str | Sequence[str]
 
 
 class VariableTreeError(ValueError):
-    """A request on a variable tree that cannot be carried out as asked; the message says what and where.
-
-    :mod:`kaggle_utils.surgery` raises it too, under the name ``SurgeryError``.
-    """
-
-
-# --------------------------------------------------------------------------- paths
+    """A request on a variable tree that cannot be carried out as asked (``surgery.SurgeryError`` too)."""
 
 
 def _key_name(key) -> str:
@@ -112,9 +74,6 @@ def listing(items: Sequence[str], limit: int = 8) -> str:
     return ", ".join(items[:limit]) + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
-# --------------------------------------------------------------------------- patterns
-
-
 def as_patterns(patterns: Patterns) -> tuple[str, ...]:
     return (patterns,) if isinstance(patterns, str) else tuple(patterns)
 
@@ -143,10 +102,7 @@ def select_paths(paths: Iterable[str], patterns: Patterns, what: str) -> set[str
     return selected
 
 
-# --------------------------------------------------------------------------- initialisation
-
-
-def _init_rngs(seed: int) -> dict:
+def _init_rngs(seed: int) -> dict:  # rbg: each initialiser lowers to one random-bits op, much faster to compile
     params_key, dropout_key = jax.random.split(jax.random.key(seed, impl="rbg"))
     return {"params": params_key, "dropout": dropout_key}
 
@@ -156,10 +112,8 @@ def _without_sown(variables: dict) -> dict:
 
 
 def init_variables(model, sample_input, *, seed: int = 0, method: Callable | None = None) -> dict:
-    """Fresh variables of ``model`` for an input shaped like ``sample_input`` (sown values dropped).
-
-    ``sample_input``: an array or a ``jax.ShapeDtypeStruct``; only its shape and dtype matter.
-    """
+    """Fresh variables of ``model`` for an input shaped like ``sample_input`` (an array or a
+    ``jax.ShapeDtypeStruct``: only its shape and dtype matter); sown values dropped."""
     x = jnp.zeros(np.shape(sample_input), sample_input.dtype)
     return _without_sown(jax.jit(functools.partial(model.init, method=method))(_init_rngs(seed), x))
 
@@ -171,15 +125,9 @@ def abstract_variables(model, sample_input) -> dict:
     return _without_sown(jax.eval_shape(model.init, _init_rngs(0), x))
 
 
-# --------------------------------------------------------------------------- freezing
-
-
 def freeze_mask(params: Any, patterns: Patterns) -> Any:
-    """A tree of bools like ``params``: True where a pattern matches the leaf's path (frozen).
-
-    Paths are relative to ``params`` (``backbone/blocks_0_0/conv/kernel``); a pattern that
-    matches nothing is an error that lists paths, since a typo would otherwise freeze nothing.
-    """
+    """A tree of bools like ``params``: True where a pattern matches the leaf's path (relative to
+    ``params``: ``backbone/blocks_0_0/conv/kernel``), i.e. frozen."""
     if not as_patterns(patterns):
         raise VariableTreeError("freeze: no patterns given")
     frozen = select_paths(flatten(params), patterns, "freeze")
@@ -197,12 +145,11 @@ def freeze_optimizer(tx: optax.GradientTransformation, frozen: Patterns | Any | 
                      ) -> optax.GradientTransformation:
     """``tx`` for the trainable leaves; frozen leaves get a zero update and no optimizer state.
 
-    ``frozen``: patterns, a bool mask like the params, or a function of the params returning one.
-    One ``multi_transform({"train", "frozen"})`` layout for ``train.make_optimizer(frozen=)`` and
-    ``surgery.freeze``, so states of either fit ``surgery.carry_optimizer_state``.
+    ``frozen``: patterns, a bool mask like the params, or a function of the params returning one. One
+    ``multi_transform`` layout for the engine and ``surgery.freeze``, so either state fits
+    ``surgery.carry_optimizer_state``.
     """
-
-    import optax
+    import optax  # here: the model and checkpoint code import this module and no optimizer library
 
     def labels(params):
         return jax.tree.map(lambda f: "frozen" if f else "train", resolve_mask(params, frozen))

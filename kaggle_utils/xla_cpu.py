@@ -1,26 +1,9 @@
 """The XLA:CPU compiler option under which the kit's EfficientNet is fast on CPU.
 
-Why this exists: jaxlib 0.10's XLA:CPU hands dots, convolutions, elementwise fusions and
-reductions to YNNPACK by default. On a 2-core x86 machine (``bench/model_speed.py``), its
-convolutions and elementwise kernels often run on one core where XLA's own Eigen kernel
-uses both, while its reductions are faster than XLA's loops (the depthwise kernel gradients
-and BatchNorm statistics of the training step). So YNNPACK keeps the reductions only: eval
-and the training step (``efficientnet.layers.conv2d``'s CPU path) are faster that way than with
-YNNPACK's default, and much faster than with YNNPACK off; figures in bench/README.md.
-
-XLA reads ``XLA_FLAGS`` once, when JAX starts its CPU backend, so :func:`apply` runs when
-the ``kaggle_utils`` package is first imported, which is before any computation in the kit's
-jobs, notebooks (their first cell imports ``kaggle_utils.runtime``) and tests. Rules:
-
-* A user's own ``--xla_cpu_experimental_ynn_fusion_type`` in ``XLA_FLAGS`` wins.
-* XLA aborts the process on an unknown flag, so the option is added only for jaxlib
-  versions it was measured on (:data:`MEASURED_JAXLIB`); elsewhere nothing changes.
-* If JAX's backends already started, the option cannot take effect any more: a warning says
-  so (on the CPU backend only, where it matters) instead of changing nothing silently.
-  Set ``KAGGLE_UTILS_XLA_CPU_TUNING=0`` to leave ``XLA_FLAGS`` alone.
-
-The option changes which library computes an op, not the op: results agree to float
-rounding (the timm parity tests run under it).
+YNNPACK keeps XLA:CPU's reductions only: its convolutions often run on one core where XLA's use
+both (figures in bench/README.md). XLA reads ``XLA_FLAGS`` when JAX starts its CPU backend, so
+:func:`apply` runs on the first import of ``kaggle_utils``; a user's own setting wins, only measured
+jaxlib releases get it (XLA aborts on an unknown flag), and ``KAGGLE_UTILS_XLA_CPU_TUNING=0`` opts out.
 """
 from __future__ import annotations
 
@@ -42,7 +25,7 @@ def _jaxlib_release() -> str | None:
         return None
 
 
-def _backends_started() -> bool:
+def _backends_started() -> bool:  # read from sys.modules: importing jax here would cost every kit import a second
     bridge = sys.modules.get("jax._src.xla_bridge")
     started = getattr(bridge, "backends_are_initialized", None)
     return bool(started and started())
@@ -54,9 +37,7 @@ def apply(environ=os.environ) -> bool:
     if environ.get(OPT_OUT, "1") == "0" or FLAG in flags or _jaxlib_release() not in MEASURED_JAXLIB:
         return False
     if _backends_started():
-        import jax
-
-        if jax.default_backend() == "cpu":
+        if sys.modules["jax"].default_backend() == "cpu":  # started backends: jax is imported
             warnings.warn(
                 f"JAX started its CPU backend before kaggle_utils was imported, so XLA runs without "
                 f"{FLAG}={VALUE} and EfficientNet on CPU runs slower. Import kaggle_utils before the "

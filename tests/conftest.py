@@ -42,6 +42,13 @@ except ImportError:  # the porter tests will fail on their own imports, with a c
 import jax  # noqa: E402  (after torch, see above)
 import pytest  # noqa: E402
 
+from kaggle_utils.run.target_plan import quiet_libtpu  # noqa: E402
+
+# libtpu is installed for the TPU plan tests (requirements.txt); on a machine without TPU chips every process that
+# inherits this environment (xdist workers, notebook kernels, jobs) is told so before its backend starts, and prints
+# nothing of libtpu's search for TPU hosts
+quiet_libtpu()
+
 jax.config.update("jax_num_cpu_devices", 8)
 
 

@@ -99,8 +99,7 @@ def test_randaugment_changes_images_reproducibly_per_seed():
 def test_xla_compiled_randaugment_in_the_pipeline_matches_the_op_by_op_version(tmp_path):
     """load_dataset(augment="randaugment") compiles with XLA; same seed -> same images as TF's kernels."""
     kd.write_split(tmp_path / "train", natural_batch(24), labels=list(range(24)), num_files=2)
-    common = dict(labeled=True, image_size=SIZE, batch_size=8, ordered=True, process_index=0, process_count=1,
-                  seed=5)
+    common = dict(labeled=True, image_size=SIZE, batch_size=8, seed=5)
     plain = np.concatenate([b["image"] for b in kd.load_dataset(tmp_path / "train", **common)])
     compiled = np.concatenate([b["image"] for b in kd.load_dataset(tmp_path / "train", augment="randaugment",
                                                                   **common)])
@@ -139,13 +138,13 @@ def test_imgaug_randaugment_works_on_numpy_2_without_patching_numpy():
 # ------------------------------------------------------------------ the worker-process hook
 @pytest.fixture(scope="module")
 def invert_pool():
-    with kd.ProcessPoolAugmenter(np.invert, num_workers=2, seed=0) as pool:
+    with kd.ProcessPoolAugmenter(np.invert, num_workers=2) as pool:
         yield pool
 
 
 @pytest.fixture(scope="module")
 def invert_pool_tf_decode():
-    with kd.ProcessPoolAugmenter(np.invert, num_workers=1, seed=0, decode_jpegs=False) as pool:
+    with kd.ProcessPoolAugmenter(np.invert, num_workers=1, decode_jpegs=False) as pool:
         yield pool
 
 
@@ -171,7 +170,7 @@ def test_load_dataset_with_a_worker_pool_applies_the_function_to_each_batch(tmp_
     pool = request.getfixturevalue(pool)
     images = natural_batch(20, size=48)
     kd.write_split(tmp_path / "train", images, labels=list(range(20)), num_files=2)
-    common = dict(labeled=True, image_size=48, batch_size=8, ordered=True, process_index=0, process_count=1)
+    common = dict(labeled=True, image_size=48, batch_size=8)
     plain = list(kd.load_dataset(tmp_path / "train", **common))
     augmented = list(kd.load_dataset(tmp_path / "train", augment=pool, **common))
     assert len(plain) == len(augmented) == 3
@@ -184,7 +183,7 @@ def test_a_failing_augmentation_raises_its_own_error_from_the_pipeline(tmp_path)
     kd.write_split(tmp_path / "train", natural_batch(8), labels=list(range(8)), num_files=1)
     flatten = functools.partial(np.reshape, shape=(-1,))  # returns the wrong shape
     dataset = kd.load_dataset(tmp_path / "train", labeled=True, image_size=SIZE, batch_size=4, augment=flatten,
-                              augment_workers=1, process_index=0, process_count=1)
+                              augment_workers=1)
     try:
         with pytest.raises(kd.AugmentWorkerError, match=r"returned uint8 \(12288,\).*\(4, 32, 32, 3\)"):
             list(dataset)
@@ -193,23 +192,54 @@ def test_a_failing_augmentation_raises_its_own_error_from_the_pipeline(tmp_path)
 
 
 def test_lambdas_reach_workers_by_value_and_pools_clean_up():
-    shm_before = set(glob.glob("/dev/shm/*"))
-    pool = kd.ProcessPoolAugmenter(lambda x: 255 - x, num_workers=1)
+    import multiprocessing
+
+    shm_before, children_before = set(glob.glob("/dev/shm/psm_*")), set(multiprocessing.active_children())
+    pool = kd.ProcessPoolAugmenter(lambda x: 255 - x, num_workers=2)
+    processes = set(multiprocessing.active_children()) - children_before
+    assert len(processes) == 2  # both started with the pool, not later from a tf.data thread
     images = natural_batch(2)
     np.testing.assert_array_equal(pool(images), 255 - images)
-    processes = [w.process for w in pool._workers]
     pool.close()
     assert not any(p.is_alive() for p in processes)
-    assert set(glob.glob("/dev/shm/*")) <= shm_before
+    assert set(glob.glob("/dev/shm/psm_*")) <= shm_before  # SharedMemory names its segments psm_*
     with pytest.raises(RuntimeError, match="closed"):
         pool(images)
+
+
+def test_workers_end_when_the_process_that_started_them_dies():
+    """A training process killed (the kill/resume case) or ended without closing its pool leaves no workers."""
+    import subprocess
+    import sys
+    import time
+
+    script = ("import multiprocessing, os, numpy as np, kaggle_utils.data as kd\n"
+              "pool = kd.ProcessPoolAugmenter(np.invert, num_workers=2)\n"
+              "print(*[p.pid for p in multiprocessing.active_children()], flush=True)\n"
+              "os._exit(0)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root})
+    workers = [int(pid) for pid in done.stdout.split()]
+    assert len(workers) == 2, done.stderr[-2000:]
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return "\tZ" not in f.read()  # a zombie has ended
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(map(alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(alive, workers))
 
 
 def test_load_dataset_with_imgaug_keeps_batches_and_changes_pixels(tmp_path):
     images = natural_batch(12)
     kd.write_split(tmp_path / "train", images, labels=list(range(12)), num_files=2)
-    common = dict(labeled=True, image_size=SIZE, batch_size=6, ordered=True, process_index=0, process_count=1,
-                  seed=0)
+    common = dict(labeled=True, image_size=SIZE, batch_size=6, seed=0)
     plain = list(kd.load_dataset(tmp_path / "train", **common))
     dataset = kd.load_dataset(tmp_path / "train", augment="imgaug", augment_workers=1, **common)
     try:

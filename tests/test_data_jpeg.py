@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from kaggle_utils.data import jpeg, jpeg_check
+from kaggle_utils.data import jpeg
 
 
 def photo(height=96, width=64, seed=0) -> np.ndarray:
@@ -43,18 +43,18 @@ FLAVOURS = {
 def decoder(request, monkeypatch):
     """Every decoder: simplejpeg (strict), and without it OpenCV, OpenCV before 4.10 (BGR only), and PIL alone."""
     if request.param == "simplejpeg":
-        if jpeg_check.strict_decoder() is None:
+        if jpeg.strict_decoder() is None:
             pytest.skip("simplejpeg is not installed (as on Kaggle's images); the other decoders are tested")
         return request.param
-    monkeypatch.setattr(jpeg_check, "_decoder", None)
+    monkeypatch.setitem(jpeg._decoders, "simplejpeg", None)
     opencv = jpeg._opencv()
     if opencv is None:
         pytest.fail("OpenCV (a dependency of imgaug) is not installed")
     if request.param == "pil":
-        monkeypatch.setattr(jpeg, "cv2", None)
+        monkeypatch.setitem(jpeg._decoders, "cv2", None)
     elif request.param == "opencv-bgr":
         names = {name: getattr(opencv, name) for name in dir(opencv) if name != "IMREAD_COLOR_RGB"}
-        monkeypatch.setattr(jpeg, "cv2", types.SimpleNamespace(**names))
+        monkeypatch.setitem(jpeg._decoders, "cv2", types.SimpleNamespace(**names))
     return request.param
 
 
@@ -79,7 +79,7 @@ def test_corrupt_entropy_data_is_an_error_with_simplejpeg_else_decodes_as_tensor
     data[middle:middle + 40] = bytes(40)
     out = np.zeros((96, 64, 3), np.uint8)
     if decoder == "simplejpeg":
-        with pytest.raises(jpeg_check.CorruptJpegError, match=r"corrupt JPEG data.*libjpeg: Corrupt JPEG data"):
+        with pytest.raises(jpeg.CorruptJpegError, match=r"corrupt JPEG data.*libjpeg: Corrupt JPEG data"):
             jpeg.decode_jpeg_into(bytes(data), out)
         return
     jpeg.decode_jpeg_into(bytes(data), out)

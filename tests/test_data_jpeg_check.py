@@ -19,7 +19,7 @@ from PIL import Image
 from skimage import data as skdata
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import convert, jpeg_check
+from kaggle_utils.data import convert, jpeg
 
 from test_data_tfrecords import (SIZE, collect, example, garbled_jpeg, grey_jpeg, level_of, load, needs_simplejpeg,
                                  write_kaggle_split)
@@ -53,7 +53,7 @@ def test_the_check_flags_exactly_the_garbles_libjpeg_warns_on(capfd):
         data = bytearray(clean)
         start = int(rng.integers(scan_start(clean), len(clean) - 42))
         data[start:start + 40] = rng.integers(0, 256, 40, np.uint8).tobytes() if k % 2 else bytes(40)
-        flagged.append(bool(jpeg_check.jpeg_problem(bytes(data))))
+        flagged.append(bool(jpeg.jpeg_problem(bytes(data))))
         warned.append(libjpeg_warns(bytes(data), capfd))
     assert flagged == warned
     assert 0 < sum(flagged) < len(flagged)  # some garbles leave a valid stream: nothing can find those
@@ -71,16 +71,16 @@ def test_no_clean_jpeg_is_flagged(capfd):
     }
     assert b"\xff\xd0" in encoded["restart markers"]
     for name, data in encoded.items():
-        assert jpeg_check.jpeg_problem(data) == "", name
+        assert jpeg.jpeg_problem(data) == "", name
         assert not libjpeg_warns(data, capfd), name
 
 
 def test_a_record_is_checked_once_until_its_file_changes(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(jpeg_check, "jpeg_problem", lambda data: calls.append(data) or ("bad" if data == b"x" else ""))
+    monkeypatch.setattr(jpeg, "jpeg_problem", lambda data: calls.append(data) or ("bad" if data == b"x" else ""))
     path = tmp_path / "f.tfrec"
     path.write_bytes(b"one")
-    checked = jpeg_check.CheckedRecords()
+    checked = jpeg.CheckedRecords()
 
     def problems(index, data, times):
         check = checked.tf_check([str(path)])  # as a new pipeline over the file makes it
@@ -117,12 +117,12 @@ def test_tensorflow_decodes_the_garbled_test_image_with_only_libjpegs_anonymous_
 def test_without_simplejpeg_one_notice_and_decoding_works(split_with_a_garbled_record, monkeypatch):
     folder, _ = split_with_a_garbled_record
     monkeypatch.setitem(sys.modules, "simplejpeg", None)  # import simplejpeg -> ImportError
-    monkeypatch.setattr(jpeg_check, "_decoder", jpeg_check._NOT_LOADED)
-    monkeypatch.setattr(jpeg_check, "_notice_given", False)
+    monkeypatch.setitem(jpeg._decoders, "simplejpeg", jpeg._NOT_LOADED)
+    monkeypatch.setattr(jpeg, "_notice_given", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, first = collect(load(folder, ordered=True))
-        _, again = collect(load(folder, ordered=True))
+        _, first = collect(load(folder))
+        _, again = collect(load(folder))
     notices = [w for w in caught if "simplejpeg is not installed" in str(w.message)]
     assert len(notices) == 1 and "pip install -U simplejpeg" in str(notices[0].message)
     assert first["label"][first["mask"]].tolist() == [0, 1, 2, 3, 4, 5]  # the garbled one is not detected
@@ -131,7 +131,10 @@ def test_without_simplejpeg_one_notice_and_decoding_works(split_with_a_garbled_r
 
 
 @needs_simplejpeg
-def test_the_jobs_scan_before_training_names_it_or_skips_and_names_it(split_with_a_garbled_record, tmp_path):
+def test_the_jobs_label_scan_decodes_nothing_and_the_first_epoch_names_it_or_skips_it(split_with_a_garbled_record,
+                                                                                        tmp_path):
+    """No work twice: the scan before training parses labels (and checks what needs no decode); the first epoch,
+    which decodes every image anyway, finds the corrupt data."""
     from kaggle_utils import run
     from kaggle_utils.config import TrainConfig
 
@@ -141,12 +144,14 @@ def test_the_jobs_scan_before_training_names_it_or_skips_and_names_it(split_with
     for split in ("train", "val"):
         os.symlink(folder, root / split)
     config = TrainConfig().replace(data_dir=str(root))
-    bad = str(root / "train" / os.path.basename(bad))  # the first split scanned
+    assert run.open_data(config, root).max_label == 5
+    bad = str(root / "train" / os.path.basename(bad))
     with pytest.raises(kd.DataError, match=f"{bad}, record 1: corrupt JPEG data.*skip_errors"):
-        run.open_data(config, root)
+        list(kd.load_dataset(root / "train", image_size=SIZE, batch_size=4, training=True, seed=0))
+    dataset = kd.load_dataset(root / "train", image_size=SIZE, batch_size=5, training=True, seed=0, skip_errors=True)
     with pytest.warns(RuntimeWarning, match=f"skipping bad record {bad}, record 1: corrupt JPEG data"):
-        data = run.open_data(config.replace(skip_errors=True), root)
-    assert data.max_label == 5
+        labels = sorted(next(iter(dataset))["label"].tolist())
+    assert labels == [0, 1, 2, 3, 5]
 
 
 @needs_simplejpeg
@@ -156,7 +161,7 @@ def test_prediction_keeps_a_corrupt_test_image_and_names_it(tmp_path):
     with tf.io.TFRecordWriter(bad) as writer:
         writer.write(example({"image": garbled_jpeg(), "id": b"garbled"}))
     with pytest.warns(RuntimeWarning, match=f"{bad}, record 0: corrupt JPEG data.*kept as decoded"):
-        _, data = collect(load(folder, labeled=False, ordered=True, keep_corrupt_jpegs=True))
+        _, data = collect(load(folder, labeled=False))
     assert data["id"][data["mask"]].tolist() == [b"id-0", b"id-1", b"garbled"]
 
 
@@ -181,7 +186,7 @@ def folder_with_a_garbled_jpeg(tmp_path):
 @needs_simplejpeg
 def test_a_source_image_is_named_or_skipped_and_the_converter_leaves_it_out(folder_with_a_garbled_jpeg, tmp_path):
     source, garbled = folder_with_a_garbled_jpeg
-    read = dict(batch_size=4, image_size=SIZE, ordered=True, process_index=0, process_count=1)
+    read = dict(batch_size=4, image_size=SIZE)
     with pytest.raises(kd.DataError, match=f"{garbled}.*corrupt JPEG data"):
         list(kd.load_source(source, **read))
     dataset = kd.load_source(source, skip_errors=True, with_ids=True, **read)

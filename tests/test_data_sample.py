@@ -51,8 +51,7 @@ def test_digits_labels_ids_and_images_are_the_real_digits(digits):
     assert digits.test_labels == {r[0]: int(r[1]) for r in rows[1:]}
     # each decoded image, shrunk back to 8x8, matches one of sklearn's digits of its label
     reference = load_digits()
-    batch = next(iter(kd.load_dataset(digits.split_dirs["val"], labeled=True, image_size=SIZE, batch_size=16,
-                                      ordered=True, process_index=0, process_count=1)))
+    batch = next(iter(kd.load_dataset(digits.split_dirs["val"], labeled=True, image_size=SIZE, batch_size=16)))
     shrunk = batch["image"][..., 0].reshape(16, 8, SIZE // 8, 8, SIZE // 8).mean(axis=(2, 4)) * 16 / 255
     for image, label in zip(shrunk, batch["label"]):
         candidates = reference.images[reference.target == label]
@@ -64,8 +63,7 @@ def test_synthetic_sample_has_104_classes_in_the_flower_format(tmp_path):
     sample = kd.make_sample_dataset(tmp_path, "synthetic", image_size=SIZE, num_examples=208, num_files=(3, 1, 1))
     assert sample.num_classes == 104 and sum(sample.counts.values()) == 208
     assert len(os.listdir(sample.split_dirs["train"])) == 3
-    dataset = kd.load_dataset(sample.split_dirs["train"], labeled=True, image_size=SIZE, batch_size=32,
-                              ordered=True, process_index=0, process_count=1)
+    dataset = kd.load_dataset(sample.split_dirs["train"], labeled=True, image_size=SIZE, batch_size=32)
     labels = np.concatenate([b["label"][b["mask"]] for b in dataset])
     assert len(labels) == sample.counts["train"] and labels.min() >= 0 and labels.max() < 104
     assert len(set(labels.tolist())) > 80

@@ -44,7 +44,7 @@ def expected_pixels(path: str, size: int = SIZE) -> np.ndarray:
 
 
 def read_all(source, **kwargs):
-    defaults = dict(batch_size=4, image_size=SIZE, ordered=True, process_index=0, process_count=1)
+    defaults = dict(batch_size=4, image_size=SIZE)
     dataset = kd.load_source(source, **{**defaults, **kwargs})
     batches = list(dataset)
     out = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
@@ -83,35 +83,40 @@ def test_class_folders_read_every_example_once_with_its_label(folders):
 def test_unlabeled_folder_gives_ids_in_order_and_a_padded_masked_last_batch(folders):
     root, _ = folders
     source = kd.image_folder(f"{root}/test")
-    dataset = kd.load_source(source, batch_size=4, image_size=SIZE, ordered=True, process_index=0, process_count=1)
+    dataset = kd.load_source(source, batch_size=4, image_size=SIZE)
     batches = list(dataset)
     assert [len(b["id"]) for b in batches] == [4, 4] and batches[-1]["mask"].tolist() == [True] + [False] * 3
     ids = [i.decode() for b in batches for i, m in zip(b["id"], b["mask"]) if m]
     assert ids == [f"t{i}" for i in range(12, 17)] and "label" not in batches[0]
 
 
-def test_processes_read_disjoint_shares_that_cover_the_source(folders):
+def test_training_processes_read_disjoint_shares_that_cover_the_source(folders, monkeypatch):
+    import jax
+
     root, _ = folders
     source = kd.class_folders(f"{root}/train")
-    shares = [read_all(source, with_ids=True, process_index=k, process_count=3)[0]["id"].tolist() for k in range(3)]
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    shares = []
+    for k in range(3):
+        monkeypatch.setattr(jax, "process_index", lambda: k)
+        dataset = kd.load_source(source, batch_size=1, image_size=SIZE, training=True, seed=0, with_ids=True)
+        iterator = iter(dataset)
+        shares.append([next(iterator)["id"][0] for _ in range(dataset.num_examples)])
+    assert [len(s) for s in shares] == [6, 6, 6] and len(set(sum(shares, []))) == 18
     assert sorted(sum(shares, [])) == sorted(i.encode() for i in source.ids)
 
 
-def test_shuffled_repeating_mode_with_a_train_crop(folders):
+def test_a_training_read_with_a_train_crop(folders):
     root, _ = folders
     source = kd.class_folders(f"{root}/train")
-    dataset = kd.load_source(source, batch_size=6, crop=kd.RandomResizedCrop(12), repeat=True, seed=0,
-                             with_ids=True, process_index=0, process_count=1)
-    batches = [b for b, _ in zip(dataset, range(4))]  # 24 examples: past one epoch of 18
+    dataset = kd.load_source(source, batch_size=6, crop=kd.RandomResizedCrop(12), training=True, seed=0,
+                             with_ids=True)
+    batches = [b for b, _ in zip(dataset, range(9))]  # three epochs of 18
     assert all(b["image"].shape == (6, 12, 12, 3) and b["mask"].all() for b in batches)
     ids = [i.decode() for b in batches for i in b["id"]]
-    assert set(ids) == set(source.ids) and ids[:18] != source.ids  # every one read, shuffled
-    # Each epoch is a permutation of the examples. Checked on the record stream: the parallel map of the
-    # unordered mode (deterministic=False) may let an element of the next epoch overtake one of this one.
-    records = source.records(np.arange(len(source.ids)), ordered=False, seed=0, shuffle_buffer_size=4).repeat()
-    order = [int(index) for _, index, _ in records.take(3 * 18).as_numpy_iterator()]
-    assert all(sorted(order[e * 18:(e + 1) * 18]) == list(range(18)) for e in range(3))
-    assert order[:18] != order[18:36] != list(range(18))  # reshuffled each epoch
+    epochs = [ids[e * 18:(e + 1) * 18] for e in range(3)]
+    assert all(sorted(epoch) == sorted(source.ids) for epoch in epochs)  # every one read once per epoch
+    assert epochs[0] != source.ids and epochs[0] != epochs[1] != epochs[2]  # reshuffled each epoch
     labels = np.concatenate([b["label"] for b in batches])
     assert [source.class_names[l] for l in labels] == [i.split("/")[0] for i in ids]  # labels travel with ids
 
@@ -213,7 +218,7 @@ def with_a_broken_file(tmp_path):
 
 def test_an_undecodable_file_is_named(with_a_broken_file):
     source, broken = with_a_broken_file
-    with pytest.raises(kd.DataError, match=f"{broken}.*not a readable image file.*skip_errors"):
+    with pytest.raises(kd.DataError, match=f"{broken}.*image does not decode.*skip_errors"):
         read_all(source)
 
 
@@ -284,8 +289,7 @@ def test_convert_round_trip_equals_the_source(folders, tmp_path):
     assert sorted(decoded_records(tmp_path / "test", False)) == sorted(
         (jpeg_round_trip(im).tobytes(), id_) for im, id_ in zip(test_source["image"], test_source["id"]))
     # the records run through the TFRecord pipeline like the competition's
-    batches = list(kd.load_dataset(tmp_path / "val", labeled=True, image_size=SIZE, batch_size=4, ordered=True,
-                                   process_index=0, process_count=1))
+    batches = list(kd.load_dataset(tmp_path / "val", labeled=True, image_size=SIZE, batch_size=4))
     assert sum(int(b["mask"].sum()) for b in batches) == n_val
 
 
@@ -346,16 +350,16 @@ def test_stratified_split_partitions_each_class_and_keeps_one_in_train():
 
 
 def test_unseeded_reads_work_once_tensorflow_op_determinism_is_on(folders, tmp_path):
-    """The job turns op determinism on (exact resume); unseeded loaders in that process must still run."""
+    """A notebook may turn op determinism on for its own TensorFlow code; the kit's unseeded reads still run."""
     script = f"""
 import kaggle_utils.data as kd
 kd.tensorflow_on_host().config.experimental.enable_op_determinism()
 source = kd.class_folders({folders[0] + "/train"!r})
-batches = list(kd.load_source(source, batch_size=4, crop=kd.CenterCrop(16, crop_pct=0.875), ordered=True))
+batches = list(kd.load_source(source, batch_size=4, crop=kd.CenterCrop(16, crop_pct=0.875)))
 assert sum(int(b["mask"].sum()) for b in batches) == source.num_examples
 sample = kd.make_sample_dataset({str(tmp_path / "sample")!r}, image_size=16)
 train = iter(kd.load_dataset(sample.split_dirs["train"], labeled=True, image_size=16, batch_size=8,
-                             crop=kd.RandomResizedCrop(12), augment="randaugment", repeat=True))
+                             crop=kd.RandomResizedCrop(12), augment="randaugment", training=True))
 assert next(train)["image"].shape == (8, 12, 12, 3)
 print("ok")
 """

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import jpeg_check
+from kaggle_utils.data import jpeg
 
 SIZE = 32
 
@@ -58,7 +58,7 @@ def collect(dataset):
 
 
 def load(folder, **kwargs):
-    defaults = dict(labeled=True, image_size=SIZE, batch_size=8, process_index=0, process_count=1)
+    defaults = dict(labeled=True, image_size=SIZE, batch_size=8)
     return kd.load_dataset(folder, **{**defaults, **kwargs})
 
 
@@ -102,7 +102,7 @@ def test_locate_competition_data_finds_any_mount(tmp_path):
 
 # ------------------------------------------------------------------ ordered mode, padding
 def test_ordered_labeled_gives_every_example_once_in_file_order_with_padding(train_dir):
-    dataset = load(train_dir, ordered=True)
+    dataset = load(train_dir)
     batches, data = collect(dataset)
     assert len(batches) == len(dataset) == 4  # 27 examples in batches of 8
     for batch in batches:
@@ -118,64 +118,62 @@ def test_ordered_labeled_gives_every_example_once_in_file_order_with_padding(tra
 
 
 def test_ordered_unlabeled_gives_ids_in_file_order(test_dir):
-    batches, data = collect(load(test_dir, labeled=False, ordered=True, batch_size=4))
+    batches, data = collect(load(test_dir, labeled=False, batch_size=4))
     assert set(batches[0]) == {"image", "id", "mask"}
     assert data["id"].dtype == object
     assert data["id"][data["mask"]].tolist() == [f"id-{k}".encode() for k in range(11)]
     assert batches[-1]["mask"].tolist() == [True] * 3 + [False]
 
 
-def test_drop_remainder_drops_the_partial_batch(train_dir):
-    dataset = load(train_dir, ordered=True, drop_remainder=True)
-    batches, data = collect(dataset)
-    assert len(batches) == len(dataset) == 3 and data["mask"].all()
-    np.testing.assert_array_equal(data["label"], np.arange(24))
-
-
-# ------------------------------------------------------------------ shuffled, repeated
-def test_shuffled_epochs_cover_every_example_once_in_a_new_order(train_dir):
-    dataset = load(train_dir, seed=3, shuffle_buffer_size=64)
-    orders = []
-    for _ in range(2):  # iterating again is the next epoch
-        _, data = collect(dataset)
-        labels = data["label"][data["mask"]]
-        assert sorted(labels.tolist()) == list(range(27))
-        orders.append(labels.tolist())
-    assert orders[0] != list(range(27)) and orders[0] != orders[1]
-
-
-def test_repeat_continues_past_the_epoch_with_full_batches(train_dir):
-    dataset = load(train_dir, repeat=True, seed=0)
+# ------------------------------------------------------------------ training: shuffled, repeated, full batches
+def test_training_epochs_each_cover_every_example_once_in_a_new_order_in_full_batches(train_dir):
+    dataset = load(train_dir, training=True, seed=3, batch_size=9)
     with pytest.raises(TypeError):
         len(dataset)
+    assert dataset.steps_per_epoch == 3
     iterator = iter(dataset)
-    batches = [next(iterator) for _ in range(7)]  # 56 examples: more than two epochs of 27
-    labels = np.concatenate([b["label"] for b in batches])
-    assert all(b["mask"].all() for b in batches)
+    batches = [next(iterator) for _ in range(6)]  # two epochs of 27
+    assert all(b["mask"].all() and len(b["label"]) == 9 for b in batches)
+    labels = np.concatenate([b["label"] for b in batches]).tolist()
+    epochs = [labels[:27], labels[27:]]
+    assert all(sorted(epoch) == list(range(27)) for epoch in epochs)
+    assert epochs[0] != list(range(27)) and epochs[0] != epochs[1]
+    levels = np.concatenate([b["image"] for b in batches]).reshape(54, -1).mean(axis=1)
+    np.testing.assert_allclose(levels, [level_of(k) for k in labels], atol=2)  # images travel with their labels
+
+
+def test_a_training_read_drops_the_last_partial_batch(train_dir):
+    iterator = iter(load(train_dir, training=True, seed=0, batch_size=8))
+    labels = np.concatenate([next(iterator)["label"] for _ in range(7)])  # 56 examples: past two epochs of 27
     counts = np.bincount(labels, minlength=27)
     assert counts.min() >= 2 and counts.max() <= 3
 
 
 # ------------------------------------------------------------------ sharding
 @pytest.mark.parametrize("process_count", [1, 2, 3])
-def test_process_shards_cover_all_files_and_examples_exactly_once(tmp_path, process_count):
+def test_training_processes_read_shards_that_cover_all_files_once(tmp_path, process_count, monkeypatch):
+    import jax
+
     folder = write_kaggle_split(tmp_path / "train", [3, 4, 2, 5, 3])
     files = kd.list_tfrecords(folder)
     shards = [kd.shard_files(files, i, process_count) for i in range(process_count)]
     assert sorted(f for shard in shards for f in shard) == files
+    monkeypatch.setattr(jax, "process_count", lambda: process_count)
     seen = []
     for index in range(process_count):
-        dataset = load(folder, ordered=True, batch_size=4, process_index=index, process_count=process_count)
+        monkeypatch.setattr(jax, "process_index", lambda: index)
+        dataset = load(folder, training=True, batch_size=1, seed=0)
         assert dataset.filenames == shards[index]
-        _, data = collect(dataset)
-        seen += data["label"][data["mask"]].tolist()
-        assert dataset.num_examples == int(data["mask"].sum())
+        iterator = iter(dataset)
+        seen += [int(next(iterator)["label"][0]) for _ in range(dataset.num_examples)]
+        assert dataset.num_examples == sum(kd.count_from_name(f) for f in shards[index])
     assert sorted(seen) == list(range(17))
+    assert load(folder).filenames == files  # any other read: every file, in every process
 
 
 def test_fewer_files_than_processes_is_an_error(train_dir):
     with pytest.raises(kd.DataError, match="3 TFRecord file.*4 processes"):
-        load(train_dir, process_index=0, process_count=4)
+        kd.shard_files(kd.list_tfrecords(train_dir), 0, 4)
 
 
 # ------------------------------------------------------------------ bad input
@@ -226,9 +224,9 @@ def garbled_jpeg() -> bytes:
 
 
 # The corrupt-JPEG check needs simplejpeg, which Kaggle's images lack (.ci/kaggle_stack hides it too);
-# without it the kit says the check is off (test_data_jpeg_check.py), and these cases cannot hold.
+# without it the kit says the check is off (test_data_jpeg.py), and these cases cannot hold.
 needs_simplejpeg = pytest.mark.skipif(
-    jpeg_check.strict_decoder() is None,
+    jpeg.strict_decoder() is None,
     reason="simplejpeg is not installed (as on Kaggle's images): the corrupt-JPEG check is off here")
 
 
@@ -241,10 +239,13 @@ BAD_RECORDS = {
     "missing image": (example({"class": 3}), True, "missing feature 'image'"),
     "missing id": (example({"image": grey_jpeg(50)}), False, "missing feature 'id'"),
     "undecodable jpeg": (example({"image": b"\xff\xd8 not really a jpeg", "class": 3}), True,
-                         "not a decodable JPEG"),
+                         "image does not decode"),
+    "class of another type": (example({"image": grey_jpeg(50), "class": b"3"}), True,
+                              r"record is not a tf.train.Example with the expected feature types \(image: bytes, "
+                              r"class: int64\)"),
     "wrong size": (example({"image": grey_jpeg(50, size=16), "class": 3}), True,
                    "image is 16x16 .*expected 32x32"),
-    "truncated jpeg": (example({"image": truncated_jpeg(), "class": 3}), True, "not a decodable JPEG"),
+    "truncated jpeg": (example({"image": truncated_jpeg(), "class": 3}), True, "image does not decode"),
     "garbled jpeg": (example({"image": garbled_jpeg(), "class": 3}), True,
                      r"corrupt JPEG data.*\(libjpeg: Corrupt JPEG data: premature end of data segment\)"),
 }
@@ -268,7 +269,7 @@ def test_bad_record_raises_an_error_naming_file_record_and_problem(tmp_path, cas
     record, labeled, problem = BAD_RECORDS[case]
     bad_file = write_with_one_bad_record(tmp_path / "split", record, labeled=labeled)
     with pytest.raises(kd.DataError, match=problem) as info:
-        list(load(tmp_path / "split", labeled=labeled, ordered=True, **decode_route))
+        list(load(tmp_path / "split", labeled=labeled, **decode_route))
     assert f"{bad_file}, record 2" in str(info.value)
 
 
@@ -277,7 +278,7 @@ def test_bad_record_raises_an_error_naming_file_record_and_problem(tmp_path, cas
 def test_skip_errors_skips_and_counts_bad_records(tmp_path, case, decode_route):
     record, labeled, problem = BAD_RECORDS[case]
     bad_file = write_with_one_bad_record(tmp_path / "split", record, labeled=labeled)
-    dataset = load(tmp_path / "split", ordered=True, skip_errors=True, **decode_route)
+    dataset = load(tmp_path / "split", skip_errors=True, **decode_route)
     with pytest.warns(RuntimeWarning, match="skipped 1 bad record"):
         _, data = collect(dataset)
     assert data["label"][data["mask"]].tolist() == [0, 1, 2, 3, 100, 101, 103, 104]
@@ -291,15 +292,15 @@ def test_png_records_on_the_worker_decode_route_name_file_record_and_remedy(tmp_
     png = tf.io.encode_png(np.full((SIZE, SIZE, 3), 60, np.uint8)).numpy()
     bad_file = write_with_one_bad_record(tmp_path / "split", example({"image": png, "class": 102}))
     with pytest.raises(kd.DataError) as info:
-        list(load(tmp_path / "split", ordered=True, augment=copy_pool))
+        list(load(tmp_path / "split", augment=copy_pool))
     message = str(info.value)
     assert message.startswith(f"{bad_file}, record 2: image bytes are a PNG; augmentation workers decode JPEGs only")
     assert "decode_jpegs=False" in message and "augment='randaugment'" in message
-    skipping = load(tmp_path / "split", ordered=True, augment=copy_pool, skip_errors=True)
+    skipping = load(tmp_path / "split", augment=copy_pool, skip_errors=True)
     with pytest.warns(RuntimeWarning, match="skipped 1 bad record"):
         _, data = collect(skipping)
     assert data["label"][data["mask"]].tolist() == [0, 1, 2, 3, 100, 101, 103, 104]
-    _, data = collect(load(tmp_path / "split", ordered=True))  # TensorFlow's decode reads the PNG
+    _, data = collect(load(tmp_path / "split"))  # TensorFlow's decode reads the PNG
     assert data["label"][data["mask"]].tolist() == [0, 1, 2, 3, 100, 101, 102, 103, 104]
 
 
@@ -309,8 +310,21 @@ def test_corrupt_file_is_an_error_naming_the_file(tmp_path):
     with open(broken, "r+b") as f:
         f.truncate(os.path.getsize(broken) - 10)
     with pytest.raises(kd.DataError) as info:
-        list(load(folder, ordered=True))
+        list(load(folder))
     assert broken in str(info.value)
+
+
+def test_a_gzip_compressed_file_is_named_with_the_remedy(tmp_path):
+    folder = write_kaggle_split(tmp_path / "split", [4])
+    (path,) = kd.list_tfrecords(folder)
+    records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for record in records:
+            writer.write(record)
+    with pytest.raises(kd.DataError) as info:
+        list(load(folder))
+    assert str(info.value) == (f"{path}, record 0: a gzip-compressed file, which TFRecord readers here do not "
+                               "decompress: gunzip it first")
 
 
 def test_a_truncated_record_is_named_by_its_own_number(tmp_path):
@@ -322,7 +336,7 @@ def test_a_truncated_record_is_named_by_its_own_number(tmp_path):
         f.truncate(cut)
     truncated = open(path, "rb").read()
     with pytest.raises(kd.DataError) as info:
-        list(load(folder, ordered=True))
+        list(load(folder))
     assert str(info.value).startswith(f"{path}, record 3: not a readable TFRecord file (")
     assert "{{" not in str(info.value) and "[Op:" not in str(info.value)
     (found,) = kd.check_tfrecords([path], labeled=True, image_size=SIZE)
@@ -341,7 +355,7 @@ for route, case in (("tf-decode", "missing class"), ("worker-decode", "truncated
     t.write_with_one_bad_record(folder, t.BAD_RECORDS[case][0], labeled=True)
     with kd.ProcessPoolAugmenter(np.copy, num_workers=1) as pool:
         try:
-            list(t.load(folder, ordered=True, augment=pool if route == "worker-decode" else None))
+            list(t.load(folder, augment=pool if route == "worker-decode" else None))
         except kd.DataError as err:
             print("DataError:", err, flush=True)
 """
@@ -356,7 +370,8 @@ def test_a_bad_record_is_reported_without_tensorflows_traceback(tmp_path):
     errors = done.stdout.splitlines()
     assert len(errors) == 2, done.stdout
     assert errors[0].startswith(f"DataError: {tmp_path}/tf-decode/01-{SIZE}x{SIZE}-5.tfrec, record 2: missing feature")
-    assert errors[1].startswith(f"DataError: {tmp_path}/worker-decode/01-{SIZE}x{SIZE}-5.tfrec, record 2: image bytes")
+    assert errors[1].startswith(f"DataError: {tmp_path}/worker-decode/01-{SIZE}x{SIZE}-5.tfrec, record 2: image "
+                                 "does not decode")
     assert "Traceback" not in done.stderr and "DataError" not in done.stderr, done.stderr
 
 
@@ -364,7 +379,7 @@ def test_names_that_promise_more_records_than_read_give_a_warning(tmp_path):
     folder = write_kaggle_split(tmp_path / "split", [4])
     os.rename(os.path.join(folder, "00-32x32-4.tfrec"), os.path.join(folder, "00-32x32-6.tfrec"))
     with pytest.warns(RuntimeWarning, match="read 4 records but the file names promise 6"):
-        list(load(folder, ordered=True))
+        list(load(folder))
 
 
 # ------------------------------------------------------------------ writing
@@ -374,7 +389,7 @@ def test_write_split_round_trips_in_kaggle_layout(tmp_path):
     assert [os.path.basename(p) for p in paths] == ["00-32x32-3.tfrec", "01-32x32-3.tfrec", "02-32x32-1.tfrec"]
     raw = next(iter(tf.data.TFRecordDataset(paths[0]))).numpy()
     assert set(tf.train.Example.FromString(raw).features.feature) == {"image", "class"}
-    _, data = collect(load(tmp_path / "val", ordered=True))
+    _, data = collect(load(tmp_path / "val"))
     assert data["label"][data["mask"]].tolist() == list(range(7))
 
 

@@ -153,8 +153,7 @@ def records(tmp_path_factory):
 
 
 def read(folder, **kwargs):
-    dataset = kd.load_dataset(folder, labeled=True, image_size=48, batch_size=5, ordered=True, process_index=0,
-                              process_count=1, **kwargs)
+    dataset = kd.load_dataset(folder, labeled=True, image_size=48, batch_size=5, **kwargs)
     return {k: np.concatenate([b[k] for b in dataset]) for k in ("image", "label", "mask")}
 
 

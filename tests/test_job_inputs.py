@@ -168,6 +168,58 @@ def test_images_in_a_class_folders_sub_folders_are_read_like_torchvisions_image_
     assert [int(source.labels[source.ids.index(i)]) for i in ("a/extra/0", "b/0")] == [0, 1]
 
 
+def test_a_folder_link_inside_a_class_folder_is_refused_naming_it(tmp_path, capsys, monkeypatch):
+    """``dir -> ..`` inside a class folder turned 16 images into 656 taken from outside the source, exit 0."""
+    monkeypatch.setattr(run, "build_training", _no_work)
+    root = _class_folders(tmp_path / "src", {"a": 5, "b": 5})
+    (root / "a" / "dir").symlink_to("..")
+    code, err = run_main(["train", "--source", str(root), "--image-size", "16", "--model", TEST_MODEL,
+                          "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{root / 'a' / 'dir'} is a link to the folder {tmp_path / 'src'}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def _record_file(path, records):
+    import tensorflow as tf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path), options="GZIP" if path.suffix == ".gz" else None) as writer:
+        for record in records:
+            writer.write(record)
+    if path.suffix == ".gz":
+        path.rename(path.with_suffix(""))
+    return path.with_suffix("") if path.suffix == ".gz" else path
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("bytes class", "01-16x16-2.tfrec, record 1: record is not a tf.train.Example with the expected feature types"),
+    ("gzip", "00-16x16-4.tfrec, record 0: a gzip-compressed file, which TFRecord readers here do not decompress"),
+])
+def test_a_record_of_another_type_or_a_gzip_file_is_one_line_naming_file_and_record(tmp_path, capsys, monkeypatch,
+                                                                                     fault, message):
+    import tensorflow as tf
+    from kaggle_utils.data import encode_jpeg, serialize_example
+
+    monkeypatch.setattr(run, "build_training", _no_work)
+    data = _records(tmp_path / "data", train_labels=[0, 1] * 2, val_labels=[0, 1])
+    jpeg = encode_jpeg(np.zeros((16, 16, 3), np.uint8))
+    if fault == "gzip":
+        train = data / "train" / "00-16x16-4.tfrec"
+        _record_file(train.with_name(train.name + ".gz"), [serialize_example(jpeg, label=i % 2) for i in range(4)])
+    else:
+        bytes_class = tf.train.Example(features=tf.train.Features(feature={
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+            "class": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"1"]))})).SerializeToString()
+        _record_file(data / "train" / "01-16x16-2.tfrec", [serialize_example(jpeg, label=0), bytes_class])
+    code, err = run_main(["train", "--data-dir", str(data), "--model", TEST_MODEL, "--out", str(tmp_path / "out")],
+                         capsys)
+    error, *hint = err.strip().splitlines()  # the one line, and the job's --skip-errors hint where skipping fixes it
+    assert code == 2 and message in error and hint in ([], ["(--skip-errors skips unreadable records, counts them "
+                                                           "and names them in the log)"]), err
+    assert not (tmp_path / "out").exists()
+
+
 def _csv(path, rows):
     path.write_text("id,label\n" + "".join(f"{i},{label}\n" for i, label in rows))
     return path

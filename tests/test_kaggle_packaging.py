@@ -285,7 +285,7 @@ def test_package_checks_everything_before_writing(tmp_path, notebooks, capsys):
     checkpoint_like = write_weights(tmp_path / "c" / "best.msgpack")
     manifest = json.loads(checkpoint_like.with_suffix(".json").read_text())
     checkpoint_like.with_suffix(".json").write_text(json.dumps({**manifest, "model": {"name": "b0"}}))
-    for weights, words in [(bare, "no manifest bare.json"), (tampered, "sha256 differs"),
+    for weights, words in [(bare, "no manifest bare.json"), (tampered, "differs from its manifest m.json (sha256"),
                            (checkpoint_like, "names no model"), (tmp_path / "nope.msgpack", "not an existing")]:
         assert publish.main(["package", str(out), "--notebooks", str(notebooks), "--weights", str(weights)]) == 2
         assert words in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""Learning rates per part of an EfficientNet: every leaf in one group in depth order, timm's layer
-numbering, and the optimizer's update of each leaf equal to lr x its group's multiplier.
+"""Learning rates per part of a model: every leaf of an EfficientNet in one group in depth order (its parts as
+the model describes them), timm's layer numbering, and the optimizer's update of each leaf equal to lr x its
+group's multiplier.
 
 Adam's first update is ``lr * g / (|g| + eps)`` elementwise (the bias-corrected moments are ``g``
 and ``g**2``), so with a constant rate, no clipping and no decay the expected update of every
@@ -15,8 +16,7 @@ import pytest
 
 from kaggle_utils.config import ConfigError, TrainConfig
 from kaggle_utils.efficientnet import create_model
-from kaggle_utils.train import (assign_lr_groups, check_lr_group_values, describe_lr_groups, group_multipliers,
-                                make_optimizer)
+from kaggle_utils.train import assign_lr_groups, describe_lr_groups, group_multipliers, make_optimizer
 from kaggle_utils.variable_trees import VariableTreeError, abstract_variables, flatten, init_variables
 
 LR, EPS = 1e-3, 1e-8
@@ -38,7 +38,7 @@ def modules_by_depth(model) -> list[tuple[str, str]]:
 def test_every_leaf_is_in_one_group_in_order_of_depth(name):
     model = create_model(name, num_classes=10)
     params = abstract_variables(model, sample())["params"]
-    groups = assign_lr_groups(params, layer_decay=DECAY, head_lr_mult=HEAD)
+    groups = assign_lr_groups(params, model.lr_parts(), layer_decay=DECAY, head_lr_mult=HEAD)
 
     labels = flatten(groups.labels)
     assert labels.keys() == flatten(params).keys()  # one label per leaf, no leaf left out
@@ -62,8 +62,8 @@ def test_layer_numbering_is_timms_per_stage_grouping():
     torch_model = timm.create_model("test_efficientnet", num_classes=10)
     layer_of = group_parameters(torch_model, torch_model.group_matcher(coarse=True), reverse=True)
     last = max(layer_of.values())
-    params = abstract_variables(create_model("test_efficientnet", num_classes=10), sample())["params"]
-    ours = assign_lr_groups(params, layer_decay=DECAY)
+    model = create_model("test_efficientnet", num_classes=10)
+    ours = assign_lr_groups(abstract_variables(model, sample())["params"], model.lr_parts(), layer_decay=DECAY)
     by_module = {path.split("/")[0]: ours.multipliers[g] for path, g in flatten(ours.labels).items()}
     for name, layer in layer_of.items():
         parts = name.split(".")
@@ -72,11 +72,12 @@ def test_layer_numbering_is_timms_per_stage_grouping():
 
 
 def test_an_unknown_parameter_name_is_refused_by_path():
+    parts = create_model("test_efficientnet").lr_parts()
     params = {"conv_stem": {"kernel": jnp.zeros((3, 3, 3, 8))}, "fc": {"kernel": jnp.zeros((8, 2))}}
-    with pytest.raises(VariableTreeError, match="fc/kernel"):
-        assign_lr_groups(params, layer_decay=DECAY)
+    with pytest.raises(VariableTreeError, match=r"fc/kernel.*the model's parts: stem \(conv_stem\|bn1\)"):
+        assign_lr_groups(params, parts, layer_decay=DECAY)
     with pytest.raises(VariableTreeError, match=r"params/conv_stem/kernel.*variables\['params'\]"):
-        assign_lr_groups({"params": {"conv_stem": params["conv_stem"]}})
+        assign_lr_groups({"params": {"conv_stem": params["conv_stem"]}}, parts)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def trained():
         return jax.grad(loss)(params)
 
     params = variables["params"]
-    return params, grads_of(params), assign_lr_groups(params, layer_decay=DECAY, head_lr_mult=HEAD)
+    return params, grads_of(params), assign_lr_groups(params, model.lr_parts(), layer_decay=DECAY, head_lr_mult=HEAD)
 
 
 def first_update(tx, grads, params):
@@ -156,19 +157,27 @@ def test_multipliers_that_do_not_fit_the_params_are_refused(trained):
     (None, 0.0, "--head-lr-mult"), (None, -2.0, "--head-lr-mult"), (0.8, math.inf, "--head-lr-mult")])
 def test_values_no_run_can_use_are_refused_by_flag(layer_decay, head_lr_mult, flag):
     with pytest.raises(ConfigError, match=flag):
-        check_lr_group_values(layer_decay, head_lr_mult)
+        TrainConfig().replace(layer_decay=layer_decay, head_lr_mult=head_lr_mult).check()
 
 
 def test_good_values_and_the_config_fields():
     for layer_decay, head_lr_mult in [(None, 1.0), (0.7, 10.0), (1.0, 0.5)]:
-        check_lr_group_values(layer_decay, head_lr_mult)
+        TrainConfig().replace(layer_decay=layer_decay, head_lr_mult=head_lr_mult).check()
     optim = TrainConfig().replace(layer_decay=0.7, head_lr_mult=10.0).optim
     assert (optim.layer_decay, optim.head_lr_mult) == (0.7, 10.0)
     assert (TrainConfig().optim.layer_decay, TrainConfig().optim.head_lr_mult) == (None, 1.0)
 
 
+def parts(stages: int) -> list:
+    """The parts of an EfficientNet of ``stages`` stages, as ``EfficientNet.lr_parts`` gives them."""
+    return [("stem", "a", 0), *((f"stage{i}", f"s{i}", i + 1) for i in range(stages)), ("head", "h", stages),
+            ("classifier", "c", stages + 1)]
+
+
 def test_the_plan_line_gives_each_groups_rate():
-    line = describe_lr_groups(1e-3, group_multipliers(2, layer_decay=0.5, head_lr_mult=2.0))
+    model = create_model("tf_efficientnetv2_b0")  # 6 stages: the helper groups and numbers as the model does
+    assert [(g, d) for g, _, d in model.lr_parts()] == [(g, d) for g, _, d in parts(6)]
+    line = describe_lr_groups(1e-3, group_multipliers(parts(2), layer_decay=0.5, head_lr_mult=2.0))
     assert line == "lr by group: stem 1.25e-4, stage0 2.5e-4, stage1..head 5e-4, classifier 2e-3"
-    assert describe_lr_groups(2e-3, group_multipliers(6, head_lr_mult=10.0)) == \
+    assert describe_lr_groups(2e-3, group_multipliers(parts(6), head_lr_mult=10.0)) == \
         "lr by group: stem..head 2e-3, classifier 2e-2"

@@ -81,7 +81,7 @@ def budget_for(config, data, per_device):
     """The --memory-budget (GiB) at which the train step at ``per_device`` images just fits, margin included."""
     k = config.optim.accumulate_steps
     provisional, plan = run.resolve(config.replace(batch_per_device=k, memory_budget=None), data)
-    needed = memory_plan.train_step_memory(provisional, plan)(per_device)
+    needed = memory_plan.step_compiler(provisional, plan)("train", per_device).bytes
     return (needed / (1 - memory_plan.MARGIN) + 2) / 2 ** 30, needed
 
 

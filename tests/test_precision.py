@@ -3,7 +3,6 @@
 fp16 runs on XLA:CPU (slowly), so the training tests use the tiny CNN on 8x8 digits.
 """
 import functools
-import json
 import re
 from types import SimpleNamespace
 
@@ -14,7 +13,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from kaggle_utils import job, run, runtime
+from kaggle_utils import run, runtime
 from kaggle_utils.config import TrainConfig
 from kaggle_utils.parallel import AXIS, make_mesh
 from kaggle_utils.precision import INITIAL_SCALE, MIN_SCALE, LossScale, Precision, choose_precision
@@ -48,20 +47,9 @@ def test_the_job_and_the_notebook_runtime_pick_the_same_on_a_t4(monkeypatch, tmp
     rt = runtime.detect(root=tmp_path)
     data = run.RunData(tmp_path, {}, stored_size=16, num_train=1000, max_label=9, description="x")
     config, plan = run.resolve(TrainConfig(), data)
-    assert rt.precision == config.model.precision == "fp16" and rt.dtype == "float16"
+    assert rt.precision == config.model.precision == "fp16"
     assert "fp16 + loss scaling, fp32 weights (Tesla T4, compute 7.5, no bf16 hardware)" in plan.describe(config)
     assert "precision fp16 (Tesla T4, compute 7.5, no bf16 hardware)" in str(rt)
-
-
-def test_dtype_still_works_as_an_alias_and_old_configs_load(capsys):
-    args = job.build_parser().parse_args(["train", "--out", "x", "--dtype", "bfloat16"])
-    assert args.precision == "bf16"
-    assert "--dtype bfloat16 is deprecated: it means --precision bf16" in capsys.readouterr().err
-    old = TrainConfig().to_dict()
-    del old["model"]["precision"]
-    for dtype, precision in (("bfloat16", "bf16"), ("float32", "fp32"), (None, "auto")):
-        old["model"]["dtype"] = dtype
-        assert TrainConfig.from_dict(json.loads(json.dumps(old))).model.precision == precision
 
 
 # --------------------------------------------------------------------------- what computes in half precision

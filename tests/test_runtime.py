@@ -69,31 +69,22 @@ def run_bootstrap(root: Path, cwd: Path) -> str:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_bootstrap_and_find_kit_import_the_kit_from_each_layout(tmp_path, layout):
+def test_bootstrap_imports_the_kit_from_each_layout(tmp_path, layout):
     kit_dir, cwd = (tmp_path / p for p in LAYOUTS[layout])
     stub_kit(kit_dir)
     cwd.mkdir(parents=True, exist_ok=True)
-    root = tmp_path / "kaggle"
-    assert runtime.find_kit(root, cwd) == kit_dir
     # the pasted snippet, in a fresh interpreter where the real kit is also installed: the stub must win
-    assert run_bootstrap(root, cwd).split() == ["KIT", str(kit_dir / "kaggle_utils" / "runtime.py")]
+    assert run_bootstrap(tmp_path / "kaggle", cwd).split() == ["KIT", str(kit_dir / "kaggle_utils" / "runtime.py")]
 
 
-def test_kit_search_order_and_absence(tmp_path):
+def test_kit_search_order(tmp_path):
     root, work = tmp_path / "kaggle", tmp_path / "kaggle" / "working"
     work.mkdir(parents=True)
-    assert runtime.find_kit(root, work) is None
     stub_kit(root / "input" / "kaggle-utils")
     stub_kit(root / "usr" / "lib" / "kaggle-utils")
-    assert runtime.find_kit(root, work) == root / "usr" / "lib" / "kaggle-utils"  # utility script first
-    assert "usr/lib/kaggle-utils/" in run_bootstrap(root, work)
+    assert "usr/lib/kaggle-utils/" in run_bootstrap(root, work)  # a utility script before a dataset
     stub_kit(work)  # a checkout in the working directory beats both
-    assert runtime.find_kit(root, work) == work
-
-
-def test_bootstrap_probes_what_find_kit_probes():
-    for pattern in runtime.KAGGLE_KIT_DIRS:  # the snippet probes what find_kit probes
-        assert f'"{pattern}"' in runtime.BOOTSTRAP
+    assert run_bootstrap(root, work).split() == ["KIT", str(work / "kaggle_utils" / "runtime.py")]
 
 
 def test_import_and_cpu_setup_load_neither_tensorflow_nor_torch(tmp_path):
@@ -140,11 +131,24 @@ def test_cpu_without_data_is_smoke_sized(tmp_path):
     rt = runtime.detect(root=tmp_path)
     full = runtime.defaults("cpu")
     assert (rt.platform, rt.device_count, rt.smoke, rt.data_dir) == ("cpu", jax.device_count(), True, None)
-    assert rt.image_size < full.image_size and rt.image_size <= 64  # small images
+    assert rt.image_size < full.model.image_size and rt.image_size <= 64  # small images
     assert rt.steps_per_epoch is not None and rt.steps_per_epoch * rt.epochs <= 10  # few steps
-    assert parameter_count(rt.model) < parameter_count(full.model) / 10  # a tiny network
-    assert rt.precision == "fp32" and rt.dtype == "float32" and rt.global_batch % rt.device_count == 0
+    assert parameter_count(rt.model) < parameter_count(full.model.name) / 10  # a tiny network
+    assert rt.precision == "fp32" and rt.global_batch % rt.device_count == 0
     assert rt.on_kaggle and rt.out_dir == tmp_path / "working"
+
+
+def test_the_config_is_the_jobs_and_a_table_row_is_all_it_takes(tmp_path, monkeypatch):
+    (tmp_path / "input").mkdir()
+    rt = runtime.detect(root=tmp_path)
+    assert rt.config == runtime.defaults("cpu", smoke=True)  # no data, no weights: the smoke row as it is
+    assert run.global_batch(rt.config) == rt.global_batch  # the job's batch rule
+    monkeypatch.setitem(runtime.PLATFORM_DEFAULTS, "smoke",
+                        dict(model="test_efficientnet", image_size=24, batch_per_device=4, epochs=1))
+    rt = runtime.detect(root=tmp_path)
+    assert (rt.image_size, rt.epochs, rt.global_batch) == (24, 1, 4 * jax.device_count())
+    assert run.global_batch(rt.config) == rt.global_batch
+    assert "batch_per_device=4" in str(rt)
 
 
 def test_cpu_with_competition_data_trains_on_it(tmp_path):
@@ -155,7 +159,7 @@ def test_cpu_with_competition_data_trains_on_it(tmp_path):
     # the CPU default size (192) is not mounted: the nearest one that is
     assert (rt.data_dir, rt.image_size) == (tmp_path / "input/competitions/tpu-getting-started/tfrecords-jpeg-224x224",
                                             224)
-    assert rt.model == runtime.defaults("cpu").model
+    assert rt.model == runtime.defaults("cpu").model.name and rt.config.data.data_dir == str(rt.data_dir)
     assert runtime.detect(root=tmp_path, image_size=500).image_size == 512
 
 
@@ -170,7 +174,7 @@ def test_environment_forces_smoke_either_way(tmp_path, monkeypatch):
     (empty / "input").mkdir(parents=True)
     monkeypatch.setenv(runtime.SMOKE_ENV, "0")
     rt = runtime.detect(root=empty)
-    assert not rt.smoke and rt.image_size == runtime.defaults("cpu").image_size and rt.data_dir is None
+    assert not rt.smoke and rt.image_size == runtime.defaults("cpu").model.image_size and rt.data_dir is None
     assert runtime.detect(root=empty, smoke=True).smoke  # the argument beats the variable
 
 
@@ -192,7 +196,7 @@ def test_weights_are_matched_to_the_model_by_their_manifest(tmp_path, monkeypatc
     assert runtime.find_weights(root=tmp_path) == [b0, m]
     assert runtime.find_weights("m", root=tmp_path) == [m]  # short names too
     assert runtime.detect(root=tmp_path).weights is None  # none of the smoke model (test_efficientnet)
-    assert runtime.detect(root=tmp_path, model="b0").weights == b0
+    assert runtime.detect(root=tmp_path, model="b0").config.model.weights == str(b0)  # what the run fine-tunes
     assert runtime.detect(root=tmp_path, model="tf_efficientnetv2_m").weights == m
     monkeypatch.setenv(runtime.WEIGHTS_ENV, str(m))
     assert runtime.find_weights(root=tmp_path) == [m]
@@ -214,17 +218,15 @@ def test_report_names_machine_versions_sizes_and_inputs(tmp_path):
 
 
 def test_setup_hides_the_accelerator_from_tensorflow_only_on_accelerators(tmp_path, monkeypatch, capsys):
-    from kaggle_utils.data import tfrecords
-
     calls = []
-    monkeypatch.setattr(tfrecords, "tensorflow_on_host", lambda: calls.append(1))
+    monkeypatch.setattr(runtime, "tensorflow_on_host", lambda: calls.append(1))
     (tmp_path / "input").mkdir()  # a Kaggle-like root: outputs go to tmp_path/working
     runtime.setup(root=tmp_path)
     assert calls == [] and "kaggle_utils runtime" in capsys.readouterr().out
     monkeypatch.setattr(runtime, "current_platform", lambda: "gpu")
     rt = runtime.setup(root=tmp_path, quiet=True)
     assert calls == [1] and rt.platform == "gpu" and not rt.smoke
-    assert rt.model == runtime.defaults("gpu").model
+    assert rt.model == runtime.defaults("gpu").model.name
     assert rt.precision == "fp32"  # the device itself is still a CPU: the precision follows the device
     assert capsys.readouterr().out == ""
 

@@ -40,13 +40,37 @@ def test_accuracy_and_f1_match_sklearn(predictions):
                                f1_score(labels, preds, average=None, labels=range(6), zero_division=0))
 
 
-def test_summarize_step_sums():
-    counts = np.array([[3, 1], [0, 4]])
-    out = metrics.summarize({"loss_sum": 4.0, "correct": 7, "count": 8, "confusion": counts}, "val_")
-    assert out == pytest.approx({"val_loss": 0.5, "val_acc": 7 / 8, "val_count": 8,
-                                 "val_f1": (2 * 3 / 7 + 2 * 4 / 9) / 2})
-
-
 def test_out_of_range_labels_are_rejected():
     with pytest.raises(ValueError, match="label 7 outside"):
         metrics.confusion_matrix([0, 7], [0, 1], 5)
+
+
+def test_each_metric_declares_which_way_is_better():
+    from kaggle_utils.train import MultiLabelClassification, SoftmaxClassification
+
+    task = SoftmaxClassification().with_metric("error", lambda s: 0.0, mode="min").with_metric("score", lambda s: 1.0)
+    columns = ("train_loss", "val_loss", "val_acc", "val_f1", "val_top5", "val_error", "val_score")
+    assert [task.mode(c) for c in columns] == ["min", "min", "max", "max", "max", "min", "max"]
+    assert MultiLabelClassification().mode("val_micro_f1") == "max" and MultiLabelClassification().mode("val_loss") == "min"
+    with pytest.raises(ValueError, match="mode must be min or max"):
+        task.with_metric("other", lambda s: 0.0, mode="lower")
+
+
+@pytest.mark.parametrize("kind", ["softmax", "multilabel"])
+def test_saved_probabilities_score_as_the_logits_they_came_from(kind):
+    """CV scores its out-of-fold probabilities with the task's own metrics, through ``task.logits``."""
+    from kaggle_utils.train import MultiLabelClassification, SoftmaxClassification
+
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(64, 7)) * 3, jnp.float32)
+    if kind == "softmax":
+        task, labels = SoftmaxClassification(), jnp.asarray(rng.integers(0, 7, 64))
+    else:
+        task, labels = MultiLabelClassification(threshold=0.3), jnp.asarray(rng.random((64, 7)) < 0.3, jnp.float32)
+    mask = jnp.ones(64, bool)
+    direct = task.finish(task.metric_sums(logits, labels, mask, full=True))
+    saved = np.asarray(task.probabilities(logits))  # as oof.csv holds them
+    again = task.finish(task.metric_sums(task.logits(jnp.asarray(saved)), labels, mask, full=True))
+    assert direct.keys() == again.keys() and len(direct) >= 4
+    for name in direct:
+        assert again[name] == pytest.approx(direct[name], rel=1e-4, abs=1e-6), name

@@ -4,9 +4,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-# torch must be imported before anything that could pull in tensorflow (segfault otherwise).
-import torch  # noqa: F401
-
 from kaggle_utils.config import int_in
 from kaggle_utils.efficientnet import list_models
 

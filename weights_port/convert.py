@@ -1,10 +1,8 @@
 """timm state_dict -> Flax variables, by a few generic rules (no per-model table).
 
 The Flax tree mirrors timm's module names, so converting is renaming plus layout:
-``blocks.3.11.conv_pw.weight`` -> ``params/blocks_3_11/conv_pw/kernel`` (OIHW -> HWIO),
-BatchNorm ``weight/bias/running_mean/running_var`` -> ``params/{scale,bias}`` and
-``batch_stats/{mean,var}``, Linear ``(out, in)`` -> Dense kernel ``(in, out)``.
-The result is checked against the Flax model's own variable tree in both directions.
+``blocks.3.11.conv_pw.weight`` -> ``params/blocks_3_11/conv_pw/kernel`` (OIHW -> HWIO), BatchNorm's
+tensors -> ``params/{scale,bias}`` and ``batch_stats/{mean,var}``, Linear ``(out, in)`` -> ``(in, out)``.
 """
 from __future__ import annotations
 
@@ -18,8 +16,6 @@ import numpy as np
 from kaggle_utils.checkpoint import CheckpointError, check_tree
 from kaggle_utils.efficientnet import create_model, resolve_name
 from kaggle_utils.variable_trees import abstract_variables
-
-__all__ = ["ConversionError", "convert_state_dict", "convert_timm", "flax_name"]
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(\d+)\.")
 _BN_RENAME = {"weight": ("params", "scale"), "bias": ("params", "bias"),
@@ -37,13 +33,12 @@ def flax_name(module_path: str) -> list[str]:
 
 
 def is_batchnorm_counter(key: str) -> bool:
-    """BatchNorm's ``num_batches_tracked``: a count of training steps, no weights, so Flax has no place for it
-    and many exported checkpoints leave it out."""
+    """BatchNorm's ``num_batches_tracked``: a step count, not a weight (Flax has no place for it; exports omit it)."""
     return key.rpartition(".")[2] == "num_batches_tracked"
 
 
 def _to_numpy(value) -> np.ndarray:
-    if hasattr(value, "detach"):  # torch.Tensor, without importing torch here
+    if hasattr(value, "detach"):  # a torch.Tensor
         value = value.detach().cpu().float().numpy() if value.is_floating_point() else value.detach().cpu().numpy()
     return np.asarray(value)
 
@@ -91,9 +86,9 @@ def _state_dict_of(model_or_state_dict) -> Mapping[str, Any]:
 def convert_timm(model_or_state_dict, name: str, *, num_classes: int | None = None) -> dict:
     """Converts a timm EfficientNet (module or state_dict) into ``{"params", "batch_stats"}``.
 
-    ``num_classes`` defaults to what the checkpoint's classifier holds (ImageNet-21k weights
-    have 21843). The tree is checked against ``create_model(name, num_classes=...)`` in both
-    directions: any missing, unexpected or mis-shaped key raises :class:`ConversionError`.
+    ``num_classes`` defaults to the checkpoint's classifier (21843 for ImageNet-21k weights). The tree is
+    checked against ``create_model(name, num_classes=...)``: a missing, unexpected or mis-shaped key is a
+    :class:`ConversionError`.
     """
     name = resolve_name(name)
     state_dict = _state_dict_of(model_or_state_dict)

@@ -1,8 +1,7 @@
 """Port a timm EfficientNet to a Flax msgpack: load, convert, verify numerically, then write.
 
-Verification runs the timm model and the Flax model on the same input in full fp32 and
-measures the largest logit difference; the files are written only if it passes, so a
-weights file that exists has been checked. Torch checkpoints are read without unpickling
+Verification runs timm and Flax on one input in full fp32; the files are written only if the logits
+agree, so a weights file that exists has been checked. Checkpoints are read without unpickling
 arbitrary objects (``torch.load(weights_only=True)`` or safetensors).
 """
 from __future__ import annotations
@@ -10,19 +9,25 @@ from __future__ import annotations
 import dataclasses
 import platform
 import tempfile
+import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
+
+with warnings.catch_warnings():
+    # timm imports wandb where it is installed; wandb 0.22 (Kaggle's GPU image) warns about its own fields
+    # under pydantic >= 2.12, which would bury the porter's one-line errors
+    warnings.filterwarnings("ignore", module=r"pydantic\.")
+    import timm
+from safetensors.torch import load_file
 
 from kaggle_utils import checkpoint
 from kaggle_utils.efficientnet import create_model, resolve_name
 
 from .convert import ConversionError, convert_timm, is_batchnorm_counter
-
-__all__ = ["OutputError", "PortResult", "VerificationError", "check_output", "load_torch_state_dict", "port",
-           "timm_model", "verify"]
 
 DEFAULT_TOLERANCE = 1e-4  # max |logit diff| / max |logit|, fp32 with highest matmul precision
 
@@ -36,11 +41,8 @@ class OutputError(ValueError):
 
 
 def check_output(out: str | Path) -> Path:
-    """Refuses an ``out`` that cannot be written before the minutes of loading and verifying.
-
-    Probes with a temporary file in the nearest existing folder, since permission bits say
-    nothing about read-only filesystems or a root user.
-    """
+    """Refuses an ``out`` that cannot be written before the minutes of loading and verifying, by writing a
+    temporary file in the nearest existing folder (permission bits say nothing of read-only mounts or root)."""
     out = Path(out)
     for target in (out, checkpoint.manifest_path(out)):
         if target.is_dir():
@@ -79,14 +81,10 @@ class PortResult:
 
 def load_torch_state_dict(path: str | Path) -> dict:
     """Reads ``.safetensors`` / ``.pth`` / ``.pt`` / ``.bin`` tensors only, never pickled code."""
-    import torch
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         try:
             state = load_file(str(path))
         except Exception as e:  # safetensors raises its own error types for a truncated or damaged file
@@ -108,9 +106,6 @@ def load_torch_state_dict(path: str | Path) -> dict:
 def timm_model(name: str, *, checkpoint_path: str | Path | None = None, pretrained: bool = False,
                num_classes: int | None = None, seed: int = 0):
     """The timm model to port: from a local checkpoint, timm's pretrained weights, or random."""
-    import timm
-    import torch
-
     if checkpoint_path is not None:
         state = load_torch_state_dict(checkpoint_path)
         head = state.get("classifier.weight")
@@ -140,8 +135,6 @@ def timm_model(name: str, *, checkpoint_path: str | Path | None = None, pretrain
 def verify(model, variables: dict, name: str, *, input_size: int = 128, batch: int = 2, seed: int = 0,
            tolerance: float = DEFAULT_TOLERANCE) -> tuple[float, float]:
     """Runs timm and Flax on one random batch in full fp32; returns (max abs, max relative) diff."""
-    import torch
-
     x = np.random.default_rng(seed).standard_normal((batch, input_size, input_size, 3), dtype=np.float32)
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -162,8 +155,6 @@ def port(name: str, out: str | Path | None, *, checkpoint_path: str | Path | Non
          num_classes: int | None = None, verify_size: int = 128, seed: int = 0,
          tolerance: float = DEFAULT_TOLERANCE) -> PortResult:
     """Loads, converts, verifies and (if ``out``) writes ``out`` + its JSON manifest atomically."""
-    import timm
-
     name = resolve_name(name)
     if out is not None:
         out = check_output(out)

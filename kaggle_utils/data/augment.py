@@ -1,51 +1,75 @@
-"""Augmentation for the input pipeline: which route ``load_dataset(..., augment=...)`` takes.
+"""Augmentation in the input pipeline: the per-image TF route and the per-batch numpy route.
 
-Two routes:
+* ``"randaugment"`` or a :class:`~.randaugment_tf.RandAugment`: TensorFlow ops on one uint8 image, inside the
+  parallel decode map, compiled with XLA, drawn from the image's stateless seed.
+* ``"imgaug"`` (:class:`ImgaugRandAugment`, imgaug's ``RandAugment(n=2, m=15)``) or any numpy callable
+  ``uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]`` (imgaug, albumentations, your own), once per batch through
+  ``tf.py_function`` as in the seed tutorial: by default in worker processes that also decode the batch's JPEGs
+  (:mod:`.augment_workers`), one per core, so it scales with the cores. ``augment_workers=0`` runs it in the
+  tf.data thread instead: Python there holds the GIL, so one batch is augmented at a time, on one core, however
+  many the host has (bench/README.md). Either way ``random`` and ``np.random`` are seeded per batch from the
+  pipeline's seed, so a seeded run augments the same batches the same way.
 
-* ``"randaugment"`` or a :class:`~kaggle_utils.data.randaugment_tf.RandAugment`: TensorFlow
-  ops on one uint8 image inside the parallel decode map, compiled with XLA
-  (:mod:`kaggle_utils.data.randaugment_tf`).
-* ``"imgaug"`` (imgaug's ``RandAugment(n=2, m=15)``) or any numpy callable
-  ``uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]``, run once per batch through ``tf.py_function``
-  (:mod:`kaggle_utils.data.numpy_augment`), by default in worker processes that also decode
-  the JPEGs (:mod:`kaggle_utils.data.augment_workers`).
-
-:func:`resolve_augment` turns the argument into an :class:`AugmentPlan`; :func:`augment_images`
-and :func:`show_augmented` apply one choice in-process, to look at what it does.
+:func:`augment_images` and :func:`show_augmented` apply one choice in-process, to look at what it does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from .augment_workers import ProcessPoolAugmenter, check_augmented, default_worker_count
-from .numpy_augment import ImgaugRandAugment
+from .augment_workers import ProcessPoolAugmenter, check_augmented, default_worker_count, seed_numpy
+from .imgaug_compat import import_imgaug_augmenters
 from .randaugment_tf import RandAugment
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
+from .tfrecords import RecordProblem
 
-__all__ = ["AugmentPlan", "augment_images", "resolve_augment", "show_augmented"]
+__all__ = ["AugmentPlan", "ImgaugRandAugment", "augment_batches", "augment_images", "resolve_augment",
+           "show_augmented"]
 
 
-# --------------------------------------------------------------------------------------
-# Choosing a route from load_dataset's `augment` argument
-# --------------------------------------------------------------------------------------
-@dataclass
+class ImgaugRandAugment:
+    """imgaug's ``RandAugment(n, m)`` as a picklable ``uint8 [B,H,W,3] -> uint8 [B,H,W,3]`` callable, drawing
+    from ``np.random`` (which the pipeline seeds per batch, in whichever process runs it)."""
+
+    def __init__(self, n: int = 2, m: int = 15):
+        self.n, self.m = n, m
+        self._augmenter = None
+
+    def __getstate__(self):
+        return {"n": self.n, "m": self.m}
+
+    def __setstate__(self, state):  # unpickled in a worker: import imgaug now, before the first batch
+        self.__init__(**state)
+        import_imgaug_augmenters()
+
+    def __repr__(self):
+        return f"ImgaugRandAugment(n={self.n}, m={self.m})"
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        seed = int(np.random.randint(2**31 - 1))  # before building: imgaug's constructors draw from np.random too
+        if self._augmenter is None:
+            self._augmenter = import_imgaug_augmenters().RandAugment(n=self.n, m=self.m)
+        self._augmenter.seed_(seed)
+        return np.asarray(self._augmenter(images=images))
+
+
+@dataclass(frozen=True)
 class AugmentPlan:
     per_image: Callable | None = None  # TF (image, seed) -> image, inside the decode map
-    per_batch: Callable | None = None  # numpy batch -> batch, through tf.py_function
-    parallel_calls: int = 1
-    closers: tuple = field(default_factory=tuple)
+    per_batch: Callable | None = None  # numpy batch -> batch: a ProcessPoolAugmenter, or run in the tf.data thread
+    closers: tuple = ()  # pools made here, closed with the dataset
 
     @property
-    def decode_in_workers(self) -> bool:
-        """per_batch is a ProcessPoolAugmenter whose workers also decode the JPEGs."""
+    def decodes_jpegs(self) -> bool:
+        """Whether the per-batch step's workers decode the JPEGs (tf.data then only parses the records)."""
         return isinstance(self.per_batch, ProcessPoolAugmenter) and self.per_batch.decode_jpegs
 
 
-def resolve_augment(augment, *, workers: int | None = None, seed: int | None = None) -> AugmentPlan:
-    """Turn ``load_dataset``'s ``augment`` argument into where and how augmentation runs."""
+def resolve_augment(augment, *, workers: int | None = None) -> AugmentPlan:
+    """``load_dataset``'s ``augment`` -> where it runs (``workers``: processes for a numpy callable, default one
+    per core, 0 for the tf.data thread; a ProcessPoolAugmenter given is the caller's to close)."""
     if augment is None:
         return AugmentPlan()
     if isinstance(augment, str):
@@ -57,33 +81,92 @@ def resolve_augment(augment, *, workers: int | None = None, seed: int | None = N
         augment = ImgaugRandAugment()
     if isinstance(augment, RandAugment):
         return AugmentPlan(per_image=augment)
-    if isinstance(augment, ProcessPoolAugmenter):  # the caller owns (and closes) it
-        return AugmentPlan(per_batch=augment, parallel_calls=augment.num_slots)
+    if isinstance(augment, ProcessPoolAugmenter):
+        return AugmentPlan(per_batch=augment)
     if not callable(augment):
         raise TypeError(f"augment must be None, a string, or callable, got {type(augment).__name__}")
     workers = default_worker_count() if workers is None else workers
     if workers == 0:
-        return AugmentPlan(per_batch=augment, parallel_calls=1)  # in-thread: more calls only fight for the GIL
-    pool = ProcessPoolAugmenter(augment, workers, seed=seed)
-    return AugmentPlan(per_batch=pool, parallel_calls=pool.num_slots, closers=(pool.close,))
+        return AugmentPlan(per_batch=augment)
+    pool = ProcessPoolAugmenter(augment, workers)
+    return AugmentPlan(per_batch=pool, closers=(pool.close,))
 
 
-# --------------------------------------------------------------------------------------
-# Looking at augmentations
-# --------------------------------------------------------------------------------------
+def per_image_ops(crop, augment):
+    """``(image, seed) -> image``: ``crop``, then the TF-native ``augment``, each on its own part of the seed."""
+    if crop is None or augment is None:
+        return crop or augment or (lambda image, seed: image)
+
+    def crop_then_augment(image, seed):
+        crop_seed, augment_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        return augment(crop(image, crop_seed), augment_seed)
+
+    return crop_then_augment
+
+
+def augment_batches(batches, fn, *, seed: int, image_shape, problems, deterministic: bool = True):
+    """The per-batch step: ``fn`` on each batch's ``image`` (or on its ``jpeg`` bytes, which a
+    :class:`ProcessPoolAugmenter`'s workers decode first), through ``tf.py_function``, with a seed per batch.
+
+    The static shape is restored after the call (py_function forgets it). ``problems`` receives a JPEG a
+    worker could not decode (by its batch's ``name`` and ``index``; ``mask`` False, the batch keeps its shape)
+    and any exception of ``fn`` before TensorFlow wraps it, so the pipeline can raise the original.
+    """
+    pool = fn if isinstance(fn, ProcessPoolAugmenter) else None
+
+    def call(data, names, indices, batch_seed):
+        try:
+            batch_seed, data = int(batch_seed), data.numpy()
+            if pool is not None:
+                shape = None if data.dtype == np.uint8 else image_shape
+                images, failures = pool.run(list(data) if shape else data, seed=batch_seed, image_shape=shape,
+                                            take=_tensor_copy)
+            else:
+                seed_numpy(batch_seed)
+                images, failures = check_augmented(fn(data.copy()), data.shape, repr(fn)), []
+        except BaseException as err:
+            problems.record_error(err)
+            raise
+        mask = np.ones(len(data), bool)
+        for i, why in failures:
+            problems.add(RecordProblem(names[i].numpy().decode(), int(indices[i]), why))
+            mask[i] = False
+        return images, mask
+
+    def augment(batch, batch_seed):
+        batch = dict(batch)
+        data = batch.pop("jpeg") if "jpeg" in batch else batch["image"]
+        names, indices = batch.pop("name", tf.zeros([0], tf.string)), batch.pop("index", tf.zeros([0], tf.int64))
+        images, mask = tf.py_function(call, [data, names, indices, batch_seed], [tf.uint8, tf.bool])
+        return {**batch, "image": tf.ensure_shape(images, data.shape[:1].concatenate(image_shape)),
+                "mask": tf.ensure_shape(mask, data.shape[:1])}
+
+    seeds = tf.data.Dataset.random(seed=seed + 1, rerandomize_each_iteration=True)
+    return tf.data.Dataset.zip(batches, seeds).map(augment, num_parallel_calls=pool.num_slots if pool else 1,
+                                                   deterministic=deterministic)
+
+
+def _tensor_copy(shared: np.ndarray):
+    """A tensor holding a copy of ``shared`` (a view of a worker's shared memory, reused after this)."""
+    tensor = tf.convert_to_tensor(shared)
+    if np.asarray(tensor).ctypes.data == shared.ctypes.data:  # a TF build that aliases numpy memory
+        tensor = tf.convert_to_tensor(shared.copy())
+    return tensor
+
+
+# ---------- Looking at augmentations
 def augment_images(images: np.ndarray, augment="randaugment", *, seed: int = 0) -> np.ndarray:
     """Apply one ``augment`` choice (as ``load_dataset`` takes it) to a uint8 batch, in-process."""
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4:
         raise ValueError(f"augment_images takes a uint8 batch [B, H, W, 3], got {images.dtype} {images.shape}")
-    plan = resolve_augment(augment, workers=0, seed=seed)
+    plan = resolve_augment(augment, workers=0)
     if plan.per_image is not None:
-        tf = tensorflow_on_host()
         seeds = tf.random.experimental.stateless_split(tf.constant([seed, 0], tf.int64), len(images))
         data = tf.data.Dataset.from_tensor_slices((images, seeds)).map(plan.per_image)
         return np.stack(list(data.as_numpy_iterator()))
     if plan.per_batch is not None:
-        np.random.seed(seed)
+        seed_numpy(seed)
         return check_augmented(plan.per_batch(images.copy()), images.shape, repr(plan.per_batch))
     return images.copy()
 
@@ -91,7 +174,7 @@ def augment_images(images: np.ndarray, augment="randaugment", *, seed: int = 0) 
 def show_augmented(images: np.ndarray, augment="randaugment", *, num_variants: int = 4, seed: int = 0,
                    titles: Sequence[str] | None = None, cell_size: float = 2.0):
     """A matplotlib grid: each row one image, first column the original, then augmented variants."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # only here: drawing is no part of the pipeline
 
     images = np.asarray(images)
     repeated = np.repeat(images, num_variants, axis=0)

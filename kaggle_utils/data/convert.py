@@ -1,29 +1,14 @@
-"""Any source -> TFRecords in the flower competition's layout, so it runs at TFRecord speed and through the job.
+"""Any source -> TFRecords in the competition's layout, so it runs at TFRecord speed and through the job.
 
-``python -m kaggle_utils.data convert SRC --out DIR [--image-size N] [--val-fraction F] [--shards K]``
-writes ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` with the competition's feature keys
-(``image`` JPEG + ``class`` int64 + ``id``, or ``image`` + ``id`` for test; a multi-label source's
-records carry ``labels``, the int64 list of the classes present, instead of ``class``, see
-:mod:`~kaggle_utils.data.tfrecords`; the source's ids, so that a cross-validation names records by them
-and finds their ``--fold-group``) and ``DIR/class_names.json`` (class names, ``multi_label``,
-the source's id / label column names, counts, and the fingerprint of the input
-and settings it was made from, :mod:`~kaggle_utils.data.fingerprint`), which
-:func:`read_conversion_info` reads back and :func:`conversion_changes` compares with a source as
-it is now.
-
-* Images are decoded (any format, see :mod:`~kaggle_utils.data.transforms`), squashed to
-  ``N`` x ``N`` (:class:`~kaggle_utils.data.transforms.Resize`) and stored as JPEGs (quality
-  95 by default); crops for training and evaluation happen later, on read.
-* The validation split is stratified: ``round(F * n_c)`` random examples of each class ``c``
-  (at most ``n_c - 1``); a multi-label source's by iterative stratification
-  (:mod:`~kaggle_utils.data.stratify`), which keeps each class's share of the validation split
-  close to ``F`` (a class with one or two examples keeps them for training).
-  Train and val examples are written in a random order (file sources; a tfds split keeps its
-  own, already shuffled, order), so shards are not sorted by class.
-* Each file is written atomically, and the whole conversion goes to a staging folder inside
-  ``DIR`` that replaces the old ``train/ val/ test/`` only once every file is written, so a
-  re-run never mixes old and new shards; an existing conversion is replaced only with
-  ``overwrite=True`` (``--overwrite``).
+``python -m kaggle_utils.data convert SRC --out DIR`` writes ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec``
+(``image`` JPEG + ``class`` or, multi-label, ``labels`` + the source's ``id``; ``image`` + ``id`` for test) and
+``DIR/class_names.json`` (class names, ``multi_label``, the id / label columns, counts, and the fingerprint of
+the input and settings it was made from, :mod:`.fingerprint`, which :func:`conversion_changes` compares with the
+source as it is now). Images are decoded (any format), squashed to ``N`` x ``N`` and stored as JPEGs; crops
+happen on read. The validation split is stratified per class (iterative stratification for multi-label,
+:mod:`.stratify`), and examples are written in a random order (a tfds split keeps its own). The conversion is
+staged in ``DIR`` and swapped in whole, so a re-run never mixes old and new shards; an existing conversion is
+replaced only with ``overwrite=True``.
 """
 from __future__ import annotations
 
@@ -41,7 +26,7 @@ from .fingerprint import conversion_fingerprint, fingerprint_changes
 from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .stratify import iterative_stratification
-from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, shard_name, write_tfrecord
+from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, target_of, write_shards
 from .tfrecords import DataError, count_from_name
 
 __all__ = ["INFO_FILE", "SPLITS", "conversion_changes", "convert_source", "convert_test_split", "read_conversion_info",
@@ -54,12 +39,9 @@ _READ_BATCH = 64
 
 def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_column: str | None = "label",
                      tfds_data_dir=None, labeled: bool = True, class_names: list[str] | None = None) -> Source:
-    """``tfds:NAME[:SPLIT]``, a ``.csv`` (images in ``image_dir``, default the CSV's folder), or a folder.
-
-    A folder is class folders when ``labeled``, else a flat folder of test images. A folder or
-    tfds source has no columns of its own: it takes ``id_column`` / ``label_column`` as the
-    submission's, so that the conversion records the columns the user asked for.
-    """
+    """``tfds:NAME[:SPLIT]``, a ``.csv`` (images in ``image_dir``, default the CSV's folder), or a folder (class
+    folders when ``labeled``, else test images); a folder or tfds split takes ``id_column`` / ``label_column`` as
+    the submission's."""
     label_column = label_column if labeled else None
     if spec.lower().endswith(".csv"):
         folder = image_dir if image_dir is not None else os.path.dirname(os.path.abspath(spec))
@@ -74,11 +56,8 @@ def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_
 
 
 def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) example numbers, each in random order: ``round(val_fraction * n_c)`` of class c to val.
-
-    A class keeps at least one example in train, so no class is known only from validation.
-    Multi-hot ``labels`` ``[N, C]`` are split by iterative stratification instead.
-    """
+    """(train, val) example numbers in random order: ``round(val_fraction * n_c)`` of class c to val, at least one
+    kept in train; multi-hot ``labels`` ``[N, C]`` by iterative stratification."""
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     rng = np.random.default_rng(seed)
@@ -97,34 +76,15 @@ def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> 
 
 def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size: int, shards: int, quality: int,
                  skip_errors: bool) -> list[str]:
-    """Read ``indices`` of ``source`` in order and write them as about ``shards`` files."""
-    per_file = math.ceil(len(indices) / min(shards, len(indices)))
-    # a test image must keep its submission row: a corrupt test JPEG is kept as libjpeg recovers it (with a
-    # warning), as prediction from the competition's TFRecords keeps one
-    dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, ordered=True,
-                          with_ids=True, skip_errors=skip_errors, process_index=0, process_count=1,
-                          keep_corrupt_jpegs=not source.labeled)
-    pending, paths = [], []
-
-    def flush():
-        path = os.path.join(folder, shard_name(len(paths), image_size, len(pending)))
-        write_tfrecord(path, pending)
-        paths.append(path)
-        pending.clear()
-
-    for batch in dataset:
-        for i in np.flatnonzero(batch["mask"]):
-            target = {"id": batch["id"][i]}
-            if source.multi_label:
-                target["labels"] = np.flatnonzero(batch["label"][i] > 0.5)
-            elif source.labeled:
-                target["label"] = int(batch["label"][i])
-            pending.append(serialize_example(encode_jpeg(batch["image"][i], quality), **target))
-            if len(pending) == per_file:
-                flush()
-    if pending:
-        flush()
-    return paths
+    """Read ``indices`` of ``source`` in order and write them as about ``shards`` files (a test image with corrupt
+    JPEG data is kept, with a warning: its submission row is needed)."""
+    dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, with_ids=True,
+                          skip_errors=skip_errors)
+    records = (serialize_example(encode_jpeg(batch["image"][i], quality), **target_of(
+        batch["label"][i] if source.labeled else None, batch["id"][i]))
+        for batch in dataset for i in np.flatnonzero(batch["mask"]))
+    return write_shards(folder, records, per_file=math.ceil(len(indices) / min(shards, len(indices))),
+                        image_size=image_size)
 
 
 def _existing_splits(out_dir: str) -> list[str]:
@@ -145,10 +105,8 @@ def _swap_in(staging: str, out_dir: str) -> None:
 def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: float = 0.15, shards: int = 16,
                    test: Source | None = None, seed: int = 0, quality: int = 95, overwrite: bool = False,
                    skip_errors: bool = False) -> dict:
-    """Write ``train`` (split into train/val) and ``test`` as competition-layout TFRecords; returns the info written.
-
-    ``shards``: files per split (fewer for splits with fewer examples). See the module docstring.
-    """
+    """Write ``train`` (split into train/val) and ``test`` as competition-layout TFRecords (``shards`` files per
+    split at most); returns the info written."""
     if not train.labeled:
         raise DataError(f"{train.description} has no labels: give it as the test source (--test)")
     if test is not None and test.labeled:
@@ -190,12 +148,8 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
 
 
 def convert_test_split(test: Source, out_dir, *, image_size: int, quality: int = 95) -> list[str]:
-    """``test`` alone as ``out_dir/test/`` TFRecords, stored as :func:`convert_source` stores a run's test split.
-
-    For predicting a source with a trained run: its images then reach the model through the same
-    resize, JPEG and crop as the test split of a run on that source. An image that does not decode
-    stops it (a submission needs its row).
-    """
+    """``test`` alone as ``out_dir/test/`` TFRecords, as :func:`convert_source` stores a run's test split: to predict
+    a source with a trained run through the same resize, JPEG and crop. An image that does not decode stops it."""
     if test.labeled:
         raise DataError(f"the test source {test.description} has labels: give an unlabeled folder or CSV")
     folder = os.path.join(os.fspath(out_dir), "test")
@@ -210,12 +164,8 @@ _DEFAULT_SETTINGS = {name: parameter.default for name, parameter in inspect.sign
 
 
 def conversion_changes(out_dir, train: Source, test: Source | None = None, **settings) -> list[str]:
-    """Why ``out_dir`` does not hold what ``convert_source(train, out_dir, test=test, **settings)`` would
-    write now, in words (see :func:`~kaggle_utils.data.fingerprint.fingerprint_changes`); empty if it does.
-
-    Settings left out take :func:`convert_source`'s defaults, so that a caller that does not pass
-    ``shards`` compares with a conversion that did not either.
-    """
+    """Why ``out_dir`` does not hold what ``convert_source(train, out_dir, test=test, **settings)`` would write now,
+    in words (empty if it does); settings left out take :func:`convert_source`'s defaults."""
     try:
         info = read_conversion_info(out_dir)
     except DataError:

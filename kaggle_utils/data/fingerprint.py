@@ -1,18 +1,11 @@
 """What a conversion was made from, so that converted records are reused only for the same input.
 
-A folder of converted TFRecords says nothing about the source it came from: a class folder or a
-test image added since, an edited CSV or another validation fraction would all be trained or
-predicted on as if nothing had changed (a test image added later would be missing from the
-submission). A fingerprint records, per source, digests of
-
-* ``files``: every file the conversion reads, with its size and modification time (one ``stat``
-  each, no decoding: cheap enough to check on every run);
-* ``content``: what the source says about them: ids, labels, class names and the id / label
-  columns (a CSV's rows; for folders they follow from the paths);
-
-plus the example count and the conversion settings themselves, so that a difference can be put in
-words (:func:`fingerprint_changes`) rather than only detected. Everything is JSON-native: the
-fingerprint is stored in the conversion's ``class_names.json`` and compared after a round trip.
+Converted TFRecords say nothing of their source: a class folder or test image added since, an edited CSV or
+another validation fraction would be trained or predicted on as if nothing had changed. A fingerprint records,
+per source, digests of ``files`` (every file read, with its size and modification time: a ``stat`` each, cheap
+enough for every run) and ``content`` (ids, labels, class names, the id / label columns), plus the example count
+and the settings, so that a difference is put in words (:func:`fingerprint_changes`). It is JSON, stored in the
+conversion's ``class_names.json``.
 """
 from __future__ import annotations
 
@@ -23,6 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from .sources import Source
+from .tfhost import tf
 from .tfrecords import DataError
 
 __all__ = ["conversion_fingerprint", "fingerprint_changes", "source_fingerprint"]
@@ -39,9 +33,7 @@ def _digest(parts: Iterator[str | bytes]) -> str:
 def _file_stats(source: Source) -> Iterator[str]:
     """Path, size and modification time of each file the source reads (a tfds split: its dataset's files)."""
     if source.tfds is not None:
-        from .tfhost import tensorflow_on_host
-
-        gfile = tensorflow_on_host().io.gfile
+        gfile = tf.io.gfile
         folder = source.tfds["builder"].data_dir
         for path in sorted(gfile.glob(os.path.join(folder, "*"))):
             stat = gfile.stat(path)

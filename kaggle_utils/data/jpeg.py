@@ -1,61 +1,189 @@
-"""JPEG decoding without TensorFlow, pixel-identical to the pipeline's ``tf.io.decode_jpeg``.
+"""JPEGs outside TensorFlow's decoder: corrupt data found and named, and the workers' decode to TF's exact pixels.
 
-The augmentation worker processes (:mod:`kaggle_utils.data.augment_workers`) decode the JPEGs of
-their own batches, so that all per-image work scales with the number of workers instead of
-leaving the decode (a sizeable part of the per-image cost: bench/README.md) on the process
-that runs tf.data. Their pixels must be the ones every other route sees, so
-the pipeline decodes with libjpeg's accurate integer DCT (``INTEGER_ACCURATE``, libjpeg's
-``JDCT_ISLOW``): the method PIL and OpenCV use. TensorFlow's default (``INTEGER_FAST``)
-differs from it by up to 5 levels per pixel and is no faster (bench/README.md).
+**Corrupt data.** A JPEG whose header is intact but whose entropy-coded data are garbled (a bad disk block, a
+half-rewritten file) decodes without an error: libjpeg recovers, warns ("Corrupt JPEG data: premature end of
+data segment", "bad Huffman code") with no file name, and returns a partly grey or smeared image that would be
+trained on. TensorFlow, OpenCV and torchvision only print the warning; Pillow drops it. ``simplejpeg`` (its
+wheels bundle libjpeg-turbo) raises on exactly those files with ``strict=True`` and never on a clean one
+(bench/README.md). It is not on Kaggle's images, so the check is optional: without it :func:`check_available`
+says once that corrupt JPEGs go undetected and how to turn the check on. In tf.data, :func:`tf_check` decodes
+the entropy data again at 1/8 scale (every coefficient is still Huffman-decoded, where the warnings arise) and
+remembers the records that passed for the life of the process: a record is checked the first time it is
+decoded, later epochs only look it up. A change that leaves a valid entropy stream (most single bit flips)
+decodes without a warning: only a checksum would show it.
 
-Workers decode with ``simplejpeg`` where it is installed, strictly: a JPEG with corrupt data,
-which every other decoder turns into garbage without a word, fails there and is reported by file
-and record (:mod:`~kaggle_utils.data.jpeg_check`). Without it, or for CMYK JPEGs (whose colour
-conversion must be libjpeg's, as PIL does it), they decode with OpenCV, the faster, when it is
-installed and the JPEG is RGB or greyscale, else with PIL. All of them give exactly TensorFlow's
-pixels, which ``tests/test_data_jpeg.py`` checks for 4:2:0, 4:4:4, 4:2:2, progressive, greyscale
-and CMYK JPEGs. All are imported on first use: only the worker processes decode, and importing
-OpenCV alone would lengthen every import of :mod:`kaggle_utils.data` noticeably.
+**The workers' decode** (:func:`decode_jpeg_into`): the augmentation workers decode their batches' JPEGs, to
+the pixels of ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")`` (libjpeg's accurate DCT, the one PIL and
+OpenCV use; TF's default differs by up to 5 levels and is no faster): with ``simplejpeg``, strict (the decode is
+the check), else with OpenCV for RGB and greyscale JPEGs, else (CMYK, whose colour conversion must be libjpeg's)
+with PIL; ``tests/test_data_jpeg.py`` checks each against TensorFlow.
 """
 from __future__ import annotations
 
 import io
+import os
+import threading
+import warnings
 
 import numpy as np
 
-from .jpeg_check import CMYK_COLORSPACES, CorruptJpegError, corrupt_problem, jpeg_problem, strict_decoder
+from .tfhost import tf
 
-__all__ = ["DCT_METHOD", "decode_jpeg_into"]
+__all__ = ["CheckedRecords", "CorruptJpegError", "DCT_METHOD", "check_available", "decode_jpeg_into", "jpeg_problem",
+           "strict_decoder", "tf_check"]
 
-_TRUNCATED = "Premature end of JPEG file"  # libjpeg's words when the data stop before the end marker
 DCT_METHOD = "INTEGER_ACCURATE"  # for tf.io.decode_jpeg; the only method PIL and OpenCV also have
-
+NOT_CHECKED_NOTICE = (
+    "kaggle_utils.data: simplejpeg is not installed (or too old for strict=), so JPEGs with corrupt data (which "
+    "libjpeg only warns about, and which decode to garbage) are NOT detected and would be trained on; "
+    "`pip install -U simplejpeg` turns the check on")
+CMYK_COLORSPACES = ("CMYK", "YCCK")  # simplejpeg's names for four-channel JPEGs
+_TRUNCATED = "Premature end of JPEG file"  # libjpeg's words when the data stop before the end marker
 _NOT_LOADED = object()
-cv2 = _NOT_LOADED  # the OpenCV module, or None where it is not installed; see _opencv()
+_decoders = {"simplejpeg": _NOT_LOADED, "cv2": _NOT_LOADED}  # module, or None where not installed
+_notice_given = False
+_lock = threading.Lock()
+
+
+class CorruptJpegError(ValueError):
+    """A JPEG whose header reads but whose data are corrupt; the message is the whole problem."""
+
+
+def strict_decoder():
+    """The ``simplejpeg`` module, or None where it is not installed (or has no ``strict=``)."""
+    if _decoders["simplejpeg"] is _NOT_LOADED:
+        try:
+            import simplejpeg as module  # here: optional, and only a check or a worker decodes
+
+            module.decode_jpeg(module.encode_jpeg(np.zeros((8, 8, 3), np.uint8)), strict=True)
+        except (ImportError, TypeError):  # TypeError: a release without strict= (1.9.0 is tested)
+            module = None
+        _decoders["simplejpeg"] = module
+    return _decoders["simplejpeg"]
 
 
 def _opencv():
-    """OpenCV (a dependency of imgaug), or None: PIL alone also decodes every JPEG exactly, only slower."""
-    global cv2
-    if cv2 is _NOT_LOADED:
+    """OpenCV (imgaug needs it), or None: PIL alone decodes every JPEG exactly too, only slower."""
+    if _decoders["cv2"] is _NOT_LOADED:
         try:
-            import cv2 as module
+            import cv2 as module  # here: slow to import, and only the workers decode
         except ImportError:  # pragma: no cover - depends on the environment
             module = None
-        cv2 = module
-    return cv2
+        _decoders["cv2"] = module
+    return _decoders["cv2"]
 
 
+def check_available() -> bool:
+    """Whether corrupt JPEG data can be detected here; if not, says so once per process (a RuntimeWarning)."""
+    global _notice_given
+    if strict_decoder() is not None:
+        return True
+    with _lock:
+        first, _notice_given = not _notice_given, True
+    if first:
+        warnings.warn(NOT_CHECKED_NOTICE, RuntimeWarning, stacklevel=3)
+    return False
+
+
+def corrupt_problem(libjpeg_message: str) -> str:
+    return f"corrupt JPEG data, which would decode to garbage (libjpeg: {libjpeg_message})"
+
+
+def jpeg_problem(data: bytes) -> str:
+    """``""`` for a JPEG whose data decode cleanly (or bytes whose header does not parse: the decoders name
+    those); else what is wrong. Needs :func:`strict_decoder`."""
+    decoder = strict_decoder()
+    try:
+        colorspace = decoder.decode_jpeg_header(data)[2]
+    except ValueError:
+        return ""
+    try:  # min_height/min_width 1: decoded at 1/8 scale, with every coefficient still read
+        decoder.decode_jpeg(data, colorspace="CMYK" if colorspace in CMYK_COLORSPACES else "RGB", strict=True,
+                            min_height=1, min_width=1)
+    except ValueError as err:
+        return corrupt_problem(str(err))
+    return ""
+
+
+class CheckedRecords:
+    """The records that passed :func:`jpeg_problem`, in a TensorFlow hash table (a look-up is a graph op: no
+    Python, no GIL). Keys are ``<file>|<its size, mtime, inode when the pipeline was made>|<index>``, so a file
+    rewritten in place is checked again; a bad record is not kept, so it is reported every time it is read."""
+
+    def __init__(self):
+        self._passed = tf.lookup.experimental.MutableHashTable(tf.string, tf.bool, default_value=False)
+
+    def tf_check(self, files=()):
+        """``(filename, index, jpeg) -> problem`` for tf.data; ``files``: the files the names are, stamped."""
+        stamps = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+            tf.constant([os.fsencode(f) for f in files] or [b""]), tf.constant([_stamp(f) for f in files] or [""])),
+            "")
+
+        def check(filename, index, jpeg):
+            key = tf.strings.join([filename, stamps.lookup(filename), tf.strings.as_string(index)], "|")[None]
+
+            def first_read():
+                problem = tf.ensure_shape(tf.numpy_function(_problem_bytes, [jpeg], tf.string, stateful=False), [])
+
+                def remember():  # inside the branch: only a record that passed is inserted
+                    with tf.control_dependencies([self._passed.insert(key, [True])]):
+                        return tf.identity(problem)
+
+                return tf.cond(tf.equal(problem, ""), remember, lambda: problem)
+
+            return tf.cond(self._passed.lookup(key)[0], lambda: tf.constant(""), first_read)
+
+        return check
+
+
+def _stamp(filename: str) -> str:
+    try:
+        info = os.stat(filename)
+    except OSError:
+        return ""
+    return f"{info.st_size}:{info.st_mtime_ns}:{info.st_ino}"
+
+
+def _problem_bytes(data: bytes) -> bytes:
+    return jpeg_problem(data).encode()
+
+
+_checked: CheckedRecords | None = None  # shared by every pipeline of the process
+
+
+def tf_check(files=(), *, warn_only: bool = False):
+    """:meth:`CheckedRecords.tf_check` of the process's records. ``warn_only``: a corrupt JPEG is named in a
+    RuntimeWarning and passes (a test image: the submission needs its row). Needs :func:`check_available`."""
+    global _checked
+    with _lock:
+        _checked = _checked or CheckedRecords()
+    check = _checked.tf_check(files)
+    if not warn_only:
+        return check
+
+    def check_warning(filename, index, jpeg):
+        problem = check(filename, index, jpeg)
+        return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
+            tf.numpy_function(_warn_and_pass, [filename, index, problem], tf.string), []))
+
+    return check_warning
+
+
+def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:
+    warnings.warn(f"{filename.decode()}, record {int(index)}: {problem.decode()}; kept as decoded (a test image: its "
+                  "row is needed)", RuntimeWarning, stacklevel=1)
+    return b""
+
+
+# ---------- Decoding in the augmentation workers
 def decode_jpeg_into(data: bytes, out: np.ndarray) -> None:
     """Decode ``data`` into ``out`` (uint8 ``[H, W, 3]``) as ``tf.io.decode_jpeg(channels=3)`` would.
 
-    Raises ``ValueError`` saying what is wrong when ``data`` is not a complete JPEG of
-    ``out``'s height and width (truncated, corrupt header, another format, another size), and
-    its subclass :class:`~kaggle_utils.data.jpeg_check.CorruptJpegError` for corrupt data that
-    libjpeg would let through (only where ``simplejpeg`` is installed).
-    EXIF orientation is ignored, as TensorFlow ignores it.
+    ``ValueError`` saying what is wrong for anything but a complete JPEG of ``out``'s size, and its subclass
+    :class:`CorruptJpegError` for corrupt data (where ``simplejpeg`` is installed). EXIF orientation is
+    ignored, as TensorFlow ignores it.
     """
-    from PIL import Image
+    from PIL import Image  # here: only the workers decode
 
     if _decode_strictly_into(data, out):
         return
@@ -67,7 +195,12 @@ def decode_jpeg_into(data: bytes, out: np.ndarray) -> None:
                                  f"{height}x{width}")
             opencv = _opencv()
             if opencv is not None and image.mode in ("RGB", "L"):
-                out[...] = _opencv_decode_rgb(opencv, data, out.shape)
+                rgb = getattr(opencv, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10 decodes straight to RGB
+                flags = (opencv.IMREAD_COLOR if rgb is None else rgb) | opencv.IMREAD_IGNORE_ORIENTATION
+                decoded = opencv.imdecode(np.frombuffer(data, np.uint8), flags)
+                if decoded is None or decoded.shape != out.shape:
+                    raise ValueError("truncated or corrupt JPEG data")
+                out[...] = decoded if rgb is not None else opencv.cvtColor(decoded, opencv.COLOR_BGR2RGB)
             else:  # CMYK / YCCK: OpenCV's colour conversion differs from libjpeg's by one level
                 out[...] = np.asarray(image.convert("RGB"))
     except (OSError, SyntaxError, Image.DecompressionBombError) as err:  # PIL's "not a JPEG" / "truncated"
@@ -75,11 +208,7 @@ def decode_jpeg_into(data: bytes, out: np.ndarray) -> None:
 
 
 def _decode_strictly_into(data: bytes, out: np.ndarray) -> bool:
-    """Decode ``data`` into ``out`` with simplejpeg, strict; False where the other decoders must (see the module doc).
-
-    Raises ``ValueError`` for corrupt data and for a size other than ``out``'s; a header that
-    does not parse is left to PIL, whose message says what the bytes are.
-    """
+    """simplejpeg, strict; False where the other decoders must (no simplejpeg, a header it cannot read, CMYK)."""
     decoder = strict_decoder()
     if decoder is None:
         return False
@@ -90,9 +219,8 @@ def _decode_strictly_into(data: bytes, out: np.ndarray) -> bool:
     if (height, width) != out.shape[:2]:
         raise ValueError(f"image is {height}x{width} (height x width), expected {out.shape[0]}x{out.shape[1]}")
     if colorspace in CMYK_COLORSPACES:
-        problem = jpeg_problem(data)
-        if problem:
-            raise CorruptJpegError(problem)
+        if jpeg_problem(data):
+            raise CorruptJpegError(jpeg_problem(data))
         return False
     target = out if out.flags.c_contiguous else None  # decoded in place
     try:
@@ -104,12 +232,3 @@ def _decode_strictly_into(data: bytes, out: np.ndarray) -> bool:
     if target is None:
         out[...] = decoded
     return True
-
-
-def _opencv_decode_rgb(opencv, data: bytes, shape) -> np.ndarray:
-    rgb = getattr(opencv, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10 decodes straight to RGB
-    flags = (opencv.IMREAD_COLOR if rgb is None else rgb) | opencv.IMREAD_IGNORE_ORIENTATION
-    decoded = opencv.imdecode(np.frombuffer(data, np.uint8), flags)
-    if decoded is None or decoded.shape != tuple(shape):
-        raise ValueError("truncated or corrupt JPEG data")
-    return decoded if rgb is not None else opencv.cvtColor(decoded, opencv.COLOR_BGR2RGB)

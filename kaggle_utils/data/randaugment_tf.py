@@ -1,11 +1,9 @@
-"""RandAugment in TensorFlow ops, run per image inside the pipeline's parallel decode map.
+"""RandAugment in TensorFlow ops, per image inside the pipeline's parallel decode map, compiled with XLA.
 
-:class:`RandAugment` augments one uint8 ``[H, W, 3]`` image with a seed, compiled with XLA.
-For each of ``num_ops`` slots a ``tf.switch_case`` runs exactly one randomly drawn operation
-(Keras' RandAugment layer computes all of them for every slot, which is why it crawls inside
-tf.data). The op set and magnitude scale follow imgaug's RandAugment (``m`` in [0, 30]), so
-``augment="randaugment"`` and ``augment="imgaug"`` with the same ``n, m`` augment about
-equally hard. :mod:`kaggle_utils.device_augment` has the same ops in JAX, equal to these.
+For each of ``num_ops`` slots a ``tf.switch_case`` runs exactly one drawn operation (Keras' RandAugment layer
+computes all of them for every slot, which is why it crawls in tf.data). Ops and magnitudes follow imgaug's
+RandAugment (``m`` in [0, 30]), so ``"randaugment"`` and ``"imgaug"`` augment about equally hard;
+:mod:`kaggle_utils.device_augment` has the same ops in JAX, equal to these.
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
 
 __all__ = ["FILL_VALUE", "MAX_MAGNITUDE", "RANDAUGMENT_OPS", "RandAugment"]
 
@@ -23,22 +21,15 @@ FILL_VALUE = 128  # grey for pixels that geometric ops move in from outside the 
 EQUALIZE_FULL_HISTOGRAM_PIXELS = 384 * 384
 
 
-# --------------------------------------------------------------------------------------
-# TF-native RandAugment ops: uint8 [H, W, 3] image, level in [-1, 1] (sign = direction)
-#
-# Written for XLA (RandAugment compiles the whole per-image function with jit_compile):
-# elementwise float maths that XLA fuses into one pass, and geometric ops as a nearest-
-# neighbour gather (TF's ImageProjectiveTransform kernel cannot be compiled, and is slow on
-# its own: bench/README.md). Nearest neighbour is also what PIL, and so the RandAugment paper
-# and imgaug's pillike ops, use.
-# --------------------------------------------------------------------------------------
+# Ops: uint8 [H, W, 3] image, level in [-1, 1] (sign = direction). Written for XLA: elementwise float maths it
+# fuses, and geometric ops as a nearest-neighbour gather (TF's ImageProjectiveTransform cannot be compiled; nearest
+# neighbour is what PIL, so the RandAugment paper and imgaug's pillike ops, use).
 def _float(image):
-    return tensorflow_on_host().cast(image, "float32")
+    return tf.cast(image, "float32")
 
 
 def _uint8(x):
     """Round half up and saturate to 0..255."""
-    tf = tensorflow_on_host()
     return tf.saturate_cast(x + 0.5, tf.uint8)
 
 
@@ -49,18 +40,15 @@ def _blend(degenerate, image, factor):
 
 
 def _enhance_factor(level):
-    tf = tensorflow_on_host()
     return tf.clip_by_value(1.0 + 0.9 * level, 0.1, 1.9)  # imgaug: 1 +- 0.9 m/30
 
 
 def _grayscale(image):
-    tf = tensorflow_on_host()
     return tf.reduce_sum(_float(image) * tf.constant([0.299, 0.587, 0.114]), axis=-1, keepdims=True)
 
 
 def _warp(image, matrix):
     """Nearest-neighbour affine warp: output pixel (x, y) reads input pixel ``matrix @ (x, y, 1)``."""
-    tf = tensorflow_on_host()
     height, width = image.shape[0], image.shape[1]
     ys, xs = tf.meshgrid(tf.range(height, dtype=tf.float32), tf.range(width, dtype=tf.float32), indexing="ij")
     source_x = tf.round(matrix[0] * xs + matrix[1] * ys + matrix[2])
@@ -78,7 +66,6 @@ def identity(image, level):
 
 def autocontrast(image, level):
     """Stretch each channel to the full 0..255 range."""
-    tf = tensorflow_on_host()
     lo = _float(tf.reduce_min(image, axis=[0, 1]))
     hi = _float(tf.reduce_max(image, axis=[0, 1]))
     scale = tf.where(hi > lo, 255.0 / tf.maximum(hi - lo, 1.0), 1.0)
@@ -94,7 +81,6 @@ def equalize(image, level):
     histogram is the slowest step in XLA on CPU, and a quarter of the pixels gives the same
     mapping up to sampling noise. Smaller images are equalised exactly as PIL does.
     """
-    tf = tensorflow_on_host()
     offsets = tf.constant([0, 256, 512])
     values = tf.reshape(tf.cast(image, tf.int32) + offsets, [-1])
     stride = 2 if image.shape[0] * image.shape[1] > EQUALIZE_FULL_HISTOGRAM_PIXELS else 1
@@ -116,7 +102,6 @@ def equalize(image, level):
 
 def rotate(image, level):
     """Rotate about the centre by up to 30 degrees."""
-    tf = tensorflow_on_host()
     angle = level * (30.0 * math.pi / 180.0)
     h, w = float(image.shape[0]), float(image.shape[1])
     cos, sin = tf.cos(angle), tf.sin(angle)
@@ -126,7 +111,6 @@ def rotate(image, level):
 
 def solarize(image, level):
     """Invert pixels at or above a threshold that falls from 256 (none) towards 0 (all)."""
-    tf = tensorflow_on_host()
     threshold = 256 - tf.cast(tf.abs(level) * 256.0, tf.int32)
     x = tf.cast(image, tf.int32)
     return tf.cast(tf.where(x >= threshold, 255 - x, x), tf.uint8)
@@ -139,7 +123,6 @@ def color(image, level):
 
 def posterize(image, level):
     """Drop up to 6 low bits per channel."""
-    tf = tensorflow_on_host()
     dropped = tf.cast(tf.abs(level) * 6.0, tf.int32)
     mask = tf.cast(tf.bitwise.left_shift(255, dropped) % 256, tf.uint8)
     return tf.bitwise.bitwise_and(image, mask)
@@ -147,7 +130,6 @@ def posterize(image, level):
 
 def contrast(image, level):
     """Blend with the mean grey level."""
-    tf = tensorflow_on_host()
     return _blend(tf.reduce_mean(_grayscale(image)), image, _enhance_factor(level))
 
 
@@ -163,7 +145,6 @@ def sharpness(image, level):
     Rows are flattened to [H, 3W] so that neighbours are plain offsets of 3 along one axis, and
     the sums are integers (XLA vectorises these, not the float version; bench/README.md).
     """
-    tf = tensorflow_on_host()
     height, width = image.shape[0], image.shape[1]
     x = tf.reshape(tf.cast(image, tf.int32), [height, 3 * width])
     rows = x[:, :-6] + x[:, 3:-3] + x[:, 6:]
@@ -175,23 +156,19 @@ def sharpness(image, level):
 
 def shear_x(image, level):
     """Shear by up to 0.3 (about 17 degrees) along x."""
-    tf = tensorflow_on_host()
     return _warp(image, tf.stack([1.0, level * 0.3, 0.0, 0.0, 1.0, 0.0]))
 
 
 def shear_y(image, level):
-    tf = tensorflow_on_host()
     return _warp(image, tf.stack([1.0, 0.0, 0.0, level * 0.3, 1.0, 0.0]))
 
 
 def translate_x(image, level):
     """Shift by up to 33% of the width."""
-    tf = tensorflow_on_host()
     return _warp(image, tf.stack([1.0, 0.0, level * 0.33 * image.shape[1], 0.0, 1.0, 0.0]))
 
 
 def translate_y(image, level):
-    tf = tensorflow_on_host()
     return _warp(image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, level * 0.33 * image.shape[0]]))
 
 
@@ -204,16 +181,12 @@ RANDAUGMENT_OPS: dict[str, Callable] = {
 
 
 class RandAugment:
-    """RandAugment(n, m) in TensorFlow ops: ``image uint8 [H, W, 3], seed [2] -> uint8 [H, W, 3]``.
+    """RandAugment(n, m) in TensorFlow ops: ``image uint8 [H, W, 3] (static shape), seed [2] -> uint8 [H, W, 3]``.
 
-    Per image and per slot: one op drawn uniformly from ``ops``, a magnitude (``m``, or drawn
-    uniformly from ``m=(low, high)``) on imgaug's 0..30 scale, and a random sign for ops with
-    a direction (rotate, shear, translate, the enhance factors). ``flip=True`` first mirrors
-    half the images left-right, as imgaug's RandAugment does. All randomness is stateless,
-    from ``seed``, so a seeded pipeline augments reproducibly. The image needs a static shape.
-
-    ``jit_compile=True`` compiles the whole per-image function with XLA (once per image size),
-    which fuses the elementwise chains: faster than TF's op-by-op kernels on CPU (bench/README.md).
+    Per image and slot: one op drawn from ``ops``, a magnitude (``m``, or uniform in ``m=(low, high)``) on imgaug's
+    0..30 scale and a random sign for ops with a direction; ``flip=True`` first mirrors half the images, as imgaug
+    does. All draws are stateless, from ``seed``. ``jit_compile=True`` compiles the per-image function with XLA
+    (once per size), which fuses the elementwise chains: faster than TF's kernels on CPU (bench/README.md).
     """
 
     def __init__(self, num_ops: int = 2, magnitude: float | tuple[float, float] = 15, *,
@@ -235,7 +208,6 @@ class RandAugment:
                 f"flip={self.flip}, jit_compile={self.jit_compile})")
 
     def __call__(self, image, seed):
-        tf = tensorflow_on_host()
         if self._compiled is None:
             self._compiled = tf.function(self._augment, jit_compile=self.jit_compile)
         # drawn outside the compiled function: XLA's stateless RNG gives other numbers than TF's
@@ -243,7 +215,6 @@ class RandAugment:
         return self._compiled(tf.convert_to_tensor(image), draws)
 
     def _augment(self, image, draws):
-        tf = tensorflow_on_host()
         if not image.shape.is_fully_defined() or image.shape[-1] != 3 or image.dtype != tf.uint8:
             raise ValueError(f"RandAugment needs uint8 images of a static shape [H, W, 3], got {image.dtype} "
                              f"{image.shape}")

@@ -1,18 +1,12 @@
-"""Sample data in the competition's exact layout, made from what is installed, no download.
+"""Sample data in the competition's exact layout, made from what is installed (no download), for CPU runs, CI
+and a laptop: the same TFRecords, file names, feature keys and test ids as the flower competition's.
 
-The notebooks and the training job fall back to this when the Kaggle flower data is not
-mounted (CPU runs, CI, a laptop), so the same code path - TFRecords, file names, feature
-keys, test ids - runs everywhere:
+* ``source="digits"`` (default): scikit-learn's 1797 real 8x8 handwritten digits, upscaled to RGB JPEGs, so a
+  model really learns something on a CPU;
+* ``source="synthetic"``: 104 classes of coloured shapes, the competition's class count at any image size.
 
-* ``source="digits"`` (default): scikit-learn's 1797 real 8x8 handwritten digits (10 classes),
-  upscaled to RGB JPEGs. Real images, so a model really learns something on a CPU.
-* ``source="synthetic"``: 104 classes of coloured shapes in the flower format, for shape and
-  format checks (the class count of the competition, any image size).
-
-Layout: ``out_dir/{train,val,test}/NN-SxS-COUNT.tfrec``; train/val records hold ``image`` +
-``class``, test records ``image`` + ``id``. The test labels the competition keeps hidden
-are written to ``out_dir/test_labels.csv`` (``id,label``) so a sample submission can be
-scored. A ``sample_manifest.json`` makes a repeated call with the same arguments a no-op.
+The test labels the competition keeps hidden go to ``out_dir/test_labels.csv`` (``id,label``), so a sample
+submission can be scored; ``sample_manifest.json`` makes a repeated call with the same arguments a no-op.
 """
 from __future__ import annotations
 
@@ -26,7 +20,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .tfrecord_writer import atomic_output_path, write_split
-from .tfrecords import list_tfrecords, tensorflow_on_host
+from .tfhost import tf
+from .tfrecords import list_tfrecords
 
 __all__ = ["SampleDataset", "make_sample_dataset", "SPLITS"]
 
@@ -50,7 +45,6 @@ class SampleDataset:
 
 def _upscale(images: np.ndarray, image_size: int) -> np.ndarray:
     """Grey [N, h, w] uint8 -> RGB [N, S, S, 3] uint8 (bilinear)."""
-    tf = tensorflow_on_host()
     resized = tf.image.resize(images[..., np.newaxis].astype(np.float32), [image_size, image_size], "bilinear")
     return np.repeat(np.clip(np.round(resized.numpy()), 0, 255).astype(np.uint8), 3, axis=-1)
 

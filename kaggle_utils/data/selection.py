@@ -1,16 +1,10 @@
-"""Reading a subset of TFRecords by (file, record index), without rewriting them; and listing what a split holds.
+"""Reading some records of TFRecord files by (file, index), without rewriting them; and listing a split's labels.
 
-Cross-validation trains fold k on the other folds' records and validates on fold k's, all out
-of the same train + val files. Rewriting the records per fold would cost a copy of the data
-set per fold (Kaggle's disk is small), so a reader is given the records it may read instead:
-``load_dataset(files, select=[(file, index), ...])`` filters them inside ``tf.data``, after
-reading the serialized record and before parsing or decoding it (a record left out costs its
-read only).
-
-Records are named by (file, index in the file) rather than by an ``id`` feature because not
-every labelled record carries one: the competition's and the kit's ``--source`` conversions do,
-but the kit's sample (and conversions by older versions) write ``id`` into test records only. :func:`scan_records` reads the
-labels (and the ids where present) of a split without decoding an image.
+Cross-validation trains and validates each fold on records of the same files; rewriting them per fold would cost a
+copy of the data per fold (Kaggle's disk is small), so ``load_dataset(files, select=[(file, index), ...])`` drops
+the others inside tf.data, after reading and before parsing. Records are named by (file, index) because not every
+labelled record has an ``id`` (the kit's sample writes ids into test records only). :func:`scan_records` reads
+the labels and ids of a split without decoding an image.
 """
 from __future__ import annotations
 
@@ -20,7 +14,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .tfhost import tensorflow_on_host
+from .tfhost import op_message, tf
+from .tfrecords import DataError, reader_problem
 
 __all__ = ["RecordIndex", "record_filter", "scan_records"]
 
@@ -35,7 +30,6 @@ def record_filter(files: list[str], select: Iterable[tuple[str, int]]):
     ``files`` are the names the reader uses (this process's shard); a selected record of a
     file outside it is another process's and is not counted here.
     """
-    tf = tensorflow_on_host()
     by_path = {_norm(f): f for f in files}
     keys = sorted({f"{by_path[_norm(f)]}#{int(i)}" for f, i in select if _norm(f) in by_path})
     if not keys:
@@ -90,15 +84,17 @@ class RecordIndex:
 def scan_records(files: list[str]) -> RecordIndex:
     """Labels (``class``, or a multi-label record's ``labels``) and ids of every record of ``files`` (sorted),
     parsed in batches, no image decoded."""
-    tf = tensorflow_on_host()
     spec = {"class": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
             "id": tf.io.FixedLenFeature([], tf.string, default_value=""),
             "labels": tf.io.VarLenFeature(tf.int64)}
     names, indices, labels, ids, label_sets = [], [], [], [], []
     for name in sorted(files):
         start = 0
-        for chunk in tf.data.TFRecordDataset(name).batch(4096):
-            parsed = tf.io.parse_example(chunk, spec)
+        try:
+            chunks = [tf.io.parse_example(chunk, spec) for chunk in tf.data.TFRecordDataset(name).batch(4096)]
+        except tf.errors.OpError as err:  # a file that does not read, or a feature of another type: which record
+            raise DataError(str(reader_problem([name], spec) or f"{name}: {op_message(err)}")) from None
+        for parsed in chunks:
             n = int(parsed["class"].shape[0])
             names += [name] * n
             indices.append(np.arange(start, start + n))

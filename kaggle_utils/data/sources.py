@@ -1,27 +1,16 @@
 """Image-classification data that is not in TFRecords: class folders, CSV + images, tensorflow-datasets.
 
-A :class:`Source` is what a run needs to know before it reads a pixel: the examples (files
-or tfds records), their ids, labels (``int32 [N]``) or multi-hot targets (``float32 [N, C]``),
-the class names, and the id / label column names of the competition's CSV (so a submission
-can be written with them). :func:`kaggle_utils.data.pipeline.load_source` turns one into the
-same host batches as :func:`~kaggle_utils.data.pipeline.load_dataset`.
+A :class:`Source` is what a run needs before it reads a pixel: the examples (files or tfds records), their ids,
+labels (``int32 [N]``) or multi-hot targets (``float32 [N, C]``), class names, and the competition CSV's id and
+label columns (for the submission); :func:`~.pipeline.load_source` reads one. Everything that can be checked
+without decoding is checked when the source is made, with a :class:`DataError` naming the file, CSV line (the
+header is line 1) and column: missing columns, missing image files, unknown labels, mixed label kinds, duplicate
+ids, empty class folders, folder links.
 
-Everything that can be checked without decoding is checked here, when the source is made,
-so bad input stops a run before training starts, with a :class:`DataError` naming the file,
-row (the CSV line number, the header being line 1) and column: missing columns, rows whose
-image file is missing, labels not in the class list, mixed label kinds, duplicate ids, empty
-class folders. Images that do not decode are found by the pipeline (named, or counted with
-``skip_errors``).
-
-Sources:
-
-* :func:`class_folders` ``DIR/<class>/*.{jpg,jpeg,png,...}``: class names are the sorted folder
-  names, ids the paths relative to ``DIR`` without extension.
-* :func:`image_folder` ``DIR/*.{jpg,...}`` without labels (a test set): ids are the file names
-  without extension.
-* :func:`csv_source` a CSV with an id (or path) column and, for train data, a label column: a
-  class name or an integer index per row, or several separated by spaces (multi-label). Ids
-  name files in ``image_dir`` with or without their extension.
+* :func:`class_folders` ``DIR/<class>/...``: classes the sorted folder names, ids the paths without extension;
+* :func:`image_folder` ``DIR/*`` without labels (a test set): ids the file names without extension;
+* :func:`csv_source` an id column naming files in ``image_dir`` (with or without extension) and, for training,
+  a label column: a class name or integer per row, or several (multi-label);
 * :func:`tfds_source` a tensorflow-datasets split, read offline from ``data_dir`` once prepared.
 """
 from __future__ import annotations
@@ -32,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .tfhost import tensorflow_on_host
 from .tfrecords import DataError
 
 __all__ = ["IMAGE_EXTENSIONS", "MissingImageError", "Source", "class_folders", "csv_source", "image_folder",
@@ -92,43 +82,22 @@ class Source:
                             f"{process_count} processes")
         return np.arange(self.num_examples)[process_index::process_count]
 
-    def records(self, indices: np.ndarray, *, ordered: bool, seed: int | None, shuffle_buffer_size: int):
-        """tf.data of ``(name, index, payload)`` for ``indices``: payload is a file path (``paths``) or image bytes.
 
-        Files are shuffled by index (all of them, cheap); tfds records in a buffer, read in
-        file order so that a record's index, and with it its label and id, stays fixed.
-        """
-        from .tfhost import tensorflow_on_host
-
-        tf = tensorflow_on_host()
-        if self.tfds is None:
-            records = tf.data.Dataset.from_tensor_slices(indices.astype(np.int64))
-            if not ordered:
-                records = records.shuffle(len(indices), seed=seed, reshuffle_each_iteration=True)
-            paths = tf.constant(self.paths)
-            return records.map(lambda i: (tf.gather(paths, i), i, tf.gather(paths, i)))
-        import tensorflow_datasets as tfds
-
-        builder, split, key = self.tfds["builder"], self.tfds["split"], self.tfds["image_key"]
-        records = builder.as_dataset(split=split, shuffle_files=False, decoders={key: tfds.decode.SkipDecoding()})
-        wanted = tf.constant(np.isin(np.arange(self.num_examples), indices))
-        name = tf.constant(self.description)
-        records = records.enumerate().filter(lambda i, _: tf.gather(wanted, i)).map(lambda i, ex: (name, i, ex[key]))
-        if not ordered:
-            records = records.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
-        return records
-
-
-# --------------------------------------------------------------------------------------
-# Folders
-# --------------------------------------------------------------------------------------
+# ---------- Folders
 def _images_in(folder: str, extensions, *, nested: bool = False) -> list[str]:
-    """The images in ``folder``; ``nested``: in its sub-folders too, as torchvision's ImageFolder reads a
-    class folder (hidden folders left out), so that no image of the class is silently dropped."""
+    """The images in ``folder``; ``nested``: in its sub-folders too, as torchvision's ImageFolder reads a class
+    folder (hidden folders left out), so that no image of the class is silently dropped. A link to a folder
+    inside it is refused: it can lead out of the source (``dir -> ..`` read a whole disk's images) or loop."""
     wanted = tuple(e.lower() for e in extensions)
     found = []
-    for here, folders, files in os.walk(folder, followlinks=True):
+    for here, folders, files in os.walk(folder):
         folders[:] = [d for d in folders if not d.startswith(".")] if nested else []
+        for name in folders:
+            link = os.path.join(here, name)
+            if os.path.islink(link):
+                raise DataError(f"{link} is a link to the folder {os.path.realpath(link)}: a class folder's images are "
+                                "taken from inside it only (a link can lead out of the source, or loop); copy or link "
+                                "the images themselves instead")
         found += [os.path.join(here, f) for f in files
                   if f.lower().endswith(wanted) and os.path.isfile(os.path.join(here, f))]
     return sorted(found)
@@ -158,6 +127,10 @@ def class_folders(root, *, extensions=IMAGE_EXTENSIONS) -> Source:
         raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>)")
     paths, labels = [], []
     for label, name in enumerate(classes):
+        real = os.path.realpath(os.path.join(root, name))
+        if os.path.commonpath([real, os.path.realpath(root)]) == real:
+            raise DataError(f"class folder {os.path.join(root, name)} is a link to {real}, which holds the source "
+                            "itself (a loop)")
         found = _images_in(os.path.join(root, name), extensions, nested=True)
         if not found:
             raise DataError(f"class folder {os.path.join(root, name)!r} holds no images ({', '.join(extensions)})")
@@ -179,9 +152,7 @@ def image_folder(root, *, extensions=IMAGE_EXTENSIONS, id_column: str = "id",
                   id_column=id_column, label_column=None, paths=paths)
 
 
-# --------------------------------------------------------------------------------------
-# CSV + images
-# --------------------------------------------------------------------------------------
+# ---------- CSV + images
 def _read_csv(path: str, columns: list[str]) -> list[tuple[int, dict]]:
     if not os.path.isfile(path):
         raise DataError(f"CSV file {path!r} does not exist")
@@ -310,9 +281,7 @@ def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None 
                   id_column=id_column, label_column=label_column, multi_label=bool(multi_label), paths=paths)
 
 
-# --------------------------------------------------------------------------------------
-# tensorflow-datasets
-# --------------------------------------------------------------------------------------
+# ---------- tensorflow-datasets
 def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: str = "image",
                 label_key: str | None = "label", download: bool = False) -> Source:
     """A tfds split, offline from ``data_dir`` (prepared before, or ``download=True``).
@@ -320,10 +289,8 @@ def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: st
     The labels are read in one pass over the records without decoding the images. Ids are
     ``<split>-<record index>`` (tfds splits have no common id feature).
     """
-    from .tfhost import tensorflow_on_host
-
-    tensorflow_on_host()
-    import tensorflow_datasets as tfds
+    tensorflow_on_host()  # first: tensorflow_datasets imports TensorFlow, which must not see the accelerators
+    import tensorflow_datasets as tfds  # only for a tfds source: a slow import
 
     try:
         builder = tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))

@@ -1,23 +1,14 @@
 """Iterative stratification of multi-label data (Sechidis, Tsoumakas and Vlahavas, ECML PKDD 2011).
 
-Single-label data is stratified class by class (each class dealt over the subsets by its share);
-a multi-label example belongs to several classes at once, so that rule has nothing to deal. The
-iterative rule keeps every class's share in every subset close to the subset's share, rarest
-classes first, since they are the ones a random split loses:
-
-1. each subset ``j`` wants ``p_j * n_c`` examples of class ``c`` and ``p_j * N`` examples in all;
-2. take the class with the fewest examples not yet placed (ties at random) and place each of its
-   examples in the subset that wants that class most (ties: the subset that wants most examples,
-   then at random), lowering that subset's wants for every class of the example;
-3. repeat until every example is placed (examples with no class go where most examples are wanted).
-
-Its limit, by construction: an example is placed for its rarest class, so a class on most images is
-placed mostly as a side effect and its share drifts about as in a random split (bench/README.md).
-
-The same algorithm as the ``iterative-stratification`` package (``MultilabelStratifiedKFold``) and
-scikit-multilearn's ``IterativeStratification`` (order 1); written here in numpy, seeded, so that
-neither is a dependency (Kaggle's images ship scikit-multilearn, not ``iterative-stratification``).
-It serves the validation split of a conversion (two subsets) and cross-validation folds (K).
+A multi-label example belongs to several classes, so class-by-class stratification has nothing to deal. The
+iterative rule keeps every class's share in every subset close to the subset's share, rarest classes first:
+each subset ``j`` wants ``p_j * n_c`` examples of class ``c``; the class with the fewest examples not yet placed
+(ties at random) has each of its examples placed in the subset that wants that class most (ties: the subset that
+wants most examples, then at random), lowering that subset's wants for every class of the example; until all are
+placed (examples with no class go where most examples are wanted). A class on most images is placed mostly as a
+side effect, so its share drifts about as in a random split (bench/README.md). The algorithm of
+``iterative-stratification`` and scikit-multilearn (order 1), in numpy, seeded, neither a dependency; it serves a
+conversion's validation split and cross-validation folds.
 """
 from __future__ import annotations
 

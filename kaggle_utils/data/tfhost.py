@@ -1,15 +1,15 @@
-"""TensorFlow for the input pipeline, imported on first use and kept off the accelerators.
+"""TensorFlow for the input pipeline: imported on first use, kept off the accelerators, on this process's cores.
 
-Its own module so that every part of :mod:`kaggle_utils.data` (records, sources, transforms,
-augmentation) can reach TensorFlow without importing one another.
+Its own module so that every part of :mod:`kaggle_utils.data` can reach TensorFlow without importing one another.
 """
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 
-__all__ = ["parallel_map", "tensorflow_on_host"]
+__all__ = ["first_success", "host_cores", "op_message", "tensorflow_on_host", "tf"]
 
 _tf_module = None
 _tf_lock = threading.Lock()
@@ -18,15 +18,14 @@ _tf_lock = threading.Lock()
 def tensorflow_on_host():
     """Import TensorFlow with GPUs and TPUs hidden from it, once per process.
 
-    JAX and TensorFlow must not both claim the accelerator: TF would pre-allocate GPU memory
-    (or grab the TPU) that the model needs. The data pipeline only needs CPUs. If TF was
-    already initialised elsewhere with a visible accelerator the setting can no longer be
-    changed; a warning says so instead of failing.
+    JAX and TensorFlow must not both claim the accelerator (TF would take memory the model needs);
+    the pipeline needs CPUs only. If TF was initialised elsewhere with an accelerator visible, that
+    can no longer change: a warning says so.
     """
     global _tf_module
     with _tf_lock:
         if _tf_module is None:
-            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ INFO lines are noise here
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ start-up INFO lines are noise here
             import tensorflow as tf
 
             for kind in ("GPU", "TPU"):
@@ -35,34 +34,44 @@ def tensorflow_on_host():
                 except (RuntimeError, ValueError):
                     if tf.config.get_visible_devices(kind):
                         warnings.warn(
-                            f"TensorFlow was initialised before kaggle_utils.data and can see a {kind}; "
-                            "it may take accelerator memory from JAX. Import kaggle_utils.data (or call "
-                            "tensorflow_on_host()) before any other TensorFlow use.", RuntimeWarning,
-                            stacklevel=2)
+                            f"TensorFlow was initialised before kaggle_utils.data and can see a {kind}; it may take "
+                            "accelerator memory from JAX. Import kaggle_utils.data (or call tensorflow_on_host()) "
+                            "before any other TensorFlow use.", RuntimeWarning, stacklevel=2)
             _tf_module = tf
         return _tf_module
 
 
-def parallel_map(dataset, fn, *, num_parallel_calls, deterministic=None):
-    """``dataset.map(fn)`` in parallel, or a plain sequential map while TF's op determinism is on.
+class _TensorFlow:
+    """``tf`` for this package's modules: TensorFlow is imported (by :func:`tensorflow_on_host`) when first used,
+    so importing the package, as the augmentation workers do, loads none of it."""
 
-    Why: every pipeline of the kit holds a ``tf.py_function`` (bad-record reports, worker
-    batches), and with op determinism on (the job's ``--deterministic``, for exact resume)
-    tf.data's ``make_deterministic`` rewrite then turns every parallel map into a sequential
-    ``MapDataset`` anyway. TensorFlow 2.21's rewrite keeps the parallel op's
-    ``use_unbounded_threadpool`` attribute, which the sequential op lacks, and logs an ``E0000
-    ... NodeDef mentions attribute use_unbounded_threadpool`` line per iterator. Building the
-    sequential map here is the same pipeline (same records, order and pixels) without that line.
+    def __getattr__(self, name):
+        return getattr(tensorflow_on_host(), name)
+
+
+tf = _TensorFlow()
+
+
+def host_cores() -> int:
+    """The CPU cores this process may run on: its affinity (a container's or a pinned job's share), which
+    ``os.cpu_count()`` ignores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1)
+
+
+def op_message(err) -> str:
+    """A TensorFlow error's text without its annotations (``{{function_node ...}}``, ``[[...]]``, ``[Op:...]``)."""
+    text = re.sub(r"\{\{.*?\}\}", " ", err.message)
+    text = re.sub(r"\[\[.*?\]\]", " ", text, flags=re.S)
+    text = re.sub(r"\[Op:\w+\]( name:\S*)?", " ", text)
+    return " ".join(text.split())
+
+
+def first_success(fn, value, fallback):
+    """``(fn(value), True)``, or ``(fallback, False)`` where ``fn`` raises: a try/except inside tf.data.
+
+    tf.data has none, but ``ignore_errors`` on a one-element dataset is one: the element either comes
+    out computed or is dropped, and the fallback behind it comes out instead (tens of µs per call).
     """
-    if _op_determinism_enabled():
-        return dataset.map(fn)
-    return dataset.map(fn, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
-
-
-def _op_determinism_enabled() -> bool:
-    tensorflow_on_host()
-    try:  # not in tf.config's public API (only enable_op_determinism is); present since TF 2.9
-        from tensorflow.python.framework.config import is_op_determinism_enabled
-    except ImportError:  # a parallel map then: the rewrite makes it sequential, with its log line
-        return False
-    return bool(is_op_determinism_enabled())
+    tried = tf.data.Dataset.from_tensors(value).map(lambda v: (fn(v), True)).ignore_errors()
+    return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()

@@ -1,16 +1,11 @@
-"""Writing TFRecords in the competition's layout: ``NN-SxS-COUNT.tfrec`` shards of JPEG records.
-
-For the sample data (:mod:`kaggle_utils.data.sample`), the converter
-(:mod:`kaggle_utils.data.convert`) and the tests. Records are what
-:mod:`kaggle_utils.data.tfrecords` reads: ``image`` (JPEG bytes from TensorFlow's libjpeg, as
-the competition's) with ``class`` (int64) or ``id`` (bytes), or, for a multi-label example,
-``labels`` (int64 list of the classes present; see :mod:`~kaggle_utils.data.tfrecords`). Every file is written beside its
-final name and renamed into place (:func:`atomic_output_path`), so a crash never leaves a
-half-written shard that a reader or a ``*.tfrec`` glob would take for a real one.
+"""Writing TFRecords in the competition's layout, ``NN-SxS-COUNT.tfrec`` shards of JPEG records (TensorFlow's
+libjpeg, as the competition's), for the sample data, the converter and the tests. Every file is written beside its
+final name and renamed into place, so a crash never leaves a half-written shard a ``*.tfrec`` glob would take.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import tempfile
@@ -18,18 +13,15 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
 
-__all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name", "write_split", "write_tfrecord"]
+__all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name", "target_of", "write_shards",
+           "write_split", "write_tfrecord"]
 
 
 @contextlib.contextmanager
 def atomic_output_path(path: str | os.PathLike) -> Iterator[str]:
-    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``.
-
-    The temporary name starts with a dot and ends in ``.partial``, so a crash never leaves a
-    half-written file that a ``*.tfrec`` glob (or a reader) would take for a real shard.
-    """
+    """A temporary path beside ``path`` (``.NAME.*.partial``), renamed onto ``path`` on success."""
     path = os.fspath(path)
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
@@ -50,7 +42,7 @@ def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
     image = np.asarray(image)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
         raise ValueError(f"encode_jpeg needs a uint8 [H, W, 3] image, got {image.dtype} {image.shape}")
-    return tensorflow_on_host().io.encode_jpeg(image, quality=quality).numpy()
+    return tf.io.encode_jpeg(image, quality=quality).numpy()
 
 
 def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Sequence[int] | None = None,
@@ -61,7 +53,6 @@ def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Se
         raise ValueError("give label= (single-label) or labels= (multi-label), not both")
     if label is None and labels is None and id is None:
         raise ValueError("give label= or labels= (train/val records, with id= where known) or id= (test records)")
-    tf = tensorflow_on_host()
     feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_jpeg]))}
     if labels is not None:
         if not len(labels):
@@ -77,7 +68,6 @@ def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Se
 
 def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
     """Write serialized records with ``tf.io.TFRecordWriter``, atomically; returns the count."""
-    tf = tensorflow_on_host()
     count = 0
     with atomic_output_path(path) as tmp:
         with tf.io.TFRecordWriter(tmp) as writer:
@@ -108,21 +98,29 @@ def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Seq
         raise ValueError("give labels= or ids= (one of them), one per image")
     if not 1 <= num_files <= max(1, len(images)):
         raise ValueError(f"num_files={num_files} must be between 1 and the number of images ({len(images)})")
-    per_file = math.ceil(len(images) / num_files)
-    paths = []
-    for index, start in enumerate(range(0, len(images), per_file)):
-        stop = min(start + per_file, len(images))
-        records = (serialize_example(encode_jpeg(images[i], quality), **_target(labels, ids, i))
-                   for i in range(start, stop))
-        path = os.path.join(os.fspath(split_dir), shard_name(index, images.shape[1], stop - start))
-        write_tfrecord(path, records)
-        paths.append(path)
+    labels, ids = ([None] * len(images) if x is None else x for x in (labels, ids))
+    records = (serialize_example(encode_jpeg(image, quality), **target_of(label, id_))
+               for image, label, id_ in zip(images, labels, ids))
+    return write_shards(split_dir, records, per_file=math.ceil(len(images) / num_files), image_size=images.shape[1])
+
+
+def target_of(label=None, id=None) -> dict:
+    """``serialize_example``'s target keywords: ``label=`` (an int), ``labels=`` (a multi-hot row's classes), ``id=``."""
+    if label is None:
+        return {"id": id}
+    row = np.asarray(label)
+    target = {"labels": np.flatnonzero(row > 0.5)} if row.ndim == 1 else {"label": int(row)}
+    return target if id is None else {**target, "id": id}
+
+
+def write_shards(split_dir, records: Iterable[bytes], *, per_file: int, image_size: int) -> list[str]:
+    """Serialized ``records`` as shards of ``per_file`` records (the last may hold fewer), in Kaggle's names."""
+    paths, pending = [], []
+    for record in itertools.chain(records, [None]):
+        if record is not None:
+            pending.append(record)
+        if pending and (len(pending) == per_file or record is None):
+            paths.append(os.path.join(os.fspath(split_dir), shard_name(len(paths), image_size, len(pending))))
+            write_tfrecord(paths[-1], pending)
+            pending = []
     return paths
-
-
-def _target(labels, ids, i: int) -> dict:
-    """``serialize_example``'s target keyword for example ``i``: label=, labels= (a multi-hot row) or id=."""
-    if labels is None:
-        return {"id": ids[i]}
-    row = np.asarray(labels[i])
-    return {"labels": np.flatnonzero(row)} if row.ndim == 1 else {"label": int(row)}

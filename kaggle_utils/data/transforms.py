@@ -1,22 +1,13 @@
 """Image transforms in TensorFlow ops, for the parallel tf.data map: decode any file, resize, crop.
 
-* :func:`decode_image`: JPEG, PNG, GIF, BMP, WebP bytes of any mode -> RGB uint8. Greyscale is
-  repeated over the channels, alpha is dropped (not composited), palettes are expanded, CMYK
-  JPEGs are converted by libjpeg, 16-bit PNGs are scaled to 8 bits with rounding
-  (``round(v / 257)``). JPEGs use the accurate integer DCT, as the TFRecord pipeline does.
-  **EXIF orientation is ignored**: pixels come out as stored in the file, as TensorFlow's
-  decoders, torchvision's ``read_image`` and PIL's ``Image.open`` (timm's loader) all give
-  them; a photo whose camera wrote "rotate 90" stays unrotated, in training and prediction alike.
-* Resolution, each a callable ``(image uint8 [H, W, 3], seed [2]) -> uint8 [size, size, 3]``:
-  :class:`Resize` (squash to a square, what the sources do by default),
-  :class:`RandomResizedCrop` (training: Inception/timm's random area and aspect ratio, then a
-  horizontal flip) and :class:`CenterCrop` (evaluation: timm's ``crop_pct`` convention, the
-  shorter side resized to ``floor(size / crop_pct)``, then the centre ``size`` x ``size``).
-  The eval size may differ from the train size (FixRes): they are separate objects.
-
-Resizing uses antialiasing (``tf.image.resize(..., antialias=True)``), as PIL does when it
-shrinks, so an eval crop matches timm's PIL transform within a grey level. Randomness is
-stateless, from the per-image seed the pipeline hands in, so a seeded run crops reproducibly.
+:func:`decode_image`: JPEG, PNG, GIF, BMP, WebP of any mode -> RGB uint8 (greyscale repeated, alpha dropped,
+palettes expanded, CMYK by libjpeg, 16-bit PNGs rounded to 8 bits, JPEGs with the accurate DCT). **EXIF
+orientation is ignored**, as by TensorFlow's decoders, torchvision's ``read_image`` and PIL's ``Image.open``
+(timm's loader): in training and prediction alike. Resolution, each ``(image, seed) -> uint8 [size, size, 3]``:
+:class:`Resize` (squash to a square, the sources' default), :class:`RandomResizedCrop` (training) and
+:class:`CenterCrop` (evaluation, timm's ``crop_pct``; its size may differ from training's: FixRes). Resizes are
+antialiased, as PIL's, so an eval crop matches timm's PIL transform within a grey level; randomness is stateless,
+from the per-image seed.
 """
 from __future__ import annotations
 
@@ -24,30 +15,17 @@ import math
 from dataclasses import dataclass
 
 from .jpeg import DCT_METHOD
-from .tfhost import tensorflow_on_host
+from .tfhost import tf
 
-__all__ = ["CenterCrop", "INTERPOLATIONS", "RandomResizedCrop", "Resize", "decode_image", "first_success",
-           "resize_image"]
+__all__ = ["CenterCrop", "INTERPOLATIONS", "RandomResizedCrop", "Resize", "decode_image", "resize_image"]
 
 INTERPOLATIONS = ("bilinear", "bicubic")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _RRC_ATTEMPTS = 10  # torchvision / timm try 10 random boxes before falling back to a centre crop
 
 
-def first_success(fn, value, fallback):
-    """``(fn(value), True)``, or ``(fallback, False)`` where ``fn`` raises: a try/except inside tf.data.
-
-    tf.data has none, but ``ignore_errors`` on a one-element dataset is one: the element
-    either comes out computed or is dropped, and the fallback behind it comes out instead.
-    """
-    tf = tensorflow_on_host()
-    tried = tf.data.Dataset.from_tensors(value).map(lambda v: (fn(v), True)).ignore_errors()
-    return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()
-
-
 def decode_image(encoded):
     """Encoded image bytes (scalar string) -> uint8 [H, W, 3]; raises on bytes that are no image."""
-    tf = tensorflow_on_host()
 
     def decode_png16():  # every PNG, so 16-bit ones keep their full range until the rounding
         wide = tf.io.decode_png(encoded, channels=3, dtype=tf.uint16)
@@ -70,14 +48,20 @@ def _check_size_and_interpolation(transform) -> None:
 
 
 def resize_image(image, height, width, interpolation: str = "bilinear"):
-    """uint8 [H, W, 3] -> uint8 [height, width, 3], antialiased, rounded to the nearest level."""
-    tf = tensorflow_on_host()
-    resized = tf.image.resize(image, tf.stack([height, width]), method=interpolation, antialias=True)
+    """uint8 [H, W, 3] -> uint8 [height, width, 3], rounded to the nearest level; antialiased where it shrinks.
+
+    Enlarging, antialiasing changes nothing (to within 1e-4) but TensorFlow's antialiased kernel takes ~2.5x as
+    long, and most random-resized crops are enlarged (bench/README.md).
+    """
+    size = tf.stack([height, width])
+    resized = tf.cond(tf.reduce_any(size < tf.shape(image)[:2]),
+                      lambda: tf.image.resize(image, size, method=interpolation, antialias=True),
+                      lambda: tf.image.resize(image, size, method=interpolation))
     return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
 
 
 def _square(image, size: int):
-    return tensorflow_on_host().ensure_shape(image, [size, size, 3])
+    return tf.ensure_shape(image, [size, size, 3])
 
 
 @dataclass(frozen=True)
@@ -111,7 +95,6 @@ class CenterCrop:
             raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
 
     def __call__(self, image, seed=None):
-        tf = tensorflow_on_host()
         scaled = math.floor(self.size / self.crop_pct)
         shape = tf.shape(image)
         height, width = tf.cast(shape[0], tf.float64), tf.cast(shape[1], tf.float64)
@@ -150,7 +133,6 @@ class RandomResizedCrop:
 
     def box(self, height, width, seed):
         """(top, left, box_height, box_width) for an image of ``height`` x ``width``."""
-        tf = tensorflow_on_host()
         area_seed, ratio_seed, top_seed, left_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 4))
         h, w = tf.cast(height, tf.float32), tf.cast(width, tf.float32)
         area = h * w * tf.random.stateless_uniform([_RRC_ATTEMPTS], area_seed, self.scale[0], self.scale[1])
@@ -174,7 +156,6 @@ class RandomResizedCrop:
         return top, left, box_h, box_w
 
     def __call__(self, image, seed):
-        tf = tensorflow_on_host()
         box_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         shape = tf.shape(image)
         top, left, box_h, box_w = self.box(shape[0], shape[1], box_seed)

@@ -1,18 +1,12 @@
 """Mixup and CutMix with timm's semantics, on the device inside the jitted train step.
 
-:func:`mix` follows ``timm.data.Mixup``: per batch (``mode="batch"``, one lambda and one box
-for the whole batch) or per element (``mode="elem"``), mix with probability ``prob``; when
-both are enabled, CutMix instead of Mixup with probability ``switch_prob``; lambda from
-``Beta(alpha, alpha)``; a CutMix box of side ``sqrt(1 - lambda)`` around a uniform centre,
-clipped to the image, with lambda corrected to the clipped area (``correct_lam``), or a box
-of ``cutmix_minmax`` ratios (which always corrects lambda, and as in timm makes CutMix active
-whatever ``cutmix_alpha``); label smoothing folded into the targets as ``mixup_target`` does.
-
-Each row mixes with its partner in the *reversed* batch, as timm's ``x.flip(0)``, except
-that the reversal is taken over the real rows only (``mask``): padding never mixes with real
-rows, and padded rows keep their own image and (smoothed) target. With an odd count of real
-rows the middle one is its own partner, so it stays as it is. Randomness comes only from the
-key: pass one per step and per replica, the batch being that replica's shard.
+:func:`mix` follows ``timm.data.Mixup``: per batch or per element (``mode``), mix with probability
+``prob``; with both on, CutMix instead of Mixup with probability ``switch_prob``; lambda from
+``Beta(alpha, alpha)``; a CutMix box of side ``sqrt(1 - lambda)`` clipped to the image, lambda
+corrected to its area (``correct_lam``), or a box of ``cutmix_minmax`` ratios; label smoothing folded
+into the targets as ``mixup_target``. Each row mixes with its partner in the batch reversed over the
+real rows only (``mask``): padding never mixes, and with an odd count the middle row is its own
+partner. Randomness comes only from the key: one per step and per replica.
 """
 from __future__ import annotations
 
@@ -20,8 +14,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-
-__all__ = ["MixConfig", "mix", "partner_rows", "smooth_targets"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +64,9 @@ class MixConfig:
 
 
 def smooth_targets(labels: jax.Array, config: MixConfig) -> jax.Array:
-    """Integer labels ``[B]`` or float targets ``[B, C]`` -> smoothed float32 targets ``[B, C]``.
-
-    As timm's ``mixup_target``: one-hot with ``off = s / C`` and ``on = 1 - s + off``; float
-    targets are taken as distributions (``y (1 - s) + s / C``, the same for one-hot rows) or,
-    with ``multi_label``, as independent labels (``y (1 - s) + s / 2``).
-    """
+    """Integer labels ``[B]`` or float targets ``[B, C]`` -> smoothed float32 targets ``[B, C]``, as timm's
+    ``mixup_target``: one-hot with ``off = s / C``, ``on = 1 - s + off``; float targets as distributions
+    (``y (1 - s) + s / C``) or, with ``multi_label``, as independent labels (``y (1 - s) + s / 2``)."""
     s, c = config.label_smoothing, config.num_classes
     if jnp.issubdtype(labels.dtype, jnp.integer):
         if labels.ndim != 1:
@@ -101,11 +90,8 @@ def partner_rows(mask: jax.Array) -> jax.Array:
 
 
 def _beta(key: jax.Array, alpha: jax.Array) -> jax.Array:
-    """Beta(alpha, alpha) of ``alpha``'s shape, from one log-gamma draw of both parts.
-
-    One sampler for Mixup's and CutMix's alpha alike (``jax.random.beta`` runs two, and a
-    gamma sampler is slow to compile); in log space, so small alphas do not underflow to 0/0.
-    """
+    """Beta(alpha, alpha) of ``alpha``'s shape from one log-gamma draw of both parts (``jax.random.beta``
+    runs two slow-to-compile samplers); in log space, so small alphas do not underflow to 0/0."""
     log_gamma = jax.random.loggamma(key, jnp.broadcast_to(alpha, (2, *alpha.shape)))
     return jnp.exp(log_gamma[0] - jnp.logaddexp(log_gamma[0], log_gamma[1]))
 
@@ -154,9 +140,8 @@ def mix(key: jax.Array, images: jax.Array, labels: jax.Array, mask: jax.Array | 
         config: MixConfig) -> tuple[jax.Array, jax.Array]:
     """Mix one replica's float images ``[B, H, W, C]`` and their labels: ``(images, soft targets [B, C])``.
 
-    ``labels``: integer ``[B]`` or float (soft / multi-hot) ``[B, num_classes]``. ``mask``: bool
-    ``[B]``, False for padding rows (None: all real). The targets are float32; each real row's
-    sums to 1 for single-label input.
+    ``labels``: integer ``[B]`` or float (soft / multi-hot) ``[B, num_classes]``; ``mask``: bool ``[B]``,
+    False for padding rows (None: all real).
     """
     if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
         raise ValueError(f"mix takes float images [B, H, W, C] (normalised), got {images.dtype} {images.shape}")

@@ -1,14 +1,10 @@
 """RandAugment's operations in JAX: ``uint8 [H, W, 3] image, level -> uint8 [H, W, 3]``.
 
-The same operations, level scale and arithmetic as the TF-native ones in
-:mod:`kaggle_utils.data.randaugment_tf` (``level`` in [-1, 1], the sign a direction for the ops that
-have one), written step for step in the same order so that the integer ops and the float
-blends round identically, and the geometric ops pick the same nearest-neighbour pixels.
-Every op is jittable with a traced ``level``; image shapes are static.
-
-The five geometric ops are one affine warp each, described by a 6-entry matrix
-(:data:`WARP_MATRICES`), so that a policy can run a single warp for whichever of them it
-drew (:mod:`kaggle_utils.device_augment.randaugment`).
+The TF-native ops of :mod:`kaggle_utils.data.randaugment_tf` (``level`` in [-1, 1], the sign a
+direction where there is one), written step for step in the same order so the integer ops and float
+blends round identically and the geometric ops pick the same pixels. Jittable with a traced
+``level``. The five geometric ops are one affine warp each (:data:`WARP_MATRICES`), so a policy runs
+a single warp for whichever of them it drew.
 """
 from __future__ import annotations
 
@@ -18,12 +14,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
-
-__all__ = [
-    "FILL_VALUE", "RANDAUGMENT_OPS", "WARP_MATRICES", "autocontrast", "brightness", "color", "contrast", "equalize",
-    "identity", "posterize", "rotate", "sharpness", "shear_x", "shear_y", "solarize", "translate_x",
-    "translate_y", "warp",
-]
 
 FILL_VALUE = 128  # grey for pixels that geometric ops move in from outside the image (as the TF ops)
 EQUALIZE_FULL_HISTOGRAM_PIXELS = 384 * 384  # above this the TF op subsamples its histogram; so does this one
@@ -55,12 +45,8 @@ def _grayscale(image: jax.Array) -> jax.Array:
 
 # ------------------------------------------------------------------ geometric ops: one affine warp
 def warp(image: jax.Array, matrix: jax.Array) -> jax.Array:
-    """Nearest-neighbour affine warp: output pixel (x, y) reads input pixel ``matrix @ (x, y, 1)``.
-
-    One gather of whole pixels (3 channels per index) from the flattened image: on a TPU
-    this is the one costly step of RandAugment, which is why a policy runs one warp per
-    slot whatever geometric op it drew.
-    """
+    """Nearest-neighbour affine warp: output pixel (x, y) reads input pixel ``matrix @ (x, y, 1)``; one
+    gather of whole pixels, RandAugment's one costly step on a TPU (so a policy runs one warp per slot)."""
     height, width = image.shape[0], image.shape[1]
     ys, xs = jnp.meshgrid(jnp.arange(height, dtype=jnp.float32), jnp.arange(width, dtype=jnp.float32),
                           indexing="ij")
@@ -124,11 +110,9 @@ def autocontrast(image: jax.Array, level) -> jax.Array:
 
 
 def equalize(image: jax.Array, level) -> jax.Array:
-    """PIL's per-channel histogram equalisation, as the TF op (same subsampling above 384x384).
-
-    The table is passed through a product with the identity: XLA does not fuse a dot into
-    its consumers, so the table is built once instead of once per pixel of the lookup.
-    """
+    """PIL's per-channel histogram equalisation, as the TF op (same subsampling above 384x384). The table
+    goes through a product with the identity: XLA fuses no dot into its consumers, so it is built once,
+    not once per pixel of the lookup."""
     offsets = jnp.asarray([0, 256, 512], jnp.int32)
     values = (image.astype(jnp.int32) + offsets).reshape(-1)
     stride = 2 if image.shape[0] * image.shape[1] > EQUALIZE_FULL_HISTOGRAM_PIXELS else 1
@@ -176,11 +160,8 @@ def brightness(image: jax.Array, level) -> jax.Array:
 
 
 def sharpness(image: jax.Array, level) -> jax.Array:
-    """Blend with PIL's 3x3 smoothing filter [[1,1,1],[1,5,1],[1,1,1]]/13; border pixels unchanged.
-
-    Integer box sums over the image flattened to [H, 3W] (neighbours are offsets of 3),
-    as in the TF op: shifted adds that fuse into one pass, no convolution or gather.
-    """
+    """Blend with PIL's 3x3 smoothing filter [[1,1,1],[1,5,1],[1,1,1]]/13, border pixels unchanged; integer
+    box sums over the image as [H, 3W] (neighbours 3 apart), as the TF op: shifted adds, one fused pass."""
     height, width = image.shape[0], image.shape[1]
     x = image.astype(jnp.int32).reshape(height, 3 * width)
     rows = x[:, :-6] + x[:, 3:-3] + x[:, 6:]

@@ -1,17 +1,12 @@
 """RandAugment on the accelerator: per-image random ops inside the jitted train step.
 
-The policy of the TF-native :class:`kaggle_utils.data.RandAugment`, drawn from a JAX key
-instead of a TF seed: per image, an optional left-right flip (half the images), then for
-each of ``num_ops`` slots one op drawn uniformly from ``ops``, a magnitude (``m``, or drawn
-uniformly from ``m=(low, high)``) on imgaug's 0..30 scale and a random sign. The same key
-gives the same images; the numbers differ from the TF pipeline's (another generator).
+The TF-native :class:`kaggle_utils.data.RandAugment`'s policy drawn from a JAX key: per image an
+optional left-right flip, then for each of ``num_ops`` slots an op drawn from ``ops``, a magnitude
+(``m``, or uniform in ``(low, high)``) on imgaug's 0..30 scale and a random sign.
 
-Dispatch is ``lax.switch`` over the op index. Under ``vmap`` (the batch version) a switch
-with a per-image index computes every branch for every image and selects, so the five
-geometric ops share one branch: their matrices are cheap scalar maths, and one warp (the
-gather) runs per slot instead of five. ``sequential=True`` maps over the batch with
-``lax.map`` instead, where each image runs only its own branch: less work, but one image at
-a time (worth it on a CPU, rarely on an accelerator).
+Under ``vmap`` a ``lax.switch`` with a per-image index computes every branch, so the five geometric
+ops share one branch (one warp per slot, not five); ``sequential=True`` (``lax.map``: each image runs
+only its branch, one at a time) is worth it on a CPU, rarely on an accelerator.
 """
 from __future__ import annotations
 
@@ -24,9 +19,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from .ops import RANDAUGMENT_OPS, WARP_MATRICES, warp
-
-__all__ = ["DEVICE_AUGMENTS", "MAX_MAGNITUDE", "RandAugmentConfig", "make_device_augment", "rand_augment",
-           "rand_augment_batch"]
 
 MAX_MAGNITUDE = 30  # imgaug's RandAugment scale, as the TF version
 
@@ -58,10 +50,8 @@ class RandAugmentConfig:
 
 
 def _branches(ops: Sequence[str]) -> tuple[list[Callable], jax.Array, list[Callable]]:
-    """Switch branches ``(image, level, op_index) -> image``, each op's branch, and warp matrices.
-
-    The geometric ops all map to one warp branch, whose matrix is chosen by the op index.
-    """
+    """Switch branches ``(image, level, op_index) -> image``, each op's branch, and warp matrices: the
+    geometric ops all map to one warp branch, whose matrix the op index chooses."""
     branches, branch_of_op, matrices = [], [], []
     warp_branch = None
     for name in ops:
@@ -122,12 +112,8 @@ DEVICE_AUGMENTS = {"randaugment-device": RandAugmentConfig()}
 
 
 def make_device_augment(name_or_config: str | RandAugmentConfig | None) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    """``augment`` argument -> ``fn(key, images_uint8 [B, H, W, 3]) -> images_uint8``, to call inside a jitted step.
-
-    ``None`` or ``"none"`` gives the identity (the key is ignored), so a step can call the
-    result unconditionally. Pass the replica's own key (e.g. folded with the step and the
-    replica index) so replicas and steps draw differently.
-    """
+    """``augment`` argument -> ``fn(key, images_uint8 [B, H, W, 3]) -> images_uint8``, to call inside a jitted
+    step with the replica's own key; ``None`` or ``"none"`` gives the identity, so a step calls it unconditionally."""
     if name_or_config is None or name_or_config == "none":
         return lambda key, images: images
     if isinstance(name_or_config, str):

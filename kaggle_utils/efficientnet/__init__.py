@@ -1,26 +1,12 @@
 """EfficientNet / EfficientNetV2 / Lite in Flax, numerically equal to timm.
 
-``arch`` holds the block strings and the builder, ``layers`` the padding/BN/conv rules,
-``blocks`` the four block types, ``model`` the network and weight loading.
-The CPU path of ``layers.conv2d`` is tuned under the XLA:CPU option that
-:mod:`kaggle_utils.xla_cpu` sets when the kit is imported. Imports only jax, flax and numpy.
+``arch`` holds the block strings, the builder and the registry of names, ``layers`` the
+padding/BN/conv rules, ``blocks`` the four block types, ``model`` the network and weight loading.
+Imports only jax, flax and numpy.
 """
 from .arch import BlockConfig, ModelSpec, build_blocks, get_spec, list_models, pretrained_cfg, resolve_name
 from .layers import LayerCfg, conv2d
 from .model import EfficientNet, create_model, efficientnet_v2_pretrained, load_weights
 
-__all__ = [
-    "BlockConfig",
-    "EfficientNet",
-    "LayerCfg",
-    "ModelSpec",
-    "build_blocks",
-    "conv2d",
-    "create_model",
-    "efficientnet_v2_pretrained",
-    "get_spec",
-    "list_models",
-    "load_weights",
-    "pretrained_cfg",
-    "resolve_name",
-]
+__all__ = ["BlockConfig", "EfficientNet", "LayerCfg", "ModelSpec", "build_blocks", "conv2d", "create_model",
+           "efficientnet_v2_pretrained", "get_spec", "list_models", "load_weights", "pretrained_cfg", "resolve_name"]

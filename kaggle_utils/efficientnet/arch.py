@@ -1,11 +1,9 @@
 """Architecture definitions: timm's block strings, one decoder, one builder, a variant table.
 
-Every EfficientNet variant is data: a list of stages written in timm's block-string format
-(``ir_r2_k3_s2_e6_c24_se0.25``) plus a handful of scalars (width/depth multipliers, stem and
-head widths, activation, padding rule, BN epsilon). :func:`build_blocks` turns that data into
-one fully resolved :class:`BlockConfig` per block, reproducing timm's ``EfficientNetBuilder``
-arithmetic (channel rounding, depth scaling, SE widths, drop-path ramp), so the Flax modules
-in ``blocks.py`` never compute a channel count themselves.
+Every variant is data: stages in timm's block-string format (``ir_r2_k3_s2_e6_c24_se0.25``) plus a
+few scalars (width/depth multipliers, stem and head widths, activation, padding, BN epsilon).
+:func:`build_blocks` resolves them into one :class:`BlockConfig` per block with timm's
+``EfficientNetBuilder`` arithmetic, so the modules in ``blocks.py`` never compute a channel count.
 """
 from __future__ import annotations
 
@@ -13,24 +11,6 @@ import dataclasses
 import math
 import re
 from typing import Sequence
-
-__all__ = [
-    "BlockArgs",
-    "BlockConfig",
-    "ModelSpec",
-    "build_blocks",
-    "decode_arch_def",
-    "decode_block_str",
-    "feature_stages",
-    "get_spec",
-    "list_models",
-    "make_divisible",
-    "pretrained_cfg",
-    "resolve_name",
-]
-
-
-# --------------------------------------------------------------------------- block strings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,15 +49,9 @@ def decode_block_str(block_str: str) -> tuple[BlockArgs, int]:
     missing = [k for k in ("r", "k", "s", "c") if k not in options]
     if missing:
         raise ValueError(f"block string {block_str!r} lacks option(s) {missing}")
-    args = BlockArgs(
-        block_type=block_type,
-        kernel_size=int(options["k"]),
-        stride=int(options["s"]),
-        exp_ratio=float(options.get("e", 1.0)),
-        out_chs=int(options["c"]),
-        se_ratio=float(options.get("se", 0.0)),
-        skip=skip,
-    )
+    args = BlockArgs(block_type, kernel_size=int(options["k"]), stride=int(options["s"]),
+                     exp_ratio=float(options.get("e", 1.0)), out_chs=int(options["c"]),
+                     se_ratio=float(options.get("se", 0.0)), skip=skip)
     return args, int(options["r"])
 
 
@@ -98,11 +72,8 @@ def _scale_stage_depth(stage: Sequence[tuple[BlockArgs, int]], multiplier: float
     return out
 
 
-def decode_arch_def(
-    arch_def: Sequence[Sequence[str]],
-    depth_multiplier: float | Sequence[float] = 1.0,
-    fix_first_last: bool = False,
-) -> list[list[BlockArgs]]:
+def decode_arch_def(arch_def: Sequence[Sequence[str]], depth_multiplier: float | Sequence[float] = 1.0,
+                    fix_first_last: bool = False) -> list[list[BlockArgs]]:
     """Stages of block strings -> stages of BlockArgs, depth-scaled (timm's ``decode_arch_def``)."""
     if isinstance(depth_multiplier, (int, float)):
         depth_multiplier = (float(depth_multiplier),) * len(arch_def)
@@ -117,9 +88,6 @@ def decode_arch_def(
     return stages
 
 
-# --------------------------------------------------------------------------- channel arithmetic
-
-
 def make_divisible(v: float, divisor: int = 8, min_value: int | None = None, round_limit: float = 0.9) -> int:
     """Nearest multiple of ``divisor``, never more than ``1 - round_limit`` below ``v`` (timm)."""
     min_value = min_value or divisor
@@ -127,9 +95,6 @@ def make_divisible(v: float, divisor: int = 8, min_value: int | None = None, rou
     if new_v < round_limit * v:
         new_v += divisor
     return new_v
-
-
-# --------------------------------------------------------------------------- variants
 
 
 _IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -330,17 +295,8 @@ def get_spec(name: str) -> ModelSpec:
 def pretrained_cfg(name: str) -> dict:
     """Preprocessing of timm's default weights for ``name`` (mean/std on the 0-1 scale)."""
     s = get_spec(name)
-    return dict(
-        name=s.name,
-        mean=s.mean,
-        std=s.std,
-        input_size=(3, s.input_size, s.input_size),
-        crop_pct=s.crop_pct,
-        interpolation=s.interpolation,
-    )
-
-
-# --------------------------------------------------------------------------- the builder
+    return dict(name=s.name, mean=s.mean, std=s.std, input_size=(3, s.input_size, s.input_size),
+                crop_pct=s.crop_pct, interpolation=s.interpolation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,10 +351,8 @@ def build_blocks(spec: ModelSpec, drop_path_rate: float = 0.0) -> tuple[tuple[Bl
 
 
 def feature_stages(stages: Sequence[Sequence[BlockConfig]]) -> list[int]:
-    """Stage indices whose outputs are timm's ``features_only`` maps (-1 = the stem).
-
-    A stage is a feature level when it is the last one or the next stage downsamples.
-    """
+    """Stage indices whose outputs are timm's ``features_only`` maps (-1 = the stem): the last stage and
+    each stage followed by a downsampling one."""
     out = [-1] if stages[0][0].stride > 1 else []
     for i in range(len(stages)):
         if i + 1 == len(stages) or stages[i + 1][0].stride > 1:

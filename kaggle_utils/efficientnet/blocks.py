@@ -1,9 +1,6 @@
-"""The four EfficientNet blocks, each a few lines, named like timm's modules.
-
-Submodule names (``conv_pw``, ``bn1``, ``conv_dw``, ``se/conv_reduce``, ...) are timm's
-state-dict names, so ``weights_port`` maps PyTorch weights with a few generic rules.
-Every size comes resolved in a :class:`~kaggle_utils.efficientnet.arch.BlockConfig`.
-"""
+"""The four EfficientNet blocks, named like timm's modules (``conv_pw``, ``bn1``, ``se/conv_reduce``, ...:
+timm's state-dict names, so ``weights_port`` maps weights by a few generic rules). Every size comes
+resolved in a :class:`~kaggle_utils.efficientnet.arch.BlockConfig`."""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -11,8 +8,6 @@ from flax import linen as nn
 
 from .arch import BlockConfig
 from .layers import BatchNorm, Conv2d, LayerCfg, drop_path
-
-__all__ = ["BLOCKS", "ConvBnAct", "DepthwiseSeparable", "EdgeResidual", "InvertedResidual", "SqueezeExcite"]
 
 
 class SqueezeExcite(nn.Module):
@@ -102,10 +97,5 @@ class EdgeResidual(_Block):
         return self.residual(y, x, train)
 
 
-BLOCKS = {
-    "cn": ConvBnAct,
-    "ds": DepthwiseSeparable,
-    "dsa": DepthwiseSeparable,
-    "ir": InvertedResidual,
-    "er": EdgeResidual,
-}
+BLOCKS = {"cn": ConvBnAct, "ds": DepthwiseSeparable, "dsa": DepthwiseSeparable, "ir": InvertedResidual,
+          "er": EdgeResidual}

@@ -1,15 +1,8 @@
 """Layers whose numerics must match PyTorch/timm: convolution padding, BatchNorm, drop path.
 
-Why not ``flax.linen.Conv`` / ``BatchNorm`` directly:
-
-* Padding: timm's ``tf_*`` variants use TensorFlow "SAME" padding (asymmetric at stride 2),
-  the others symmetric ``((s - 1) + (k - 1)) // 2``. Both are explicit here, one rule per
-  variant, so a padding bug cannot hide at odd input sizes.
-* BatchNorm: PyTorch updates the running variance with the *unbiased* batch variance
-  (``n / (n - 1)``) while Flax uses the biased one; statistics are also kept in fp32 when the
-  compute dtype is bf16.
-* Speed: how a convolution is lowered is chosen per platform (see ``conv2d``) without
-  changing results beyond float rounding.
+Not Flax's own: timm's ``tf_*`` variants pad as TensorFlow's "SAME" (asymmetric at stride 2), the
+others symmetrically; PyTorch's BatchNorm keeps the *unbiased* running variance (in fp32 here); and
+the lowering of a convolution is chosen per platform (:func:`conv2d`).
 """
 from __future__ import annotations
 
@@ -23,24 +16,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax import lax
 
-__all__ = [
-    "ACTIVATIONS",
-    "BatchNorm",
-    "Conv2d",
-    "LayerCfg",
-    "conv2d",
-    "drop_path",
-    "pad_amounts",
-]
-
-ACTIVATIONS: dict[str, Callable] = {
-    "silu": nn.silu,
-    "swish": nn.silu,
-    "relu": nn.relu,
-    "relu6": nn.relu6,
-    "gelu": lambda x: nn.gelu(x, approximate=False),
-    "hard_swish": nn.hard_swish,
-}
+ACTIVATIONS: dict[str, Callable] = {"silu": nn.silu, "swish": nn.silu, "relu": nn.relu, "relu6": nn.relu6,
+                                    "gelu": lambda x: nn.gelu(x, approximate=False), "hard_swish": nn.hard_swish}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +37,6 @@ class LayerCfg:
         if self.act not in ACTIVATIONS:
             raise ValueError(f"unknown activation {self.act!r}; choose one of {sorted(ACTIVATIONS)}")
         return ACTIVATIONS[self.act]
-
-
-# --------------------------------------------------------------------------- convolution
 
 
 def pad_amounts(size: int, kernel: int, stride: int, mode: str) -> tuple[int, int]:
@@ -85,19 +59,9 @@ def _use_cpu_kernels(impl: str) -> bool:
     return impl == "cpu"
 
 
-def _xla_conv(x, kernel, stride: int, pads, groups: int = 1):
-    return lax.conv_general_dilated(
-        x, kernel, window_strides=(stride, stride), padding=pads,
-        dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups,
-    )
-
-
 def _taps(xp: jax.Array, k: int, stride: int, out_hw: tuple[int, int]):
-    """The k*k shifted (and strided) windows of the padded input ``xp``, each ``[N, *out_hw, C]``.
-
-    Window ``(i, j)`` holds the input pixel that kernel tap ``(i, j)`` multiplies for every
-    output pixel, so a depthwise convolution is ``sum_ij window_ij * kernel[i, j]``.
-    """
+    """The k*k shifted (and strided) windows of the padded input ``xp``, each ``[N, *out_hw, C]``: window
+    ``(i, j)`` holds what tap ``(i, j)`` multiplies, so a depthwise conv is ``sum_ij window_ij * kernel[i, j]``."""
     n, _, _, c = xp.shape
     h, w = out_hw
     for i in range(k):
@@ -110,13 +74,9 @@ _CHUNK_ELEMENTS = 1 << 19  # per-step operand size of _sum_over_batch_chunks: 2 
 
 
 def _sum_over_batch_chunks(fn, xp: jax.Array, g: jax.Array) -> jax.Array:
-    """``fn(xp, g)`` for a function that sums over the batch, computed a few samples at a time.
-
-    Kernel gradients are sums over the batch. Computed on the whole batch at once, their
-    operands (the k*k shifted windows and the output gradient, several MB each) leave the
-    cache and XLA's CPU kernels run several times slower; a ``lax.scan`` over batch chunks of about
-    ``_CHUNK_ELEMENTS`` input + output elements keeps each step's operands in cache.
-    """
+    """``fn(xp, g)`` for a function that sums over the batch, computed a few samples at a time: on the
+    whole batch, the operands of a kernel gradient (several MB) leave the cache and XLA's CPU kernels
+    run several times slower; a ``lax.scan`` over chunks of about ``_CHUNK_ELEMENTS`` keeps them in cache."""
     n = xp.shape[0]
     per_sample = math.prod(g.shape[1:-1]) * (xp.shape[-1] + g.shape[-1])
     chunk = max(d for d in range(1, n + 1) if n % d == 0 and (d == 1 or d * per_sample <= _CHUNK_ELEMENTS))
@@ -129,14 +89,9 @@ def _sum_over_batch_chunks(fn, xp: jax.Array, g: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class _Depthwise:
-    """A depthwise convolution written for XLA's CPU backend.
-
-    XLA's CPU grouped convolution runs on about one core and is far slower than a sum of
-    k*k shifted multiply-adds on the same shapes, and its kernel gradient is slow too. Here
-    the forward is that sum of shifted products, the input gradient is the forward's own
-    linear transpose (what autodiff would give), and the kernel gradient is, per tap,
-    ``sum(window * grad_out)`` over batch and pixels.
-    """
+    """A depthwise convolution for XLA's CPU backend, whose grouped convolution (and its kernel gradient)
+    runs on about one core: the forward is a sum of k*k shifted products, the input gradient its linear
+    transpose, the kernel gradient per tap ``sum(window * grad_out)`` over batch and pixels."""
 
     kernel_size: int
     stride: int
@@ -157,7 +112,8 @@ class _Depthwise:
 
         def per_tap(xp, g):
             g = g.astype(f32)
-            return jnp.stack([jnp.sum(w.astype(f32) * g, axis=(0, 1, 2)) for _, _, w in _taps(xp, k, self.stride, out_hw)])
+            windows = _taps(xp, k, self.stride, out_hw)
+            return jnp.stack([jnp.sum(w.astype(f32) * g, axis=(0, 1, 2)) for _, _, w in windows])
 
         return _sum_over_batch_chunks(per_tap, xp, g).reshape(k, k, 1, g.shape[-1])
 
@@ -189,12 +145,9 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1,
            impl: str = "auto") -> jax.Array:
     """NHWC convolution with an HWIO kernel and timm's padding rule.
 
-    ``impl`` picks how it is computed, the one place where that is chosen: ``"xla"`` is
-    XLA's convolution everywhere (right on TPU/GPU); ``"cpu"`` writes 1x1 convs as a 2-D
-    ``dot`` and depthwise convs as :class:`_Depthwise`, and leaves the other (dense k x k)
-    convs to XLA; ``"auto"`` is ``"cpu"`` on the CPU backend. All paths agree to float
-    rounding. The CPU figures behind these choices (bench/README.md) assume the compiler
-    options of :mod:`kaggle_utils.xla_cpu`.
+    ``impl``, the one place the lowering is chosen: ``"xla"`` is XLA's convolution (right on TPU/GPU);
+    ``"cpu"`` writes 1x1 convs as a 2-D ``dot`` and depthwise convs as :class:`_Depthwise` (figures in
+    bench/README.md, under :mod:`kaggle_utils.xla_cpu`'s option); ``"auto"`` is ``"cpu"`` on a CPU.
     """
     kh, kw, _, _ = kernel.shape
     pads = (pad_amounts(x.shape[1], kh, stride, padding), pad_amounts(x.shape[2], kw, stride, padding))
@@ -205,7 +158,8 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1,
         return jnp.dot(x.reshape(-1, x.shape[-1]), kernel[0, 0]).reshape(*x.shape[:-1], kernel.shape[-1])
     if cpu and groups > 1 and groups == x.shape[-1] == kernel.shape[-1]:
         return _depthwise_conv(x, kernel, _Depthwise(kh, stride, pads))
-    return _xla_conv(x, kernel, stride, pads, groups)
+    return lax.conv_general_dilated(x, kernel, window_strides=(stride, stride), padding=pads,
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups)
 
 
 def _fan_out_normal(groups: int):
@@ -240,17 +194,11 @@ class Conv2d(nn.Module):
         return y
 
 
-# --------------------------------------------------------------------------- normalisation
-
-
 class BatchNorm(nn.Module):
-    """BatchNorm with PyTorch's semantics and fp32 statistics.
-
-    ``train=True`` normalises with the batch statistics (biased variance) and moves the
-    running ones towards them, the variance unbiased by ``n / (n - 1)`` exactly as
-    ``torch.nn.BatchNorm2d`` does. With ``cfg.bn_axis_name`` the statistics are averaged
-    across that mapped axis (synchronised BN), so a step on 8 devices equals a step on one.
-    """
+    """BatchNorm with PyTorch's semantics and fp32 statistics: ``train=True`` normalises with the batch
+    statistics and moves the running ones towards them, the variance unbiased by ``n / (n - 1)`` as
+    ``torch.nn.BatchNorm2d``. With ``cfg.bn_axis_name`` the statistics are averaged across that mapped
+    axis (synchronised BN), so a step on 8 devices equals a step on one."""
 
     cfg: LayerCfg
 
@@ -288,9 +236,6 @@ class BatchNorm(nn.Module):
         if name is not None:
             var = lax.pmean(var, name)
         return mean, var, n
-
-
-# --------------------------------------------------------------------------- regularisation
 
 
 def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:

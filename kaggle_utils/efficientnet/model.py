@@ -1,8 +1,7 @@
 """The EfficientNet module, ``create_model`` and loading of ported weights.
 
-Training mode follows the seed tutorial's convention: a forward with ``batch_stats`` mutable
-is a training forward (batch statistics, dropout, drop path), anything else is evaluation.
-``train=`` overrides it explicitly.
+As in the seed tutorial, a forward with ``batch_stats`` mutable trains (batch statistics, dropout,
+drop path), anything else evaluates; ``train=`` overrides it.
 """
 from __future__ import annotations
 
@@ -22,8 +21,6 @@ from .arch import ModelSpec, build_blocks, feature_stages, get_spec, resolve_nam
 from .blocks import BLOCKS
 from .layers import BatchNorm, Conv2d, LayerCfg
 
-__all__ = ["EfficientNet", "create_model", "efficientnet_v2_pretrained", "load_weights"]
-
 
 def _classifier_init(key, shape, dtype=jnp.float32):
     """timm's Linear init for EfficientNet: U(-1/sqrt(out), 1/sqrt(out))."""
@@ -34,11 +31,9 @@ def _classifier_init(key, shape, dtype=jnp.float32):
 class EfficientNet(nn.Module):
     """Any timm EfficientNet / EfficientNetV2 / Lite variant, from its :class:`ModelSpec`.
 
-    Outputs, by configuration: logits ``[B, num_classes]`` (fp32); pooled features
-    (``num_classes=0``); the last feature map (``num_classes=0, global_pool=""``); or, with
-    ``features_only``, the list of per-level feature maps timm's ``features_only`` returns.
-    Each stage's output is also sown into the ``intermediates`` collection as ``stage_{i}``
-    when that collection is mutable (used by parity checks and feature visualisation).
+    Outputs: logits ``[B, num_classes]`` (fp32); pooled features (``num_classes=0``); the last feature
+    map (``num_classes=0, global_pool=""``); or timm's ``features_only`` list of per-level maps. Each
+    stage's output is sown into ``intermediates`` as ``stage_{i}`` (parity checks, visualisation).
     """
 
     spec: ModelSpec
@@ -65,16 +60,21 @@ class EfficientNet(nn.Module):
         return self.spec.head_chs
 
     def _block_class(self, block_type: str):
-        """The block's module; under ``remat`` its activations are recomputed, not kept, for the backward pass.
-
-        ``train`` (argument 2 counting the module) is static: it picks the code path, it is no array.
-        """
+        """The block's module; under ``remat`` its activations are recomputed, not kept, for the backward
+        pass (``train``, argument 2 counting the module, is static: it picks the code path)."""
         cls = BLOCKS[block_type]
         return nn.remat(cls, static_argnums=(2,)) if self.remat else cls
 
     @property
     def stages(self):
         return build_blocks(self.spec, self.drop_path_rate)
+
+    def lr_parts(self) -> tuple[tuple[str, str, int], ...]:
+        """The parts for per-part learning rates, input to output: (group, regex of its parameters' top-level names,
+        depth). timm's per-stage grouping: the head conv shares the last stage's depth, the classifier is last."""
+        n = len(self.stages)
+        return (("stem", "conv_stem|bn1", 0), *((f"stage{i}", rf"blocks_{i}_\d+", i + 1) for i in range(n)),
+                ("head", "conv_head|bn2", n), ("classifier", "classifier", n + 1))
 
     @nn.compact
     def __call__(self, x, train: bool | None = None):
@@ -116,24 +116,12 @@ class EfficientNet(nn.Module):
         return x.astype(jnp.float32)
 
 
-def create_model(
-    name: str,
-    *,
-    num_classes: int = 1000,
-    dtype: Any = jnp.float32,
-    drop_rate: float = 0.0,
-    drop_path_rate: float = 0.0,
-    features_only: bool = False,
-    out_indices: Sequence[int] = (0, 1, 2, 3, 4),
-    global_pool: str = "avg",
-    **overrides,
-) -> EfficientNet:
-    """Builds a registered variant by timm's name (or a short V2 name such as ``"m"``).
-
-    ``overrides`` are other :class:`EfficientNet` fields (``act``, ``bn_axis_name``,
-    ``conv_impl``) or :class:`ModelSpec` fields (``channel_multiplier``, ``arch_def``, ...)
-    for surgery-style variants of a registered architecture.
-    """
+def create_model(name: str, *, num_classes: int = 1000, dtype: Any = jnp.float32, drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0, features_only: bool = False,
+                 out_indices: Sequence[int] = (0, 1, 2, 3, 4), global_pool: str = "avg", **overrides) -> EfficientNet:
+    """Builds a registered variant by timm's name (or a short V2 name such as ``"m"``); ``overrides`` are
+    other :class:`EfficientNet` fields (``act``, ``bn_axis_name``, ``conv_impl``) or :class:`ModelSpec`
+    fields (``channel_multiplier``, ``arch_def``, ...) for variants of a registered architecture."""
     spec = get_spec(name)
     spec_fields = {f.name for f in dataclasses.fields(ModelSpec)}
     spec_changes = {k: v for k, v in overrides.items() if k in spec_fields}
@@ -149,23 +137,18 @@ def create_model(
                         out_indices=tuple(out_indices), global_pool=global_pool, **module_kw)
 
 
-def _read_manifest(path: Path) -> dict | None:
-    m = checkpoint.manifest_path(path)
-    return json.loads(m.read_text()) if m.is_file() else None
-
-
 def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64) -> dict:
     """Loads ported weights into ``model``'s variable tree, checking variant and every shape.
 
-    Extra ``classifier`` weights in the file are dropped when ``model`` has no classifier
-    (a backbone); any other difference (another variant, another ``num_classes``) is a
-    :class:`~kaggle_utils.checkpoint.CheckpointError` that names the keys.
+    A file's ``classifier`` is dropped when ``model`` has none (a backbone); any other difference (another
+    variant, another ``num_classes``) is a :class:`~kaggle_utils.checkpoint.CheckpointError` naming the keys.
     """
     path = Path(path)
-    manifest = _read_manifest(path)
+    manifest_file = checkpoint.manifest_path(path)
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else None
     if manifest and manifest.get("model") and manifest["model"] != model.spec.name:
         raise checkpoint.CheckpointError(
-            f"{path} holds weights of {manifest['model']!r} (per {checkpoint.manifest_path(path).name}), "
+            f"{path} holds weights of {manifest['model']!r} (per {manifest_file.name}), "
             f"but the model is {model.spec.name!r}")
     raw = checkpoint.load(path)
     expected = abstract_variables(model, jax.ShapeDtypeStruct((1, input_size, input_size, 3), jnp.float32))
@@ -177,19 +160,11 @@ def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64)
     return jax.tree.map(lambda r, e: jnp.asarray(r, e.dtype), raw, expected)
 
 
-def efficientnet_v2_pretrained(
-    name: str,
-    weights_path: str | Path,
-    input_size: int | None = None,
-    dtype: Any = jnp.float32,
-    verbose: bool = False,
-    **overrides,
-) -> tuple[EfficientNet, dict]:
-    """A pretrained backbone: ``(module, variables)``; ``module`` returns the last feature map.
-
-    ``name`` is a timm name or a short V2 name (``s, m, l, xl, b0..b3`` -> ``tf_efficientnetv2_*``).
-    The classifier in the weights file is dropped; add a head with ``kaggle_utils.surgery``.
-    """
+def efficientnet_v2_pretrained(name: str, weights_path: str | Path, input_size: int | None = None,
+                               dtype: Any = jnp.float32, verbose: bool = False,
+                               **overrides) -> tuple[EfficientNet, dict]:
+    """A pretrained backbone ``(module, variables)`` whose module returns the last feature map; the file's
+    classifier is dropped (add a head with ``kaggle_utils.surgery``). ``name``: timm's or a short V2 name."""
     name = resolve_name(name)
     backbone = create_model(name, num_classes=0, global_pool="", dtype=dtype, **overrides)
     size = input_size or backbone.spec.input_size

@@ -5,8 +5,8 @@ import argparse
 import sys
 
 from .lint import Problem, lint
-from .metadata import DEFAULT_USER, KIT_SLUG, WEIGHTS_SLUG
-from .package import PackagingError, package
+from .metadata import DEFAULT_USER, KIT_SLUG, WEIGHTS_SLUG, PackagingError
+from .package import package
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,31 +40,25 @@ def _report(problems: list[Problem]) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "lint":
-        try:
+    try:
+        if args.command == "lint":
             problems = lint(args.paths or None, fix=args.fix)
-        except PackagingError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        else:
+            result = package(args.out, user=args.user, notebooks_dir=args.notebooks, weights=args.weights,
+                             overwrite=args.overwrite)
+    except PackagingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "lint":
         status = _report(problems)
         if status == 0:
             print("lint: ok")
         return status
-    try:
-        result = package(args.out, user=args.user, notebooks_dir=args.notebooks, weights=args.weights,
-                         overwrite=args.overwrite)
-    except PackagingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     for note in result.notes:
         print(f"note: {note}")
     for name, keys in result.stripped.items():
         print(f"stripped from the copy of {name}: {', '.join(keys)}")
+    upload = {KIT_SLUG: "kaggle datasets create -p {} --dir-mode zip", WEIGHTS_SLUG: "kaggle datasets create -p {}"}
     for name, folder in result.folders.items():
-        if name == KIT_SLUG:
-            print(f"kaggle datasets create -p {folder} --dir-mode zip")
-        elif name == WEIGHTS_SLUG:
-            print(f"kaggle datasets create -p {folder}")
-        else:
-            print(f"kaggle kernels push -p {folder}")
+        print(upload.get(name, "kaggle kernels push -p {}").format(folder))
     return _report(result.problems)

@@ -8,9 +8,8 @@ import re
 import unicodedata
 from pathlib import Path
 
-
-class PackagingError(ValueError):
-    """An input to ``package`` or ``lint`` is unusable; the message names the file and the reason."""
+from ..checkpoint import atomic_write_text, manifest_path
+from ..runtime import BOOTSTRAP
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_USER = "kaggle-utils"  # placeholder owner; --user replaces it everywhere
@@ -42,8 +41,12 @@ CODE_SUFFIXES = {"notebook": (".ipynb",), "script": (".py", ".r", ".R", ".Rmd", 
 LANGUAGES = ("python", "r", "rmarkdown")
 SLUG_PATTERN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 OWNER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+_KAGGLE_LICENSES = {"unknown": "unknown", "apache-2.0": "apache-2.0", "cc0-1.0": "CC0-1.0",
+                    "cc-by-sa-4.0": "CC-BY-SA-4.0", "cc-by-nc-sa-4.0": "CC-BY-NC-SA-4.0", "gpl-2.0": "GPL-2.0"}
 
 
+class PackagingError(ValueError):
+    """An input to ``package`` or ``lint`` is unusable; the message names the file and the reason."""
 
 
 def fold_ascii(text: str) -> str:
@@ -53,16 +56,13 @@ def fold_ascii(text: str) -> str:
 def slugify(text: str) -> str:
     """The slug Kaggle derives from a title (its CLI uses python-slugify's defaults).
 
-    Quotes become separators, accents fold to ASCII, HTML entities are decoded, ``1,000`` loses
-    its comma, the rest of ``[^a-z0-9-]`` becomes ``-``, dashes collapse and are stripped.
     python-slugify also transliterates non-Latin scripts (unidecode); this drops them instead,
     which is why :func:`lint` asks for titles without such letters.
     """
-    text = re.sub(r"'+", "-", text)
-    text = html.unescape(fold_ascii(text))
-    text = fold_ascii(text).lower()
-    text = re.sub(r"'+", "", text)
-    text = re.sub(r"(?<=\d),(?=\d)", "", text)
+    text = re.sub(r"'+", "-", text)  # quotes separate words
+    text = fold_ascii(html.unescape(fold_ascii(text))).lower()  # accents fold, HTML entities decode
+    text = re.sub(r"'+", "", text)  # a quote an entity decoded to joins
+    text = re.sub(r"(?<=\d),(?=\d)", "", text)  # 1,000 -> 1000
     text = re.sub(r"[^-a-z0-9]+", "-", text)
     return re.sub(r"-{2,}", "-", text).strip("-")
 
@@ -77,9 +77,6 @@ def notebook_title(path: str | Path) -> str:
     return words[:1].upper() + words[1:]
 
 
-# --------------------------------------------------------------------------- metadata
-
-
 def kernel_metadata(notebook: str | Path, *, user: str = DEFAULT_USER, code_file: str | None = None) -> dict:
     """``kernel-metadata.json`` of one notebook: TPU + competition for the flower notebook, CPU
     for the rest; offline but for :data:`ONLINE_NOTEBOOKS`, no ``docker_image``, the kit and
@@ -87,48 +84,29 @@ def kernel_metadata(notebook: str | Path, *, user: str = DEFAULT_USER, code_file
     notebook = Path(notebook)
     title = notebook_title(notebook)
     flower = notebook.name == FLOWER_NOTEBOOK
-    meta = {
-        "id": f"{user}/{slugify(title)}",
-        "title": title,
-        "code_file": code_file or notebook.name,
-        "language": "python",
-        "kernel_type": "notebook",
-        "is_private": True,
-        "enable_gpu": False,
-        "enable_tpu": flower,
-        "enable_internet": notebook.name in ONLINE_NOTEBOOKS,
+    return {
+        "id": f"{user}/{slugify(title)}", "title": title, "code_file": code_file or notebook.name,
+        "language": "python", "kernel_type": "notebook", "is_private": True, "enable_gpu": False,
+        "enable_tpu": flower, "enable_internet": notebook.name in ONLINE_NOTEBOOKS,
         "dataset_sources": [f"{user}/{KIT_SLUG}", f"{user}/{WEIGHTS_SLUG}"],
-        "competition_sources": [COMPETITION] if flower else [],
-        "kernel_sources": [],
-        "model_sources": [],
+        "competition_sources": [COMPETITION] if flower else [], "kernel_sources": [], "model_sources": [],
+        **({"machine_shape": TPU_SHAPE} if flower else {}),
     }
-    if flower:
-        meta["machine_shape"] = TPU_SHAPE
-    return meta
 
 
 def dataset_metadata_for_kit(user: str = DEFAULT_USER) -> dict:
-    from ..runtime import BOOTSTRAP
-
     description = (
         "The kaggle-utils kit: EfficientNet / EfficientNetV2 in JAX/Flax matching timm, the timm -> Flax "
         "weight porter, TFRecord input pipelines and multi-device training for Kaggle TPUs and GPUs.\n\n"
         "Attach this dataset to a notebook and start it with:\n\n```python\n" + BOOTSTRAP + "```\n")
     return {
-        "title": KIT_TITLE,
-        "subtitle": "EfficientNet(V2) in JAX/Flax, TFRecord input, TPU/GPU training",
-        "description": description,
-        "id": f"{user}/{KIT_SLUG}",
-        "licenses": [{"name": "apache-2.0"}],
+        "title": KIT_TITLE, "subtitle": "EfficientNet(V2) in JAX/Flax, TFRecord input, TPU/GPU training",
+        "description": description, "id": f"{user}/{KIT_SLUG}", "licenses": [{"name": "apache-2.0"}],
         "resources": [{"path": name, "description": desc} for name, desc in (
             ("README.md", "how to use the kit"), ("requirements.txt", "the tested versions"),
             ("pyproject.toml", "pip install --no-deps --no-build-isolation ."))],
         "keywords": [],
     }
-
-
-_KAGGLE_LICENSES = {"unknown": "unknown", "apache-2.0": "apache-2.0", "cc0-1.0": "CC0-1.0", "cc-by-sa-4.0": "CC-BY-SA-4.0",
-                    "cc-by-nc-sa-4.0": "CC-BY-NC-SA-4.0", "gpl-2.0": "GPL-2.0"}
 
 
 def dataset_metadata_for_weights(manifests: dict[str, dict], user: str = DEFAULT_USER) -> dict:
@@ -137,30 +115,23 @@ def dataset_metadata_for_weights(manifests: dict[str, dict], user: str = DEFAULT
     The license is the weights' own (timm records it) when all files agree on one Kaggle knows;
     otherwise ``other`` and the description lists each file's license.
     """
-    from ..checkpoint import manifest_path
-
     licenses = {str(m.get("pretrained_cfg", {}).get("license") or "unknown").lower() for m in manifests.values()}
     known = {_KAGGLE_LICENSES.get(lic) for lic in licenses}
     license_name = known.pop() if len(known) == 1 and None not in known else "other"
     lines = ["EfficientNet weights converted from timm to Flax by kaggle-utils' weights_port, each checked "
              "against timm's logits before it was written. Load with "
              "kaggle_utils.efficientnet.load_weights or efficientnet_v2_pretrained.\n"]
+    resources = []
     for name, m in sorted(manifests.items()):
         lines.append(f"* {name}: {m.get('model')} ({m.get('source', 'unknown source')}), "
                      f"{m.get('num_classes', '?')} classes, max |logit diff| {m.get('max_abs_logit_diff', '?')}, "
                      f"license {m.get('pretrained_cfg', {}).get('license', 'unknown')}, sha256 {m.get('sha256')}")
-    resources = []
-    for name, m in sorted(manifests.items()):
         resources.append({"path": name, "description": f"{m.get('model')} variables (flax msgpack)"})
         resources.append({"path": manifest_path(name).name, "description": f"manifest of {name}"})
     return {
-        "title": WEIGHTS_TITLE,
-        "subtitle": "timm EfficientNet(V2) weights ported to Flax msgpack, verified",
-        "description": "\n".join(lines) + "\n",
-        "id": f"{user}/{WEIGHTS_SLUG}",
-        "licenses": [{"name": license_name}],
-        "resources": resources,
-        "keywords": [],
+        "title": WEIGHTS_TITLE, "subtitle": "timm EfficientNet(V2) weights ported to Flax msgpack, verified",
+        "description": "\n".join(lines) + "\n", "id": f"{user}/{WEIGHTS_SLUG}",
+        "licenses": [{"name": license_name}], "resources": resources, "keywords": [],
     }
 
 
@@ -179,8 +150,5 @@ def strip_pinned_image(notebook: dict) -> list[str]:
     return [f"metadata.kaggle.{k}" for k in removed]
 
 
-
 def write_json(path: Path, data: dict, *, indent: int = 2) -> None:
-    from ..checkpoint import atomic_write_text
-
     atomic_write_text(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")

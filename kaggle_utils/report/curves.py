@@ -1,9 +1,8 @@
-"""``curves.png``: loss, the task's scores and the learning rate against the step, from ``metrics.json``.
+"""The pictures: ``curves.png`` (loss, scores, learning rate by step, from ``metrics.json``) and ``lr_find.png``.
 
-Drawn with matplotlib's object interface on an Agg canvas, never ``pyplot``: a run inside a
-notebook must not switch the notebook's backend or open a window, and a terminal run has no
-display. matplotlib is on every Kaggle image; where it is missing the caller gets a
-:class:`ModuleNotFoundError` and says so in one line.
+matplotlib's object interface on an Agg canvas, never ``pyplot``: a run in a notebook must not switch its
+backend or open a window. matplotlib is imported when a picture is drawn (a second at import; a kit without
+it still trains, and the caller says so in one line).
 """
 from __future__ import annotations
 
@@ -14,9 +13,19 @@ from typing import Sequence
 
 from .. import checkpoint
 
-__all__ = ["CURVES_FILE", "write_curves"]
+__all__ = ["CURVES_FILE", "LR_FIND_PLOT", "write_curves", "write_lr_find_plot"]
 
-CURVES_FILE = "curves.png"
+CURVES_FILE, LR_FIND_PLOT = "curves.png", "lr_find.png"
+
+
+def _figure(width: float, height: float):
+    """A matplotlib figure on an Agg canvas (no pyplot: see the module's docstring)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # drawing only: see the module's docstring
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height))
+    FigureCanvasAgg(figure)
+    return figure
 
 
 def _series(history: Sequence[dict], column: str) -> list[float]:
@@ -32,14 +41,10 @@ def _score_columns(history: Sequence[dict]) -> list[str]:
 
 def write_curves(out: str | Path, report: dict, *, title: str | None = None) -> Path:
     """``OUT/curves.png`` from a ``metrics.json`` record (its history rows and best row)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     history = report.get("history") or []
     steps = [row["step"] for row in history]
     style = "o-" if len(history) < 30 else "-"
-    figure = Figure(figsize=(15, 4.2))
-    FigureCanvasAgg(figure)
+    figure = _figure(15, 4.2)
     loss_ax, score_ax, lr_ax = figure.subplots(1, 3)
     for column in ("train_loss", "val_loss"):
         if history and column in history[0]:
@@ -72,3 +77,25 @@ def save_png(figure, path: Path) -> Path:
     figure.savefig(buffer, format="png", dpi=90)
     checkpoint.atomic_write_bytes(path, buffer.getvalue())
     return path
+
+
+def write_lr_find_plot(out: str | Path, finding) -> Path:
+    """``OUT/lr_find.png`` of a :class:`kaggle_utils.run.LrFinding`: raw and smoothed loss, the minimum, the pick."""
+    figure = _figure(7, 4.2)
+    ax = figure.subplots()
+    ax.plot(finding.lrs, finding.losses, color="C0", alpha=0.3, linewidth=1, label="loss")
+    ax.plot(finding.lrs, finding.smoothed, color="C0", label="smoothed loss")
+    if finding.min_loss_lr is not None:
+        ax.axvline(finding.min_loss_lr, color="grey", linestyle=":", label=f"lowest loss at {finding.min_loss_lr:.2g}")
+    ax.axvline(finding.lr, color="C3", linestyle="--", label=f"picked {finding.lr:.2g} ({finding.rule})")
+    smoothed = [v for v in finding.smoothed if v == v]
+    if smoothed:  # the fall is the part to read: the explosion above 1.5 x the first loss is cut off
+        low, start = min(smoothed + [v for v in finding.losses if v == v]), smoothed[0]
+        ax.set_ylim(low - 0.1 * (start - low) - 1e-3, max(1.5 * start, low + 1e-3))
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate per 256 images")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"LR range test: {len(finding.lrs)} steps, {finding.stop}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_png(figure, Path(out) / LR_FIND_PLOT)

@@ -1,34 +1,30 @@
-"""A run folder or a CV folder on disk -> its pictures and tables again (``python -m kaggle_utils report OUT``).
-
-A run folder is one the kit trained into (it has ``metrics.json``); a CV folder holds run
-folders ``fold0/``, ``fold1/``, ... Everything is rebuilt from files the run wrote, so a report
-needs no model, no data and no accelerator, and can be redrawn after the files are deleted or
-for a run made before reporting existed (without ``val_counts.json`` its per-class table
-cannot be rebuilt; one line says so).
+"""A run or CV folder in words and pictures: the end of a run, the blocks a run and a prediction end with, and
+``python -m kaggle_utils report OUT``, everything rebuilt from the files a run wrote (``metrics.json``,
+``val_counts.json``): no model, no data. The same lines describe a finished run, a resumed one, or one
+reported later.
 """
 from __future__ import annotations
 
 import json
 import math
 import re
+import statistics
 from pathlib import Path
+from typing import Sequence
 
 from .. import checkpoint
 from .curves import CURVES_FILE, write_curves
-from .tables import COUNTS_FILE, PER_CLASS_FILE, read_counts, write_per_class_from_counts
+from .tables import COUNTS_FILE, PER_CLASS_FILE, counts_record, read_counts, write_counts, write_per_class_from_counts
 
-__all__ = ["METRICS_FILE", "ReportError", "fold_folders", "read_metrics", "redraw", "report_command"]
+__all__ = ["METRICS_FILE", "ReportError", "finish_run", "fold_folders", "next_lines", "prediction_lines",
+           "read_metrics", "redraw", "report_command", "summary_lines"]
 
 METRICS_FILE = "metrics.json"
 _FOLD = re.compile(r"^fold(\d+)$")
 
 
 class ReportError(checkpoint.CheckpointError):
-    """A folder that is not a run (or CV) folder of the kit, or a run file that cannot be read; names it.
-
-    A :class:`~kaggle_utils.checkpoint.CheckpointError` (a run's files are not what the kit wrote),
-    so the job reports it as it reports any unreadable run: one line, exit code 2.
-    """
+    """Not a run (or CV) folder of the kit, or a run file that cannot be read: a kind of unreadable run."""
 
 
 def read_metrics(out: Path) -> dict:
@@ -74,12 +70,22 @@ def redraw(out: Path) -> list[str]:
     return lines
 
 
-def _best_line(name: str, report: dict) -> tuple[str, float | None]:
-    best, monitor = report.get("best"), report.get("monitor")
-    value = best.get(monitor) if best and monitor else None
+def finish_run(out: str | Path, sums: dict, class_names: Sequence[str], best: dict | None) -> list[str]:
+    """The end of a run: the best evaluation's validation ``sums`` stored as ``val_counts.json`` (so a report never
+    evaluates again), then ``curves.png`` and ``per_class.csv`` drawn; the lines saying what was written."""
+    record = counts_record(sums, class_names, best)
+    if record is not None:
+        write_counts(Path(out), record)
+    return redraw(Path(out))
+
+
+def _best(report: dict) -> tuple[str, float | None]:
+    """``best MONITOR V at epoch E, step S`` of a run's metrics, and V (None: there is no best row)."""
+    best, monitor = report.get("best"), report.get("monitor", "?")
+    value = best.get(monitor) if best else None
     if value is None:
-        return f"{name}: no best row ({report.get('stop_reason', 'unknown stop')})", None
-    return f"{name}: best {monitor} {value:.4f} at epoch {best['epoch']}, step {best['step']}", float(value)
+        return f"best: none ({monitor} was never finite); stop: {report.get('stop_reason')}", None
+    return f"best {monitor} {value:.4f} at epoch {best['epoch']}, step {best['step']}", float(value)
 
 
 def report_command(path: str | Path) -> list[str]:
@@ -88,16 +94,15 @@ def report_command(path: str | Path) -> list[str]:
     if not path.is_dir():
         raise ReportError(f"{path} is not a folder (give a run folder or a CV folder of foldK/ run folders)")
     if (path / METRICS_FILE).is_file():
-        return redraw(path) + [_best_line(path.name, read_metrics(path))[0]]
+        return redraw(path) + [f"{path.name}: {_best(read_metrics(path))[0]}"]
     folds = fold_folders(path)
     if not folds:
         raise ReportError(f"{path} is neither a run folder (no {METRICS_FILE}) nor a CV folder "
                           f"(no fold0/, fold1/, ... holding {METRICS_FILE})")
     lines, values = [], []
     for fold in folds:
-        lines += redraw(fold)
-        line, value = _best_line(fold.name, read_metrics(fold))
-        lines.append(line)
+        line, value = _best(read_metrics(fold))
+        lines += [*redraw(fold), f"{fold.name}: {line}"]
         values.append(value)
     known = [v for v in values if v is not None]
     if len(known) > 1:
@@ -105,3 +110,122 @@ def report_command(path: str | Path) -> list[str]:
         spread = math.sqrt(sum((v - mean) ** 2 for v in known) / (len(known) - 1))
         lines.append(f"mean of the folds' best scores over {len(known)} folds: {mean:.4f} +- {spread:.4f} (std)")
     return lines
+
+
+# --------------------------------------------------------------------------- the blocks a run and a prediction end with
+
+# the files a user looks for, in the order they are named; anything else in the folder is the run's own
+FILES = ("submission.csv", "probabilities.csv", CURVES_FILE, PER_CLASS_FILE, "metrics.json", "history.csv",
+         "best.msgpack", "last.msgpack", "config.json", "lr_find.png", "lr_find.csv", "tensorboard/", "data/")
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {seconds:02d} s"
+
+
+def _best_line(report: dict) -> str:
+    """The best row with its other validation scores."""
+    line, value = _best(report)
+    best, monitor = report.get("best"), report.get("monitor")
+    others = [f"{k} {v:.4g}" for k, v in (best or {}).items()
+              if k.startswith("val_") and k != monitor and isinstance(v, (int, float))] if value is not None else []
+    return line + (f" ({', '.join(others)})" if others else "")
+
+
+def _time_lines(report: dict, wall_s: float | None) -> list[str]:
+    """Total time; the first interval (it pays the compile) against the later ones; training images/s."""
+    history = report.get("history") or []
+    seconds = [row["seconds"] for row in history if row.get("seconds") is not None]
+    lines = []
+    total = f"{_duration(wall_s)} total" if wall_s is not None else f"{_duration(sum(seconds))} in the loop"
+    parts = [total]
+    if "compile_s" in report and report["compile_s"] is not None:
+        parts.append(f"compile {_duration(report['compile_s'])}")
+    if report.get("checkpoint_s") is not None:  # pulling the state, waiting for a previous write: the rest is a thread's
+        parts.append(f"checkpoints {report['checkpoint_s']:.1f} s of the training thread")
+    if seconds:
+        unit = "epoch" if len({row["epoch"] for row in history}) == len(history) else "evaluation interval"
+        parts.append(f"first {unit} {_duration(seconds[0])} (with compile)")
+        if len(seconds) > 1:
+            parts.append(f"later ones {_duration(statistics.mean(seconds[1:]))} on average")
+    lines.append("time: " + ", ".join(parts))
+    speeds = [row["img_per_s"] for row in history if row.get("img_per_s") is not None]
+    if speeds:
+        speed = (f"{statistics.median(speeds[1:]):.0f} images/s training (median after the first interval)"
+                 if len(speeds) > 1 else f"{speeds[0]:.0f} images/s training (first interval, with compile)")
+        lines.append("speed: " + speed)
+    return lines
+
+
+def _file_line(out: Path, files: Sequence[str] = FILES) -> str:
+    shown = []
+    for name in files:
+        path = out / name.rstrip("/")
+        if not (path.is_dir() if name.endswith("/") else path.is_file()):
+            continue
+        if name in ("submission.csv", "probabilities.csv"):
+            with open(path) as f:
+                rows = sum(1 for _ in f) - 1
+            name = f"{name} ({rows} rows)"
+        shown.append(name)
+    return f"files in {out}: " + ", ".join(shown)
+
+
+def next_lines(out: Path, *, data_dir: str | None, submission: bool) -> list[str]:
+    """What to run next: submit, or predict with this run; without a test split, look at the curves first."""
+    out = Path(out)
+    data = data_dir if data_dir and Path(data_dir, "test").is_dir() else (
+        str(out / "data") if (out / "data" / "test").is_dir() else "DIR")
+    predict = f"python -m kaggle_utils predict --checkpoint {out} --data-dir {data} --out {out}/predict"
+    if submission:
+        return [f"next: submit {out}/submission.csv, or predict again (another test split, --tta):", f"  {predict}"]
+    return [f"next: look at {out}/{CURVES_FILE} (live: tensorboard --logdir {out}/tensorboard), then predict a "
+            "test split:", f"  {predict}"]
+
+
+def summary_lines(out: str | Path, *, wall_s: float | None = None, next_steps: Sequence[str] = ()) -> list[str]:
+    """The end-of-run block of the run folder ``out`` (``wall_s``: the run's total time, if measured)."""
+    out = Path(out)
+    report = read_metrics(out)
+    history = report.get("history") or []
+    last = history[-1] if history else {}
+    head = (f"run finished: {out} (step {last.get('step', 0)}, epoch {last.get('epoch', 0)}; "
+            f"{report.get('stop_reason', '?')})")
+    return _block(head, [_best_line(report), *_time_lines(report, wall_s), _file_line(out), *next_steps])
+
+
+def _model_line(member, tta: bool | None) -> str:
+    """One model of a prediction (a ``run.Member``): its checkpoint and when it was saved, weight, size, TTA."""
+    try:
+        saved = json.loads(checkpoint.manifest_path(member.file).read_text())
+    except (OSError, ValueError, TypeError):
+        saved = {}
+    when = f"step {saved['step']}" if saved.get("step") is not None else ""
+    if saved.get("monitor") and saved.get("value") is not None:
+        when += f", {saved['monitor']} {saved['value']:.4f}"
+    config = member.config
+    flip = config.task.tta if tta is None else tta
+    return (f"  {member.file or member.path}" + (f" ({when})" if when else "") + f": weight {member.weight:.3f}, "
+            f"{config.data.eval_image_size or config.model.image_size} px, " + ("flip TTA" if flip else "no TTA"))
+
+
+def prediction_lines(out: str | Path, members: Sequence, *, tta: bool | None, rows: int, test: str,
+                     wall_s: float | None = None, next_steps: Sequence[str] = ()) -> list[str]:
+    """The block ``predict`` ends with: the ``run.Member`` s of the mean (``tta``: as given, None: each run's own)."""
+    kind = "the weighted mean" if len({round(m.weight, 9) for m in members}) > 1 else "the mean"
+    head = (f"predicted: {rows} test images of {test} with {len(members)} model(s), {kind} of their probabilities"
+            if len(members) > 1 else f"predicted: {rows} test images of {test} with one model")
+    body = [_model_line(m, tta) for m in members]
+    if wall_s is not None:
+        body.append(f"time: {_duration(wall_s)} total (reading the models, compiling, predicting)")
+    return _block(head, [*body, _file_line(Path(out), ("submission.csv", "probabilities.csv")), *next_steps])
+
+
+def _block(head: str, body: list[str]) -> list[str]:
+    rule = "-" * min(max(len(head), 40), 100)
+    return [rule, head, *body, rule]

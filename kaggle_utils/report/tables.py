@@ -1,10 +1,7 @@
 """``per_class.csv`` and the counts it is made from (``val_counts.json``), with no model and no data.
 
-Why a counts file: the figures of a class (precision, recall, F1, which class it is taken for)
-all follow from the best checkpoint's validation counts, a ``[C, C]`` confusion matrix for a
-single-label task, or per-class TP / FP / FN for a multi-label one. The run stores those counts
-once, so ``python -m kaggle_utils report OUT`` rebuilds the table at any time, for any run,
-without loading the model or the data again.
+A class's precision, recall, F1 and the class it is taken for all follow from the best checkpoint's
+validation counts (a confusion matrix, or a multi-label task's TP / FP / FN), stored once by the run.
 """
 from __future__ import annotations
 
@@ -69,11 +66,8 @@ def read_counts(out: Path) -> dict | None:
 
 
 def confusion_rows(confusion, class_names: Sequence[str] = ()) -> list[dict]:
-    """One row per class of a ``[C, C]`` confusion matrix (rows: true class, columns: predicted).
-
-    ``most_confused_with``: the other class this class's images were most often predicted as
-    (the first on a tie), empty when none was mistaken.
-    """
+    """One row per class of a ``[C, C]`` confusion matrix (rows: true); ``most_confused_with``: the class its images
+    were most often taken for (the first on a tie; empty when none was)."""
     confusion = np.asarray(confusion, np.int64)
     names = _names(class_names, len(confusion))
     precision, recall = precision_recall(confusion)

@@ -1,85 +1,120 @@
-"""A resolved run's pieces: model, initial variables, task, optimizer, steps, state; and its loop."""
+"""What a resolved run is built from and of: its :class:`Plan`; model, variables, optimizer, steps, state; datasets."""
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import linen as nn
 
-from .. import models
+from .. import models, surgery
 from ..config import ConfigError, TrainConfig
+from ..data import CenterCrop, HostDataset, ImgaugRandAugment, RandAugment, RandomResizedCrop, Resize, load_dataset
+from ..device_augment import MixConfig, RandAugmentConfig, make_device_augment, mix
+from ..efficientnet import efficientnet_v2_pretrained
 from ..precision import Precision
+from ..variable_trees import VariableTreeError
+from ..train import (AXIS, MetricWriter, StepConfig, Steps, Task, TensorBoardWriter, TrainState, WandbWriter,
+                     assign_lr_groups, create_train_state, describe_lr_groups, init_variables, make_optimizer,
+                     make_schedule, make_steps)
+from ..train import make_task as task_named
+from ..train.progressive import Stage
 from .data import RunData
 from .init_from import parent_variables
-from .stages import epoch_config, stage_steps
-
-# ``Plan`` in the annotations is kaggle_utils.run.resolve.Plan, not imported: resolve imports this module (the
-# largest batch that fits, kaggle_utils.run.memory_plan, compiles the step built here).
+from .stages import describe_stages, stage_steps
 
 
-def make_task(config: TrainConfig):
-    from ..train import make_task as make
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The numbers a resolved config implies on this machine (:func:`~kaggle_utils.run.resolve`); in config.json."""
 
-    return make(config.task.task, label_smoothing=config.task.label_smoothing, focal_gamma=config.task.focal_gamma,
-                threshold=config.task.threshold)
+    device_count: int
+    global_batch: int
+    per_device_batch: int
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    peak_lr: float  # NaN while lr is "auto": the LR range test (run.lr_find) has not found it yet
+    head_width: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    lr_multipliers: dict[str, float] | None = None  # per part of the network (--layer-decay, --head-lr-mult)
+    precision_reason: str = ""  # why --precision is what it is on this machine
+    batch_fit: str = ""  # with --batch-per-device auto: the batch chosen, bytes vs budget, compiles and seconds
+    stages: tuple[Stage, ...] = ()  # --progressive-stages, in order
+    model_size: dict | None = None  # parameters and GFLOPs per image (:func:`model_size`), once the model is built
+
+    def describe(self, config: TrainConfig) -> str:
+        found = math.isfinite(self.peak_lr)  # NaN: --lr auto, before the range test
+        lr = f"{self.peak_lr:.3g} ({config.optim.lr:g} per 256 images)" if found else "auto (a range test finds it)"
+        groups = f"; {describe_lr_groups(self.peak_lr, self.lr_multipliers)}" if self.lr_multipliers and found else ""
+        k = config.optim.accumulate_steps
+        pieces = f" in {k} micro-batches of {self.per_device_batch // k}" if k > 1 else ""
+        optim, model = config.optim, config.model
+        return (f"global batch {self.global_batch} = {self.per_device_batch} per device{pieces} x {self.device_count} "
+                f"device(s); {optim.optimizer}, {optim.schedule} schedule, peak learning rate {lr}{groups}; "
+                f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
+                f"{model.name} at {model.image_size}px{_size_text(self.model_size)}, {model.num_classes} classes; "
+                f"{Precision(model.precision).describe()} ({self.precision_reason})"
+                f"{describe_stages(config, self.stages)}"
+                + (f"; {self.batch_fit}" if self.batch_fit else ""))
 
 
-def run_manifest(config: TrainConfig, plan: Plan) -> dict:
-    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model."""
-    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
+def _size_text(size: dict | None) -> str:
+    if not size:
+        return ""
+
+    def count(n: int) -> str:
+        return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n:,}"
+
+    frozen = f", {count(size['params_frozen'])} frozen" if size["params_frozen"] else ""
+    flops = f", {size['gflops_per_image']:.3g} GFLOPs per image" if size["gflops_per_image"] is not None else ""
+    return f" ({count(size['params_trainable'] + size['params_frozen'])} parameters{frozen}{flops})"
 
 
-def build_model(config: TrainConfig):
+def make_task(config: TrainConfig) -> Task:
+    task = config.task
+    return task_named(task.task, label_smoothing=task.label_smoothing, focal_gamma=task.focal_gamma,
+                      threshold=task.threshold)
+
+
+def build_model(config: TrainConfig) -> nn.Module:
     """The module a run trains: the registered model (:mod:`kaggle_utils.models`) with ``head_width`` outputs."""
-    from ..surgery import padded_width
-    from ..train import AXIS
-
     model = config.model
-    return models.build_model(model.name, num_classes=padded_width(model.num_classes, model.head_multiple or 1),
+    return models.build_model(model.name, num_classes=surgery.padded_width(model.num_classes, model.head_multiple or 1),
                               dtype=Precision(model.precision).compute_dtype, drop_rate=model.drop_rate,
                               drop_path_rate=model.drop_path_rate, bn_axis_name=AXIS if model.sync_bn else None,
                               remat=model.remat == "blocks")
 
 
-def initial_variables(config: TrainConfig, model) -> dict:
-    """Random init, ported weights for the backbone with a zero classifier, or ``--init-from``'s run's weights.
-
-    A zero head outputs equal logits, so the first loss is ln C and the first gradients reach
-    the head only: timm's U(±1/sqrt(fan_out)) init, sized for 1000 outputs, gives a few
-    classes large random logits that the pretrained features then spend steps unlearning.
-    """
-    from ..train import init_variables
-
+def initial_variables(config: TrainConfig, model: nn.Module) -> dict:
+    """Random init, ``--init-from``'s run's weights, or ported weights for the backbone with a zero classifier: equal
+    logits, so the first loss is ln C (timm's init, sized for 1000 outputs, gives a few classes large logits the
+    features must unlearn; ``--no-zero-head`` keeps it)."""
     if config.model.init_from:
         return parent_variables(config, model)
     variables = init_variables(model, config.model.image_size, seed=config.seed)
     if config.model.weights is None:
         return variables
-    from .. import surgery
-    from ..efficientnet import efficientnet_v2_pretrained
-
-    _, ported = efficientnet_v2_pretrained(config.model.name, config.model.weights,
-                                           input_size=config.model.image_size)
+    _, ported = efficientnet_v2_pretrained(config.model.name, config.model.weights, input_size=config.model.image_size)
     variables, report = surgery.inherit(ported, variables)
-    params = dict(variables["params"])
-    if config.model.zero_head:
-        params["classifier"] = jax.tree.map(jnp.zeros_like, params["classifier"])
     if jax.process_index() == 0:
         print(f"--weights {Path(config.model.weights).name}: {report}; classifier starts at "
               f"{'zero' if config.model.zero_head else 'random (timm init)'}")
-    return {**variables, "params": params}
+    if not config.model.zero_head:
+        return variables
+    return {**variables, "params": {**variables["params"],
+                                    "classifier": jax.tree.map(jnp.zeros_like, variables["params"]["classifier"])}}
 
 
 def device_augmentation(config: TrainConfig) -> dict:
     """The train step's ``augment`` (device RandAugment) and ``mix`` (Mixup / CutMix) of a config."""
-    from ..device_augment import MixConfig, RandAugmentConfig, make_device_augment, mix
-
-    data = config.data
-    out = {}
+    data, out = config.data, {}
     if data.augment == "randaugment-device":
         out["augment"] = make_device_augment(RandAugmentConfig(magnitude=data.randaugment_magnitude))
     if data.mixup_alpha > 0 or data.cutmix_alpha > 0:
@@ -92,46 +127,43 @@ def device_augmentation(config: TrainConfig) -> dict:
 
 
 class Training(NamedTuple):
-    model: object
-    steps: object  # kaggle_utils.train.Steps
-    state: object  # host TrainState
-    schedule: object
-    stage_steps: tuple = ()  # with --progressive-stages: each stage's compiled steps, in order (the last: steps)
+    model: nn.Module
+    steps: Steps
+    state: TrainState  # on the host (abstract when built from abstract variables)
+    schedule: optax.Schedule
+    stage_steps: tuple[Steps, ...] = ()  # with --progressive-stages: each stage's steps, in order (the last: steps)
 
 
-def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=None, mesh=None,
-                   mode: str | None = None, schedule=None, tx=None) -> Training:
-    """Task (``task``, default the config's), optimizer (frozen parts), steps and initial state of a resolved config.
+def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables: dict, *, task: Task | None = None,
+                   mesh: jax.sharding.Mesh | None = None, mode: str | None = None,
+                   schedule: optax.Schedule | None = None,
+                   tx: optax.GradientTransformation | Callable[[optax.Schedule], optax.GradientTransformation] | None
+                   = None) -> Training:
+    """Task (default the config's), optimizer (frozen parts, lr groups), steps and initial state.
 
-    ``variables`` may be abstract (``jax.ShapeDtypeStruct`` leaves, ``variable_trees.abstract_variables``):
-    the state is then abstract too, enough to compile the steps without initialising anything
-    (:mod:`kaggle_utils.run.memory_plan`). ``mode`` (default the config's) and ``mesh`` as for ``make_steps``.
-    ``schedule``: the learning rate by step instead of the config's (the LR range test's sweep).
-    ``tx``: an optax transform instead of the config's optimizer and schedule, or a function of the
-    schedule returning one (then the history's ``lr`` is the schedule's); ``--freeze`` and the lr
-    groups still apply around it.
+    Abstract ``variables`` (``jax.ShapeDtypeStruct`` leaves) give an abstract state: enough to compile the
+    steps (:mod:`.memory_plan`). ``schedule``: the rate by step instead of the plan's (the LR range test's).
+    ``tx``: an optax transform instead of the config's optimizer and schedule, or a function of the schedule
+    returning one (the history's ``lr`` is then the schedule's); ``--freeze`` and the lr groups still apply.
     """
-    from .. import surgery
-    from ..train import StepConfig, assign_lr_groups, create_train_state, make_optimizer, make_schedule, make_steps
-
     optim = config.optim
     if schedule is None:
-        decay_steps = round(optim.decay_epochs * plan.steps_per_epoch) if optim.decay_epochs else None
         schedule = make_schedule(optim.schedule, plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps,
-                                 end_factor=optim.end_lr_factor, decay_steps=decay_steps, decay_rate=optim.decay_rate)
+                                 end_factor=optim.end_lr_factor, decay_rate=optim.decay_rate,
+                                 decay_steps=round(optim.decay_epochs * plan.steps_per_epoch) if optim.decay_epochs
+                                 else None)
     if isinstance(tx, optax.GradientTransformation):
         schedule = None  # the transform's own rate, which the history cannot know
     elif tx is not None:
-        tx = tx(schedule)  # a function of the schedule
-    frozen = None
+        tx = tx(schedule)
+    frozen = groups = None
     if config.model.freeze:
         try:
             frozen = surgery.freeze_mask(variables["params"], list(config.model.freeze))
         except surgery.SurgeryError as err:
             raise ConfigError(f"--freeze: {err}") from None
-    groups = None
     if plan.lr_multipliers is not None:
-        groups = assign_lr_groups(variables["params"], layer_decay=config.optim.layer_decay,
+        groups = assign_lr_groups(variables["params"], model.lr_parts(), layer_decay=config.optim.layer_decay,
                                   head_lr_mult=config.optim.head_lr_mult)
     tx = make_optimizer(schedule, optimizer=tx or optim.optimizer, weight_decay=optim.weight_decay,
                         clip_norm=optim.clip_norm, b1=optim.b1, b2=optim.b2, momentum=optim.momentum,
@@ -140,7 +172,7 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
                              task=task or make_task(config), ema_decay=config.optim.ema_decay or 0.999,
                              tta_flip=config.task.tta, accumulate_steps=config.optim.accumulate_steps)
 
-    def steps_of(run_config: TrainConfig):  # the run's steps, or a stage's (its dropout, augmentation and mixing)
+    def steps_of(run_config: TrainConfig) -> Steps:  # the run's steps, or a stage's (its dropout and augmentation)
         rate = run_config.model.drop_rate
         stepped = model if rate == config.model.drop_rate else model.clone(drop_rate=rate)
         trained = surgery.freeze_batchnorm(stepped, list(config.model.freeze)) if config.model.freeze else stepped
@@ -155,95 +187,69 @@ def build_training(config: TrainConfig, plan: Plan, model, variables, *, task=No
                     schedule, stage_steps(config, plan.stages, steps, steps_of))
 
 
-def host_augment(config: TrainConfig):
-    """The input pipeline's augmentation at ``--randaugment-magnitude`` (None: there is none, or it runs on the device).
-
-    imgaug's RandAugment takes an integer magnitude: the flag's value, rounded.
-    """
-    from ..data import ImgaugRandAugment, RandAugment
-
-    augment, magnitude = config.data.augment, config.data.randaugment_magnitude
-    if augment == "randaugment":
-        return RandAugment(magnitude=magnitude)
-    return ImgaugRandAugment(m=round(magnitude)) if augment == "imgaug" else None
+# --------------------------------------------------------------------------- the run's reading of its splits
 
 
-def train_transform(config: TrainConfig, stored_size: int):
-    """The training crop of images stored at ``stored_size`` (None: as stored)."""
-    from ..data import RandomResizedCrop, Resize
-
-    size = config.model.image_size
-    if config.data.train_crop == "random-resized":
-        return RandomResizedCrop(size)
-    if config.data.train_crop == "flip":  # a box of the whole (square) image, resized and flipped
-        return RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0))
-    return Resize(size) if size != stored_size else None
-
-
-def eval_transform(config: TrainConfig, stored_size: int):
+def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | None:
     """Evaluation and prediction: a center crop by ``crop_pct``, a resize to the eval size, or as stored."""
-    from ..data import CenterCrop, Resize
-
     size = config.data.eval_image_size or config.model.image_size
     if config.data.crop_pct is not None:
         return CenterCrop(size, crop_pct=config.data.crop_pct)
     return Resize(size) if size != stored_size else None
 
 
-def multi_label_classes(config: TrainConfig, data: RunData) -> int | None:
-    """The width of the multi-hot label rows a run on ``data`` reads (its classes), or None: integer labels."""
-    return config.model.num_classes if data.multi_label else None
+def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) -> HostDataset:
+    """This process's training batches for ``epoch``: repeated, shuffled by epoch, cropped, host-augmented (imgaug's
+    RandAugment takes the magnitude rounded)."""
+    size, augment, magnitude = config.model.image_size, config.data.augment, config.data.randaugment_magnitude
+    crop = {"random-resized": RandomResizedCrop(size),  # flip: the whole (square) image's box, resized, flipped
+            "flip": RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0))}.get(
+        config.data.train_crop, Resize(size) if size != data.stored_size else None)
+    host_augment = (RandAugment(magnitude=magnitude) if augment == "randaugment" else
+                    ImgaugRandAugment(m=round(magnitude)) if augment == "imgaug" else None)
+    return load_dataset(data.splits["train"], image_size=data.stored_size,
+                        batch_size=plan.global_batch // jax.process_count(), training=True,
+                        seed=config.seed * 100_003 + epoch, crop=crop, augment=host_augment,
+                        skip_errors=config.data.skip_errors, select=data.selected("train"),
+                        multi_label_classes=config.model.num_classes if data.multi_label else None,
+                        deterministic=config.data.deterministic)
 
 
-def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int):
-    """This process's training batches for ``epoch`` (repeated, host-augmented), as :func:`fit_run` reads them."""
-    from ..data import load_dataset
-
-    return load_dataset(data.splits["train"], labeled=True, image_size=data.stored_size,
-                        batch_size=plan.global_batch // jax.process_count(), augment=host_augment(config),
-                        drop_remainder=True, repeat=True, seed=config.seed * 100_003 + epoch,
-                        skip_errors=config.data.skip_errors, crop=train_transform(config, data.stored_size),
-                        select=data.selected("train"), multi_label_classes=multi_label_classes(config, data))
-
-
-def val_dataset(config: TrainConfig, plan: Plan, data: RunData):
-    """The validation split in order, whole, through the run's evaluation crop: what every evaluation of a run reads."""
-    from ..data import load_dataset
-
-    return load_dataset(data.splits["val"], labeled=True, image_size=data.stored_size, batch_size=plan.global_batch,
-                        ordered=True, process_index=0, process_count=1, skip_errors=config.data.skip_errors,
-                        crop=eval_transform(config, data.stored_size), select=data.selected("val"),
-                        multi_label_classes=multi_label_classes(config, data))
+def eval_dataset(config: TrainConfig, data: RunData, split: str, *, batch_size: int,
+                 with_records: bool = False) -> HostDataset:
+    """A labelled split in order, whole, through the evaluation crop: every evaluation of a run reads it, and a
+    CV fold's out-of-fold prediction (``with_records``: each row's ``file#index``)."""
+    return load_dataset(data.splits[split], image_size=data.stored_size, batch_size=batch_size,
+                        crop=eval_crop(config, data.stored_size),
+                        skip_errors=config.data.skip_errors, select=data.selected(split), with_records=with_records,
+                        multi_label_classes=config.model.num_classes if data.multi_label else None)
 
 
-def fit_settings(config: TrainConfig, plan: Plan):
-    """The loop's settings of a resolved config: its intervals, monitor and length on this machine."""
-    from ..train import FitSettings
-
-    loop = config.loop
-    return FitSettings(steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, log_every=loop.log_every,
-                       eval_every=loop.eval_every, checkpoint_every=loop.checkpoint_every,
-                       keep=loop.keep_checkpoints, monitor=loop.monitor, monitor_mode=loop.monitor_mode,
-                       min_delta=loop.min_delta, patience=loop.patience)
+def val_dataset(config: TrainConfig, plan: Plan, data: RunData) -> HostDataset:
+    """The validation split as every evaluation of the run reads it."""
+    return eval_dataset(config, data, "val", batch_size=plan.global_batch)
 
 
-def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
-            resume: bool = False, progress: bool = True, hooks=(), writers=()):
-    """The loop over ``data`` with the config's settings and writers (TensorBoard in ``out_dir``)."""
-    from ..train import TensorBoardWriter, fit
+def model_size(config: TrainConfig, model: nn.Module, variables: dict) -> dict:
+    """Parameters (trainable and ``--freeze``-frozen) and GFLOPs of one image's evaluation forward at the run's
+    size, as XLA's cost analysis of the lowered forward counts them (None where the backend gives no count)."""
+    table = surgery.param_table(variables, frozen=list(config.model.freeze) or None)
+    size = config.model.image_size
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), variables)
+    try:
+        flops = surgery.count_flops(model, shapes, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
+    except VariableTreeError:
+        flops = None
+    return {"params_trainable": table.trainable, "params_frozen": table.frozen,
+            "gflops_per_image": None if flops is None else round(flops / 1e9, 4)}
 
-    def train_batches(epoch):  # with --progressive-stages: at the epoch's stage's size and augmentation
-        dataset = train_dataset(epoch_config(config, plan.stages, epoch), plan, data, epoch)
-        try:
-            yield from dataset
-        finally:
-            dataset.close()
 
-    val = val_dataset(config, plan, data)
-    writers = list(writers)
-    if out_dir is not None and config.loop.tensorboard and jax.process_index() == 0:
-        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard"))
-    return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
-               val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
-               writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
-               stages=tuple(zip(plan.stages, training.stage_steps)))
+def open_writers(config: TrainConfig, out_dir: str | Path) -> list[MetricWriter]:
+    """The writers ``config`` asks for (process 0): TensorBoard in ``out_dir/tensorboard`` with the flags as its
+    HParams, W&B (``--wandb``); the caller closes them (W&B then uploads the run folder's pictures and tables)."""
+    loop, writers = config.loop, []
+    if jax.process_index() == 0 and loop.tensorboard:
+        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard", hparams=config.flat()))
+    if jax.process_index() == 0 and loop.wandb:
+        writers.append(WandbWriter(out_dir, project=loop.wandb, config=config.flat(), artifact=loop.wandb_artifact))
+    return writers

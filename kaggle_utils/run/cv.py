@@ -1,47 +1,44 @@
 """``cross_validate(config, out, folds=K)``: K ordinary runs over one pool of records, and their out-of-fold score.
 
-A thin layer over :func:`~kaggle_utils.run.train`: the pool is the train + val records of the
-run's data (``--data-dir``, the sample, or ``--source`` converted once into ``OUT/data``); fold k's
-run, ``OUT/fold{k}/`` (a run folder like any other: lock, resume, checkpoints), trains on the
-other folds' records and validates on fold k's, chosen by (file, record index) inside ``tf.data``
-(:mod:`kaggle_utils.data.selection`), never by rewriting the records. Then fold k's best
-checkpoint predicts its held-out records into ``fold{k}/oof.csv``: that file, written last, is
-what makes a fold finished, so ``--resume`` skips it and a job killed between folds loses nothing.
-
-Once every fold is finished: ``OUT/oof.csv`` + ``oof.npy`` (every labelled record once, predicted
-by the model that did not train on it), ``OUT/cv.json`` (each fold's best row and held-out
-scores, their mean and std, and the pooled out-of-fold score), and with a test split
-``OUT/submission.csv`` + ``test_probabilities.csv`` from the mean of the fold models.
-
-Multi-label records (a multi-label ``--source``, converted) are dealt into folds by iterative
-stratification (:mod:`kaggle_utils.data.stratify`); their ``oof.csv`` label is the record's classes,
-space-separated, and ``cv.json`` holds the multilabel task's scores (exact-match accuracy, macro and
-micro F1 at the run's ``--threshold``).
-
-Records are named in ``folds.csv`` and ``oof.csv`` by their ``id`` feature when every pool record
-has a unique one (the competition's records, ``--source`` conversions), else by
-``split/file#index`` (the sample writes ids into test records only). ``fold_group`` keeps each
-group in one fold, the groups read from a CSV by those ids (:mod:`kaggle_utils.run.groups`).
+The pool is the train + val records of the run's data (``--data-dir``, the sample, or ``--source`` converted
+once into ``OUT/data``). Fold k's run, ``OUT/fold{k}/`` (a run folder like any other), is :func:`train` on the
+other folds' records, validating on fold k's, chosen by (file, record index) inside ``tf.data``, never by
+rewriting the records. Its best checkpoint then predicts its held-out records into ``fold{k}/oof.csv``,
+written last: that file makes a fold finished, so ``--resume`` skips it. Once every fold is finished:
+``OUT/oof.csv`` + ``oof.npy`` (every record once, predicted by the model that did not train on it),
+``OUT/cv.json`` (each fold's best row and held-out scores by the task's own metrics, their mean and sample
+std, the pooled out-of-fold scores) and, with a test split, the fold models' mean as ``submission.csv`` +
+``test_probabilities.csv``. Folds are stratified (multi-label: iteratively), and ``fold_group`` keeps each
+group in one fold (:mod:`.folds`). Records are named by their ``id`` feature when every
+pool record has a unique one, else by ``split/file#index``.
 """
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
 import io
 import json
-import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint
 from ..config import ConfigError, TrainConfig
+from ..data.convert import source_from_spec
+from ..data.selection import scan_records
+from ..report import read_metrics
+from ..train import Hook, Task
+from .build import eval_dataset, make_task
 from .data import RunData, converted_source, open_data, sample_or_folder
-from .folds import FOLDS_FILE, assign_folds, settle_folds
-from .groups import FoldGroups, group_file, read_groups
-
-__all__ = ["CVResult", "cross_validate"]
+from .folds import FOLDS_FILE, FoldGroups, assign_folds, group_file, read_groups, settle_folds
+from .predict import load_members, predict, predict_ensemble, prediction_steps, write_predictions
+from .resolve import check_config, resolve
+from .saved import load_run
+from .trainer import RunResult, train
 
 FOLD_OOF = "oof.csv"  # in fold{k}/: its held-out predictions; present = the fold is finished
 CV_FILES = ("oof.csv", "oof.npy", "cv.json", "submission.csv", "test_probabilities.csv")
@@ -50,14 +47,14 @@ CV_FILES = ("oof.csv", "oof.npy", "cv.json", "submission.csv", "test_probabiliti
 @dataclasses.dataclass(frozen=True)
 class CVResult:
     out: Path
-    trained: dict  # fold -> the RunResult of the folds trained by this call
+    trained: dict[int, RunResult]  # the folds trained by this call
     scores: dict | None  # cv.json's content; None while some fold is unfinished
     remaining: tuple[int, ...]  # folds not finished yet (e.g. left out by only_folds)
 
 
 @dataclasses.dataclass(frozen=True)
 class Pool:
-    """The labelled records of a CV: where each lies, its label, its name in folds.csv, and its fold."""
+    """The labelled records of a CV: where each lies, its label, its name in folds.csv, its fold and group."""
 
     files: np.ndarray
     indices: np.ndarray
@@ -65,14 +62,14 @@ class Pool:
     keys: np.ndarray
     folds: np.ndarray
     class_names: tuple[str, ...] = ()  # how a multi-label row is written in oof.csv (else: class indices)
+    groups: np.ndarray | None = None  # --fold-group's group of each record
 
     def label_text(self, row: int) -> str:
         """oof.csv's label: the class index, or a multi-label row's classes, space-separated (names if known)."""
         if self.labels.ndim == 1:
             return str(self.labels[row])
-        present = np.flatnonzero(self.labels[row] > 0.5)
-        return " ".join(self.class_names[c] if self.class_names else str(c) for c in present)
-    groups: np.ndarray | None = None  # --fold-group's group of each record
+        return " ".join(self.class_names[c] if self.class_names else str(c)
+                        for c in np.flatnonzero(self.labels[row] > 0.5))
 
     def pairs(self, rows) -> tuple[tuple[str, int], ...]:
         return tuple((str(self.files[r]), int(self.indices[r])) for r in np.flatnonzero(rows))
@@ -80,19 +77,14 @@ class Pool:
 
 def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_folds: Sequence[int] | None = None,
                    fold_group: str | None = None, fold_group_file: str | Path | None = None, resume: bool = False,
-                   overwrite: bool = False, progress: bool = True, hooks: Sequence = ()) -> CVResult:
-    """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files; see above.
+                   overwrite: bool = False, progress: bool = True, hooks: Sequence[Hook] = ()) -> CVResult:
+    """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files.
 
-    ``config`` is one run's (every fold trains with it); ``resume`` goes on with an existing CV
-    folder (without it, one is refused), ``overwrite`` starts it again; ``hooks`` are given to
-    each fold's run in turn (:func:`~kaggle_utils.run.train`). ``fold_group``: a column whose
-    groups stay in one fold, read from ``fold_group_file`` (default: a CSV ``--source``).
+    ``config`` is every fold's; ``resume`` goes on with a CV folder (else one is refused), ``overwrite`` starts
+    it again. ``fold_group``: a column whose groups stay in one fold (its CSV: ``fold_group_file``).
     """
-    from .resolve import check_config, resolve
-    from .trainer import train
-
     out = Path(out)
-    chosen = _check_args(folds, only_folds, resume, overwrite, config)
+    chosen = _check_args(folds, only_folds, resume, overwrite)
     check_config(config)
     if (out / FOLDS_FILE).is_file() and not (resume or overwrite):
         raise ConfigError(f"--out {out} already holds a CV ({out / FOLDS_FILE}): pass --resume to go on with it "
@@ -100,21 +92,22 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
     groups_at = group_file(config, fold_group, fold_group_file)
     if groups_at is not None and config.data.source is not None:
         _check_source_groups(config, groups_at, fold_group)  # before the source is converted into OUT/data
-    trained = {}
+    main, trained = jax.process_index() == 0, {}
     with _pool_data(config, out) as (fold_config, data):
         groups = None if groups_at is None else read_groups(groups_at, fold_group, data.columns[0])
         pool = _pool(data, folds, config.seed, groups)
-        if chosen:  # what a fold's run would refuse from the data (its image size, the stages), refused before the
-            # CV's own files are written; --batch-per-device auto is searched here once, for every fold
+        if chosen:  # what a fold's run would refuse from the data, refused before the CV's own files are written;
+            # --batch-per-device auto is searched here once, for every fold
             _, plan = resolve(fold_config, _fold_data(data, pool, chosen[0]))
             if fold_config.data.batch_per_device == "auto":
                 fold_config = fold_config.replace(batch_per_device=plan.per_device_batch, memory_budget=None)
         out.mkdir(parents=True, exist_ok=True)
-        if _main():
+        if main:
             settle_folds(out, list(pool.keys), pool.folds, k=folds, seed=config.seed, overwrite=overwrite,
                          groups=None if groups is None else (groups.column, pool.groups))
-        if overwrite:
-            _start_over(out)
+            if overwrite:  # every fold is unfinished again (each fold's run is replaced as it is trained)
+                for path in [*out.glob(f"fold*/{FOLD_OOF}"), *(out / name for name in CV_FILES)]:
+                    path.unlink(missing_ok=True)
         for k in chosen:
             fold_out = out / f"fold{k}"
             if (fold_out / FOLD_OOF).is_file():
@@ -126,34 +119,13 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
                   f"records -> {fold_out}" + (" (resumed)" if go_on else ""))
             trained[k] = train(fold_config, fold_out, data=fold_data, resume=go_on,
                                overwrite=overwrite or (resume and not go_on), progress=progress, hooks=hooks)
-            _write_fold_oof(fold_out, k, pool, data)
+            _write_fold_oof(fold_out, k, pool, fold_data)
         remaining = tuple(k for k in range(folds) if not (out / f"fold{k}" / FOLD_OOF).is_file())
-        scores = None if remaining else _finish(out, folds, pool, data, threshold=config.task.threshold)
+        scores = None if remaining else _finish(out, folds, pool, data, make_task(fold_config))
     return CVResult(out, trained, scores, remaining)
 
 
-def _fold_data(data: RunData, pool: Pool, k: int) -> RunData:
-    """Fold k's view of the pool: trains on the other folds' records, validates on its own, out of the same files."""
-    files = data.splits["train"] + data.splits["val"]
-    return dataclasses.replace(data, splits={**data.splits, "train": files, "val": files},
-                               select={"train": pool.pairs(pool.folds != k), "val": pool.pairs(pool.folds == k)},
-                               num_train=int((pool.folds != k).sum()))
-
-
-def _main() -> bool:
-    import jax
-
-    return jax.process_index() == 0
-
-
-def _start_over(out: Path) -> None:
-    """--overwrite: every fold is unfinished again (each fold's run is replaced as it is trained)."""
-    if _main():
-        for path in [*out.glob(f"fold*/{FOLD_OOF}"), *(out / name for name in CV_FILES)]:
-            path.unlink(missing_ok=True)
-
-
-def _check_args(folds, only_folds, resume, overwrite, config) -> list[int]:
+def _check_args(folds: int, only_folds: Sequence[int] | None, resume: bool, overwrite: bool) -> list[int]:
     if folds < 2:
         raise ConfigError(f"--folds {folds}: cross-validation needs at least 2 folds")
     if resume and overwrite:
@@ -168,20 +140,18 @@ def _check_args(folds, only_folds, resume, overwrite, config) -> list[int]:
 @contextlib.contextmanager
 def _pool_data(config: TrainConfig, out: Path) -> Iterator[tuple[TrainConfig, RunData]]:
     """(the config each fold trains with, the data opened and checked): ``--source`` converted once into OUT/data."""
-    if config.data.source is not None:
-        root = converted_source(config, out)
-        fold_config = config.replace(source=None, test_source=None, image_dir=None, test_image_dir=None,
-                                     tfds_data_dir=None, data_dir=str(root.resolve()))
-        yield fold_config, open_data(fold_config, root)
+    if config.data.source is None:
+        with sample_or_folder(config) as root:
+            yield config, open_data(config, root)
         return
-    with sample_or_folder(config) as root:
-        yield config, open_data(config, root)
+    root = converted_source(config, out)
+    fold_config = config.replace(source=None, test_source=None, image_dir=None, test_image_dir=None,
+                                 tfds_data_dir=None, data_dir=str(root.resolve()))
+    yield fold_config, open_data(fold_config, root)
 
 
 def _check_source_groups(config: TrainConfig, path: Path, column: str) -> None:
     """Every image of ``--source`` has a group in ``path`` (a CSV source's own rows have, each, by its id)."""
-    from ..data.convert import source_from_spec
-
     data = config.data
     groups = read_groups(path, column, data.id_column or "id")
     if path.resolve() != Path(data.source).resolve():
@@ -191,8 +161,6 @@ def _check_source_groups(config: TrainConfig, path: Path, column: str) -> None:
 
 
 def _pool(data: RunData, k: int, seed: int, groups: FoldGroups | None = None) -> Pool:
-    from ..data.selection import scan_records
-
     records = scan_records(data.splits["train"] + data.splits["val"])
     labels = records.multi_hot(data.max_label + 1) if data.multi_label else records.labels
     ids = records.ids
@@ -207,24 +175,21 @@ def _pool(data: RunData, k: int, seed: int, groups: FoldGroups | None = None) ->
                 data.class_names, group_of)
 
 
-def _write_fold_oof(fold_out: Path, k: int, pool: Pool, data: RunData) -> None:
-    """Fold k's best checkpoint on its held-out records -> ``fold{k}/oof.csv`` (id, label, fold, probabilities)."""
-    from ..data import load_dataset
-    from ..inference import predict
-    from .build import eval_transform
-    from .predict import _prediction_steps, load_members
+def _fold_data(data: RunData, pool: Pool, k: int) -> RunData:
+    """Fold k's view of the pool: trains on the other folds' records, validates on its own, out of the same files."""
+    files = data.splits["train"] + data.splits["val"]
+    return dataclasses.replace(data, splits={**data.splits, "train": files, "val": files},
+                               select={"train": pool.pairs(pool.folds != k), "val": pool.pairs(pool.folds == k)},
+                               num_train=int((pool.folds != k).sum()))
 
-    member = load_members([fold_out])[0]
-    config = member.config
-    steps = _prediction_steps(config, member.model, tta=config.task.tta, mode=config.loop.mode)
-    batches = load_dataset(sorted(set(pool.files)), labeled=True, image_size=data.stored_size,
-                           batch_size=config.data.batch_size, ordered=True, process_index=0, process_count=1,
-                           crop=eval_transform(config, data.stored_size), select=pool.pairs(pool.folds == k),
-                           with_records=True, skip_errors=config.data.skip_errors,
-                           multi_label_classes=config.model.num_classes if data.multi_label else None)
+
+def _write_fold_oof(fold_out: Path, k: int, pool: Pool, fold_data: RunData) -> None:
+    """Fold k's best checkpoint on its held-out records -> ``fold{k}/oof.csv`` (id, label, fold, probabilities)."""
+    model, variables, config = load_run(fold_out)
+    batches = eval_dataset(config, fold_data, "val", batch_size=config.data.batch_size, with_records=True)
     try:
-        records, probs = predict(steps, member.variables, ({"image": b["image"], "id": b["record"], "mask": b["mask"]}
-                                                           for b in batches))
+        records, probs = predict(prediction_steps(config, model), variables,
+                                 ({"image": b["image"], "id": b["record"], "mask": b["mask"]} for b in batches))
     finally:
         batches.close()
     row_of = {f"{f}#{i}": r for r, (f, i) in enumerate(zip(pool.files, pool.indices))}
@@ -236,26 +201,22 @@ def _write_fold_oof(fold_out: Path, k: int, pool: Pool, data: RunData) -> None:
 
 
 def _write_oof(path: Path, pool: Pool, rows: Sequence[int], probs: np.ndarray) -> None:
-    if not _main():
-        return
-    lines = ["id,label,fold," + ",".join(str(c) for c in range(probs.shape[1]))]
-    lines += [f"{pool.keys[r]},{pool.label_text(r)},{pool.folds[r]}," + ",".join(repr(float(p)) for p in row)
-              for r, row in zip(rows, probs)]
-    checkpoint.atomic_write_text(path, "\n".join(lines) + "\n")
+    if jax.process_index() == 0:
+        lines = ["id,label,fold," + ",".join(str(c) for c in range(probs.shape[1]))]
+        lines += [f"{pool.keys[r]},{pool.label_text(r)},{pool.folds[r]}," + ",".join(repr(float(p)) for p in row)
+                  for r, row in zip(rows, probs)]
+        checkpoint.atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def read_oof(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, labels, folds, probabilities [N, C]) of an ``oof.csv``; labels as written (an index, or a multi-label
-    row's classes separated by spaces)."""
-    import csv
-
+    """(ids, labels as written, folds, probabilities [N, C]) of an ``oof.csv``."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))[1:]
     return ([r[0] for r in rows], np.array([r[1] for r in rows]), np.array([int(r[2]) for r in rows]),
             np.array([[float(v) for v in r[3:]] for r in rows]))
 
 
-def _finish(out: Path, k: int, pool: Pool, data: RunData, *, threshold: float = 0.5) -> dict:
+def _finish(out: Path, k: int, pool: Pool, data: RunData, task: Task) -> dict:
     """Pooled ``oof.csv`` / ``oof.npy``, ``cv.json``, and the fold models' mean on the test split."""
     row_of = {key: r for r, key in enumerate(pool.keys)}
     probs = None
@@ -263,67 +224,36 @@ def _finish(out: Path, k: int, pool: Pool, data: RunData, *, threshold: float = 
         ids, _, _, fold_probs = read_oof(out / f"fold{fold}" / FOLD_OOF)
         probs = np.zeros((len(pool.keys), fold_probs.shape[1])) if probs is None else probs
         probs[[row_of[i] for i in ids]] = fold_probs
-    scores = cv_scores(out, k, pool.labels, pool.folds, probs, threshold=threshold)
-    if _main():
+    scores = cv_scores(out, k, pool.labels, pool.folds, probs, task)
+    if jax.process_index() == 0:
         _write_oof(out / "oof.csv", pool, range(len(pool.keys)), probs)
         buffer = io.BytesIO()
         np.save(buffer, probs)
         checkpoint.atomic_write_bytes(out / "oof.npy", buffer.getvalue())
         checkpoint.atomic_write_text(out / "cv.json", json.dumps(scores, indent=2) + "\n")
     if data.splits["test"]:
-        _predict_test(out, k, data)
+        members = load_members([out / f"fold{f}" for f in range(k)])
+        ids, test_probs = predict_ensemble(members, lambda config: (data.splits["test"], data.stored_size),
+                                           batch_size=members[0].config.data.batch_size,
+                                           mode=members[0].config.loop.mode)
+        write_predictions(out, ids, test_probs, members[0].config, probabilities_name="test_probabilities.csv")
     return scores
 
 
-def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: np.ndarray, *,
-              threshold: float = 0.5) -> dict:
+def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: np.ndarray, task: Task) -> dict:
     """Each fold's best row and held-out scores, their mean and sample std (ddof 1, as ``report`` prints it),
-    and the pooled out-of-fold scores. Multi-hot ``labels`` (multi-label) are scored as the multilabel task
-    scores a split: exact-match accuracy, macro and micro F1 of the classes whose probability exceeds ``threshold``."""
-    from ..report import read_metrics
+    and the pooled out-of-fold scores: the task's own metrics of the saved probabilities."""
+    if labels.ndim == 2:  # multi-hot rows: --num-classes may be wider than the classes found
+        labels = np.pad(labels, ((0, 0), (0, probs.shape[1] - labels.shape[1])))
 
-    score = _multilabel_score(labels, probs, threshold) if labels.ndim == 2 else _single_label_score(labels, probs)
+    def score(rows: np.ndarray) -> dict:
+        logits = task.logits(jnp.asarray(probs[rows], jnp.float32))
+        sums = task.metric_sums(logits, jnp.asarray(labels[rows]), jnp.ones(int(rows.sum()), bool), full=True)
+        return {**task.finish(jax.device_get(sums)), "examples": int(rows.sum())}
+
     per_fold = [{"fold": f, "best": read_metrics(out / f"fold{f}").get("best"), **score(folds == f)}
                 for f in range(k)]
     names = [name for name in per_fold[0] if name not in ("fold", "best", "examples")]
     summary = {name: {"mean": float(np.mean([p[name] for p in per_fold])),
                       "std": float(np.std([p[name] for p in per_fold], ddof=1))} for name in names}
     return {"folds": per_fold, "fold_mean_std": summary, "oof": score(np.ones(len(labels), bool))}
-
-
-def _single_label_score(labels: np.ndarray, probs: np.ndarray):
-    from ..metrics import accuracy, confusion_matrix, macro_f1
-
-    def score(rows):
-        confusion = confusion_matrix(labels[rows], probs[rows].argmax(-1), probs.shape[1])
-        return {"accuracy": accuracy(confusion), "macro_f1": macro_f1(confusion), "examples": int(rows.sum())}
-
-    return score
-
-
-def _multilabel_score(labels: np.ndarray, probs: np.ndarray, threshold: float):
-    from ..metrics import multilabel_f1
-
-    truth = np.zeros(probs.shape, bool)
-    truth[:, :labels.shape[1]] = labels > 0.5  # --num-classes may be wider than the classes found
-    predicted = probs > threshold
-
-    def score(rows):
-        t, p = truth[rows], predicted[rows]
-        macro, micro = multilabel_f1((t & p).sum(0), (~t & p).sum(0), (t & ~p).sum(0))
-        return {"accuracy": float(np.mean(np.all(t == p, axis=1))), "macro_f1": macro, "micro_f1": micro,
-                "examples": int(rows.sum())}
-
-    return score
-
-
-def _predict_test(out: Path, k: int, data: RunData) -> None:
-    """``submission.csv`` and ``test_probabilities.csv``: the fold models' mean probabilities (each with its TTA)."""
-    from .predict import load_members, predict_ensemble, write_predictions
-
-    members = load_members([out / f"fold{f}" for f in range(k)])
-    ids, probs = predict_ensemble(members, lambda config: (data.splits["test"], data.stored_size),
-                                  batch_size=members[0].config.data.batch_size, mode=members[0].config.loop.mode)
-    _, probabilities = write_predictions(out, ids, probs, members[0].config)
-    if _main():
-        os.replace(probabilities, out / "test_probabilities.csv")

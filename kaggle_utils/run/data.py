@@ -1,10 +1,10 @@
 """A run's data: the TFRecord folder it reads (``--data-dir``, ``--source`` converted, or the sample), checked.
 
-Every check the final submission depends on runs here, before any training: splits present,
-labels in ``[0, classes)`` on every labelled split, the task fitting the labels (``--task
-multilabel`` on multi-label records or sources, softmax / focal on single-label ones), the test
-split's ids present, unique and as many as its file names promise, and a converted ``--source``
-made from the files as they are now, every test image included.
+Every check the submission depends on runs here, before any training: splits present, labels in
+``[0, classes)``, the task fitting the labels (multi-label records need ``--task multilabel``), the test
+split's ids present, unique and as many as its file names promise, and a converted ``--source`` made from
+the files as they are now. A conversion is staged in ``OUT/.data.staging`` and becomes ``OUT/data`` only
+once the run is accepted (:func:`commit_conversion`), so a refused run leaves the folder as it was.
 """
 from __future__ import annotations
 
@@ -18,10 +18,18 @@ from typing import Iterator
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from ..config import ConfigError, TrainConfig
+from ..data import Source, count_data_items, list_tfrecords, make_sample_dataset, scan_labels
+from ..data.convert import (INFO_FILE, conversion_changes, convert_source, read_conversion_info, source_from_spec,
+                            stratified_split)
+from ..data.selection import scan_records
+from ..data.sources import MissingImageError
 
+SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it
 SAMPLE_IMAGE_SIZE = 32
+STAGED = ".data.staging"  # OUT/.data.staging: a conversion not yet accepted as OUT/data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,34 +46,52 @@ class RunData:
     # split -> the (file, index) records of its files it reads (a cross-validation fold); absent: all of them
     select: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
 
-    def selected(self, split: str):
+    def selected(self, split: str) -> tuple[tuple[str, int], ...] | None:
         """The ``select=`` of ``load_dataset`` for ``split``: None reads every record of its files."""
         return self.select.get(split)
 
 
-SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
 
 
-STAGED = ".data.staging"  # OUT/.data.staging: a conversion not yet accepted as OUT/data
+# --------------------------------------------------------------------------- where the records are
+
+
+@contextlib.contextmanager
+def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
+    """The folder of TFRecords a run reads: ``--data-dir``, the sample, or ``--source`` converted (staged: removed
+    on the way out unless committed)."""
+    if config.data.source is None:
+        with sample_or_folder(config) as root:
+            yield root
+        return
+    try:
+        yield converted_source(config, out_dir, stage=True)
+    finally:
+        if jax.process_index() == 0:
+            shutil.rmtree(Path(out_dir) / STAGED, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
+    """The data folder of ``config``: its ``data_dir``, or the digits sample written to a temporary folder."""
+    if config.data.data_dir not in (None, SAMPLE):
+        yield Path(config.data.data_dir)
+        return
+    size = config.model.image_size or SAMPLE_IMAGE_SIZE
+    with tempfile.TemporaryDirectory(prefix="kaggle_utils_sample_") as tmp:
+        if jax.process_index() == 0:
+            print(f"no --data-dir: training on the embedded digits sample ({size}x{size}) in {tmp}")
+        make_sample_dataset(tmp, source="digits", image_size=size)
+        yield Path(tmp)
 
 
 def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = False) -> Path:
-    """``--source`` as competition-layout TFRecords in ``OUT/data``: converted once, redone when its input changed.
-
-    ``OUT/data`` is reused (by ``--resume``, or a run started again) only when the fingerprint it
-    records matches the sources and settings as they are now (:mod:`kaggle_utils.data.fingerprint`):
-    a class folder or test image added since, or another ``--val-fraction``, would otherwise be
-    trained or predicted on as the old conversion, with a config that says otherwise.
-
-    With ``stage`` a conversion goes to ``OUT/.data.staging`` instead and the folder returned is
-    that one: it replaces ``OUT/data`` only through :func:`commit_conversion`, once every check of
-    the run has passed, so a run refused later leaves the folder's run and its data as they were.
-    """
-    from ..data.convert import conversion_changes, convert_source, source_from_spec
-
+    """``--source`` as competition-layout TFRecords in ``OUT/data``, converted again only when its fingerprint
+    (:mod:`kaggle_utils.data.fingerprint`) changed; with ``stage``, into ``OUT/.data.staging`` until committed."""
     data = config.data
-    if data.data_dir is not None:
-        raise ConfigError("--source and --data-dir exclude each other: give the records folder or the source")
     if config.model.image_size is None:
         raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
     target, staged = Path(out_dir) / "data", Path(out_dir) / STAGED
@@ -86,7 +112,12 @@ def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = 
             convert_source(train, written, test=test, overwrite=True, **settings)
     _sync("kaggle_utils converted_source")  # the others read what process 0 wrote (a shared filesystem)
     folder = staged if stage and staged.is_dir() else target
-    _check_test_rows(folder, test)  # on every process, so that all stop together
+    if test is not None:  # a submission needs a row per test image: --skip-errors must not have left one out
+        converted = read_conversion_info(folder)["counts"].get("test", 0)
+        if converted != test.num_examples:
+            raise ConfigError(f"{folder}/test holds {converted} of the {test.num_examples} images of "
+                              f"{test.description} ({test.num_examples - converted} unreadable, skipped by "
+                              "--skip-errors): a submission needs a row for each; fix or remove those files")
     return folder
 
 
@@ -106,108 +137,38 @@ def commit_conversion(data: RunData, out_dir: str | Path) -> RunData:
     return dataclasses.replace(data, root=target, splits=find_splits(target))
 
 
-def _sync(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
-def _check_val_split(train, data) -> None:
-    """Refuses a --source whose classes are too small for --val-fraction to give any validation image
-    (a class keeps one image for training): the run would read a records folder with no val/."""
-    from ..data.convert import stratified_split
-
-    if not train.labeled:  # refused by the conversion itself, with its own words
-        return
-    if not len(stratified_split(train.labels, data.val_fraction, 0)[1]):
-        if train.multi_label:
-            raise ConfigError(f"--source {data.source}: --val-fraction {data.val_fraction} gives no validation image "
-                              f"of its {train.num_examples} multi-label images: add images, or raise --val-fraction")
-        largest = int(np.bincount(train.labels).max())
-        raise ConfigError(f"--source {data.source}: --val-fraction {data.val_fraction} gives no validation image "
-                          f"(the largest of its {train.num_classes} classes has {largest} image(s), and each class "
-                          "keeps one for training): add images, or raise --val-fraction")
+def _check_val_split(train: Source, data) -> None:
+    """Refuses a --source whose classes are too small for --val-fraction to give any validation image."""
+    if not train.labeled or len(stratified_split(train.labels, data.val_fraction, 0)[1]):
+        return  # an unlabeled source is refused by the conversion itself
+    where = f"--source {data.source}: --val-fraction {data.val_fraction} gives no validation image"
+    if train.multi_label:
+        raise ConfigError(f"{where} of its {train.num_examples} multi-label images: add images, or raise "
+                          "--val-fraction")
+    raise ConfigError(f"{where} (the largest of its {train.num_classes} classes has "
+                      f"{int(np.bincount(train.labels).max())} image(s), and each class keeps one for training): add "
+                      "images, or raise --val-fraction")
 
 
-def _test_source(data, columns: dict):
+def _test_source(data, columns: dict) -> Source:
     """``--test-source`` as a source; a missing image says which flag names the test images' folder."""
-    from ..data.convert import source_from_spec
-    from ..data.sources import MissingImageError
-
-    image_dir = data.test_image_dir or data.image_dir
     try:
-        return source_from_spec(data.test_source, image_dir=image_dir, labeled=False, tfds_data_dir=data.tfds_data_dir,
-                                **columns)
+        return source_from_spec(data.test_source, image_dir=data.test_image_dir or data.image_dir, labeled=False,
+                                tfds_data_dir=data.tfds_data_dir, **columns)
     except MissingImageError as err:
         if data.test_image_dir is not None:
             raise
         raise MissingImageError(f"{err} (test images in a folder of their own: give it as --test-image-dir)") from None
 
 
-def _check_test_rows(target: Path, test) -> None:
-    """A submission needs a row per test image: refuses a conversion that left some out (``--skip-errors``)."""
-    from ..data.convert import read_conversion_info
-
-    if test is None:
-        return
-    converted = read_conversion_info(target)["counts"].get("test", 0)
-    if converted != test.num_examples:
-        raise ConfigError(f"{target}/test holds {converted} of the {test.num_examples} images of {test.description} "
-                          f"({test.num_examples - converted} unreadable, skipped by --skip-errors): a submission "
-                          "needs a row for each; fix or remove those files")
-
-
-@contextlib.contextmanager
-def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
-    """The folder of TFRecords a run reads: ``--data-dir``, ``--source`` converted (staged), or the sample.
-
-    A staged conversion that was not committed (the run was refused) is removed on the way out.
-    """
-    if config.data.source is not None:
-        try:
-            yield converted_source(config, out_dir, stage=True)
-        finally:
-            if jax.process_index() == 0:
-                shutil.rmtree(Path(out_dir) / STAGED, ignore_errors=True)
-    elif config.data.test_source is not None or config.data.test_image_dir is not None:
-        raise ConfigError("--test-source and --test-image-dir need --source (the training images); with --data-dir "
-                          "the test split is DIR/test/")
-    elif config.data.tfds_data_dir is not None:
-        raise ConfigError(f"--tfds-data-dir {config.data.tfds_data_dir} goes with --source tfds:NAME (it says where "
-                          "that dataset is prepared); with --data-dir it reads nothing")
-    else:
-        with sample_or_folder(config) as root:
-            yield root
-
-
-@contextlib.contextmanager
-def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
-    """The data folder of ``config``: its ``data_dir``, or the digits sample written to a temporary folder."""
-    if config.data.data_dir not in (None, SAMPLE):
-        yield Path(config.data.data_dir)
-        return
-    from ..data import make_sample_dataset
-
-    size = config.model.image_size or SAMPLE_IMAGE_SIZE
-    with tempfile.TemporaryDirectory(prefix="kaggle_utils_sample_") as tmp:
-        if jax.process_index() == 0:
-            print(f"no --data-dir: training on the embedded digits sample ({size}x{size}) in {tmp}")
-        make_sample_dataset(tmp, source="digits", image_size=size)
-        yield Path(tmp)
-
-
 def find_splits(data_dir: str | Path, *, need_labels: bool = True) -> dict[str, list[str]]:
     """``{split: files}`` of ``data_dir``; train/val required for training, test for predicting."""
-    from ..data import list_tfrecords
-
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise ConfigError(f"--data-dir {data_dir} is not a folder")
     splits = {}
     for split in ("train", "val", "test"):
         folder = data_dir / split
-        required = split != "test" if need_labels else split == "test"
         try:
             splits[split] = list_tfrecords(folder) if folder.is_dir() else []
         except FileNotFoundError:
@@ -215,7 +176,7 @@ def find_splits(data_dir: str | Path, *, need_labels: bool = True) -> dict[str, 
         if split == "test" and need_labels and folder.is_dir() and not splits[split]:
             raise ConfigError(f"--data-dir {data_dir} has a test/ folder with no TFRecords: the run would end with "
                               f"no submission; put the test records in {folder}/, or remove the empty folder")
-        if required and not splits[split]:
+        if (split != "test" if need_labels else split == "test") and not splits[split]:
             raise ConfigError(f"--data-dir {data_dir} has no {split}/ split: expected TFRecords in {folder}/ "
                               f"(the competition layout: {data_dir}/{{train,val,test}}/*.tfrec)")
     return splits
@@ -230,28 +191,12 @@ def infer_image_size(files: list[str]) -> int | None:
     return int(sizes.pop()) if len(sizes) == 1 else None
 
 
-def scan_labels(files: list[str], image_size: int, *, skip_errors: bool = False,
-                multi_label_classes: int | None = None) -> np.ndarray:
-    """Every label of ``files`` (reads the split once; also proves the records decode at this size): int32 ``[N]``,
-    or float32 multi-hot ``[N, C]`` of multi-label records (``multi_label_classes=C``)."""
-    from ..data import load_dataset
-
-    labels = [b["label"][b["mask"]] for b in load_dataset(files, labeled=True, image_size=image_size,
-                                                             batch_size=256, ordered=True, process_index=0,
-                                                             process_count=1, skip_errors=skip_errors,
-                                                             multi_label_classes=multi_label_classes)]
-    empty = np.zeros((0,) if multi_label_classes is None else (0, multi_label_classes),
-                     np.int32 if multi_label_classes is None else np.float32)
-    return np.concatenate(labels) if labels else empty
+# --------------------------------------------------------------------------- what the records hold
 
 
 def check_task_fits(config: TrainConfig, multi_label: bool, where: str) -> None:
-    """Refuses a task that does not fit the labels of ``where`` (a source or records folder), naming the flag to use.
-
-    Called on the source before a conversion and on the records before a run (nothing written yet):
-    a softmax over multi-hot rows would train on a fraction of each image's classes, and the
-    multi-label task fails on integer labels at its first step.
-    """
+    """Refuses a task that does not fit the labels of ``where`` (a source or records folder), naming the flag to use:
+    a softmax over multi-hot rows would train on a fraction of each image's classes."""
     task = config.task.task
     if multi_label and task != "multilabel":
         raise ConfigError(f"{where} is multi-label (several classes per image), which --task {task} cannot train: "
@@ -263,20 +208,16 @@ def check_task_fits(config: TrainConfig, multi_label: bool, where: str) -> None:
 
 def _label_range(config: TrainConfig, splits: dict, stored: int) -> tuple[bool, int, dict]:
     """(multi-label?, the largest label, {split: labels}) of the train and val splits, every label checked."""
-    from ..data.selection import scan_records
-
-    index = scan_records(splits["train"][:1])  # multi-label records are the kit's own: one file tells
-    multi_label = index.multi_label
+    multi_label = scan_records(splits["train"][:1]).multi_label  # multi-label records are the kit's own: one file tells
     if multi_label:
-        index = scan_records(splits["train"] + splits["val"])
-        found = np.concatenate(index.label_sets)
+        found = np.concatenate(scan_records(splits["train"] + splits["val"]).label_sets)
         low, top = int(found.min()), int(found.max())
         width = max(config.model.num_classes or 0, top + 1)
-        seen = {split: scan_labels(splits[split], stored, skip_errors=config.data.skip_errors,
+        seen = {split: scan_labels(splits[split], image_size=stored, skip_errors=config.data.skip_errors,
                                    multi_label_classes=width) for split in ("train", "val")} if low >= 0 else {}
         where = "train or val"
     else:
-        seen = {split: scan_labels(splits[split], stored, skip_errors=config.data.skip_errors)
+        seen = {split: scan_labels(splits[split], image_size=stored, skip_errors=config.data.skip_errors)
                 for split in ("train", "val")}
         low = min(int(v.min()) for v in seen.values() if v.size)
         where = next(s for s, v in seen.items() if v.size and v.min() == low)
@@ -287,35 +228,26 @@ def _label_range(config: TrainConfig, splits: dict, stored: int) -> tuple[bool, 
 
 
 def scan_test_ids(files: list[str]) -> list[str]:
-    """The test split's ids in order, parsed without decoding images; checked as a submission needs them."""
-    from ..data import count_data_items, tensorflow_on_host
-
-    tf = tensorflow_on_host()
-    feature = {"id": tf.io.FixedLenFeature([], tf.string, default_value="\x00missing")}
-    ids = []
-    for name in files:
-        for index, record in enumerate(tf.data.TFRecordDataset(name)):
-            value = tf.io.parse_single_example(record, feature)["id"].numpy()
-            if value == b"\x00missing":
-                raise ConfigError(f"{name}, record {index}: the test split has no 'id' feature; submission.csv "
-                                  "needs one id per test image")
-            ids.append(value.decode("utf-8"))
+    """The test split's ids in order, read without decoding images; checked as a submission needs them."""
+    index = scan_records(files)
+    missing = next((r for r, i in enumerate(index.ids) if not i), None)
+    if missing is not None:
+        raise ConfigError(f"{index.files[missing]}, record {index.indices[missing]}: the test split has no 'id' "
+                          "feature; submission.csv needs one id per test image")
     expected = count_data_items(files)
-    if len(ids) != expected:
-        raise ConfigError(f"the test split holds {len(ids)} records but its file names promise {expected}: "
+    if len(index) != expected:
+        raise ConfigError(f"the test split holds {len(index)} records but its file names promise {expected}: "
                           "a submission would miss or repeat images")
-    seen: set[str] = set()
-    repeated = [i for i in ids if i in seen or seen.add(i)]
-    if repeated:
-        raise ConfigError(f"test ids repeat ({len(repeated)} duplicates, e.g. {sorted(set(repeated))[:5]}): "
-                          "refusing to train for an ambiguous submission")
-    return ids
+    ids, counts = np.unique(index.ids, return_counts=True)
+    if (counts > 1).any():
+        repeated = [str(i) for i in ids[counts > 1][:5]]
+        raise ConfigError(f"test ids repeat ({int((counts - 1).sum())} duplicates, e.g. {repeated}): refusing to "
+                          "train for an ambiguous submission")
+    return list(index.ids)
 
 
 def open_data(config: TrainConfig, root: str | Path) -> RunData:
     """The run's data in ``root``, checked: splits, stored size, labels in range, test ids usable."""
-    from ..data import count_data_items
-
     root = Path(root)
     splits = find_splits(root)
     stored = infer_image_size(splits["train"]) or config.model.image_size
@@ -333,20 +265,15 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
     where = (f"--source {config.data.source}" if config.data.source else
              "the embedded digits sample (no --data-dir)" if description == SAMPLE else f"--data-dir {description}")
     check_task_fits(config, multi_label, where)
-    _check_classes(config, top)
+    if top == 0 and (config.model.num_classes or 1) == 1:  # a softmax over one class has loss 0 and learns nothing
+        raise ConfigError(f"the train and val splits hold one class only (label 0): --task {config.task.task} over one "
+                          "class learns nothing; check the data (--data-dir / --source), or pass --num-classes N "
+                          "if the other classes are only absent from these splits")
     if splits["test"]:
         scan_test_ids(splits["test"])
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
                    max_label=top, description=description, multi_label=multi_label,
                    **submission_labels(config, root))
-
-
-def _check_classes(config: TrainConfig, top: int) -> None:
-    """One class is no classification: a softmax over it has loss 0 from the first step and learns nothing."""
-    if top == 0 and (config.model.num_classes or 1) == 1:
-        raise ConfigError(f"the train and val splits hold one class only (label 0): --task {config.task.task} over one "
-                          "class learns nothing; check the data (--data-dir / --source), or pass --num-classes N "
-                          "if the other classes are only absent from these splits")
 
 
 def named_classes(names) -> tuple[str, ...]:
@@ -356,15 +283,8 @@ def named_classes(names) -> tuple[str, ...]:
 
 
 def submission_labels(config: TrainConfig, root: Path) -> dict:
-    """The class names and id / label columns of a run on ``root``: given, else recorded there, else the defaults.
-
-    A records folder written by a conversion (``class_names.json``) carries the source's columns
-    and class names into every run on it, so they need not be repeated as flags; a flag that
-    disagrees with the record is refused, naming both (integer labels' "0", "1", ... names may
-    be named by ``--class-names``).
-    """
-    from ..data.convert import INFO_FILE, read_conversion_info
-
+    """The class names and id / label columns of a run on ``root``: given, else recorded by its conversion
+    (``class_names.json``), else the defaults; a flag that disagrees with the record is refused, naming both."""
     info = read_conversion_info(root) if (root / INFO_FILE).is_file() else {}
     where = f"{root / INFO_FILE} (written by the conversion of {info.get('source')})"
     data = config.data

@@ -1,14 +1,18 @@
-"""Fold assignment for cross-validation: stratified by label, seeded, optionally group-aware; kept in ``OUT/folds.csv``.
+"""A CV's folds: stratified by label, seeded, group-aware (``--fold-group``), kept in ``OUT/folds.csv``.
 
-The assignment is a pure function of (labels, groups, K, seed), so ``--resume`` and later
-``--only-folds`` calls recompute it and check it against ``folds.csv`` rather than trusting
-either alone: a changed seed, K or pool of examples would otherwise train fold 1 on examples
-that fold 0 already validated on, and the out-of-fold score would be optimistic without
-saying so. A difference is refused, naming it.
+The assignment is a pure function of (labels, groups, K, seed), so ``--resume`` and later ``--only-folds``
+calls recompute it and check it against ``folds.csv``: a changed seed, K or pool would otherwise train fold 1
+on examples that fold 0 validated on, and the out-of-fold score would be optimistic without saying so.
+
+Groups (a patient, a photographer, a video) live in no TFRecord, so they are read from a CSV keyed by the
+run's id column: a CSV ``--source``'s own ``COLUMN``, or ``--fold-group-file CSV`` (with ``--data-dir``,
+class folders or tfds). The file, both columns, an empty or conflicting group and records whose id the file
+lacks are all refused, named, before anything is written.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from pathlib import Path
 from typing import Sequence
@@ -16,28 +20,19 @@ from typing import Sequence
 import numpy as np
 
 from ..checkpoint import atomic_write_text
-from ..config import ConfigError
+from ..config import ConfigError, TrainConfig
+from ..data.stratify import iterative_stratification
 
-__all__ = ["FOLDS_FILE", "assign_folds", "read_fold_groups", "read_folds", "settle_folds"]
+__all__ = ["FOLDS_FILE", "FoldGroups", "assign_folds", "group_file", "read_fold_groups", "read_folds", "read_groups",
+           "settle_folds"]
 
 FOLDS_FILE = "folds.csv"
 
 
 def assign_folds(labels: Sequence[int], k: int, seed: int, groups: Sequence | None = None) -> np.ndarray:
-    """The fold (0..k-1) of each example.
-
-    Without ``groups``: each class's examples, shuffled by ``seed``, are dealt round-robin,
-    continuing from where the previous class stopped, so every fold holds each class's count
-    divided by ``k`` (within 1) and the folds' sizes are within 1 of each other.
-
-    Multi-hot ``labels`` ``[N, C]`` (multi-label): iterative stratification over k equal shares
-    (:func:`~kaggle_utils.data.stratify.iterative_stratification`): each class's count in every fold
-    close to its count divided by ``k``, rarest classes placed first.
-
-    With ``groups``: whole groups are dealt, so no group is in two folds, each to the fold that
-    keeps the classes most evenly spread (scikit-learn's StratifiedGroupKFold rule, in numpy):
-    see :func:`_group_folds`.
-    """
+    """The fold (0..k-1) of each example: each class's examples, shuffled by ``seed``, dealt round-robin from
+    where the previous class stopped (every fold holds each class's count / k, within 1); multi-hot ``labels``
+    by iterative stratification; with ``groups``, whole groups (:func:`_group_folds`)."""
     labels = np.asarray(labels)
     if k < 2:
         raise ConfigError(f"--folds {k}: cross-validation needs at least 2 folds")
@@ -48,8 +43,6 @@ def assign_folds(labels: Sequence[int], k: int, seed: int, groups: Sequence | No
     if groups is not None:
         return _group_folds(labels, np.asarray(groups), k, rng)
     if labels.ndim == 2:
-        from ..data.stratify import iterative_stratification
-
         return iterative_stratification(labels, [1.0] * k, seed)
     start = 0
     for label in np.unique(labels):
@@ -60,14 +53,9 @@ def assign_folds(labels: Sequence[int], k: int, seed: int, groups: Sequence | No
 
 
 def _group_folds(labels: np.ndarray, groups: np.ndarray, k: int, rng) -> np.ndarray:
-    """Whole groups to folds, keeping each class's share of every fold as even as the groups allow.
-
-    The rule of scikit-learn's StratifiedGroupKFold (shuffled): groups in a seeded order, stably
-    sorted so that those whose examples are most concentrated on few classes (the hardest to
-    place) come first; each goes to the fold where, with it, the spread over folds of each
-    class's share (std of count / class total, averaged over classes) is smallest, a tie to the
-    fold with fewer examples. Only whole groups move, so a class held by one large group cannot
-    be spread: the balance is the best this greedy rule finds, not a guarantee.
+    """Whole groups to folds by scikit-learn's StratifiedGroupKFold rule (shuffled): the groups most concentrated
+    on few classes first, each to the fold where the spread of each class's share over the folds is smallest
+    (a tie: the fold with fewer examples). A greedy balance, not a guarantee: a large group is not split.
     """
     names, group_of = np.unique(groups, return_inverse=True)
     if len(names) < k:
@@ -133,11 +121,8 @@ def read_fold_groups(out: str | Path) -> tuple[str, dict[str, str]] | None:
 
 def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: int, seed: int,
                  groups: tuple[str, Sequence[str]] | None = None, overwrite: bool = False) -> None:
-    """Writes ``OUT/folds.csv`` the first time; afterwards refuses an assignment or a grouping that differs from it.
-
-    ``groups``: ``(column, the group of each id)`` of a ``--fold-group`` CV, kept as the file's
-    third column (headed by the column's name), so that the grouping is checked as the folds are.
-    """
+    """Writes ``OUT/folds.csv`` the first time; afterwards refuses folds or a grouping that differ from it.
+    ``groups``: ``(column, each id's group)``, kept as a third column so the grouping is checked too."""
     path = Path(out) / FOLDS_FILE
     recorded = None if overwrite else read_folds(out)
     if recorded is None:
@@ -189,3 +174,66 @@ def _difference(recorded: dict[str, int], now: dict[str, int]) -> str:
         parts.append(f"{len(moved)} id(s) in another fold, e.g. {moved[0]}: fold {recorded[moved[0]]} then, "
                      f"{now[moved[0]]} now")
     return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- --fold-group
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldGroups:
+    """``{id: group}`` of one CSV column, and where it was read (for the messages)."""
+
+    column: str
+    path: Path
+    id_column: str
+    of: dict[str, str]
+
+    def lookup(self, ids: Sequence[str], where: str) -> np.ndarray:
+        """The group of each id; refuses ids the file has no row for (``where``: what the ids are)."""
+        missing = sorted(str(i) for i in ids if i not in self.of)
+        if missing:
+            shown = ", ".join(map(repr, missing[:3])) + (", ..." if len(missing) > 3 else "")
+            raise ConfigError(f"--fold-group {self.column}: {len(missing)} of the {len(ids)} {where} have no row in "
+                              f"{self.path} (matched by its {self.id_column!r} column), e.g. {shown}: every record "
+                              "needs a group")
+        return np.array([self.of[i] for i in ids], dtype=object)
+
+
+def group_file(config: TrainConfig, column: str | None, path: str | None) -> Path | None:
+    """The CSV ``--fold-group`` is read from: ``--fold-group-file``, else a CSV ``--source``; None without a group."""
+    if column is None:
+        if path is not None:
+            raise ConfigError(f"--fold-group-file {path} needs --fold-group COLUMN: the column of the groups")
+        return None
+    if path is not None:
+        return Path(path)
+    source = config.data.source
+    if source is not None and source.lower().endswith(".csv"):
+        return Path(source)
+    where = f"--source {source}" if source else f"--data-dir {config.data.data_dir or '(the digits sample)'}"
+    raise ConfigError(f"--fold-group {column}: {where} has no columns to read groups from; give "
+                      f"--fold-group-file CSV (a CSV with the run's id column and {column})")
+
+
+def read_groups(path: Path, column: str, id_column: str) -> FoldGroups:
+    """``{id: group}`` of ``path``'s ``column``, refusing a missing file or column, an empty group, a repeated id."""
+    if not path.is_file():
+        raise ConfigError(f"--fold-group {column}: {path} does not exist")
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        absent = [c for c in (id_column, column) if c not in header]
+        if absent:
+            raise ConfigError(f"--fold-group {column}: {path} has no column {' or '.join(map(repr, absent))} "
+                              f"(columns: {', '.join(header)}); the groups are matched to the records by the run's "
+                              "id column (--id-column)")
+        of: dict[str, str] = {}
+        for row in reader:
+            key, group = row[id_column], (row[column] or "").strip()
+            if not group:
+                raise ConfigError(f"--fold-group {column}: {path}, line {reader.line_num}: no {column} value for id "
+                                  f"{key!r}")
+            if of.setdefault(key, group) != group:
+                raise ConfigError(f"--fold-group {column}: {path}, line {reader.line_num}: id {key!r} is given "
+                                  f"groups {of[key]!r} and {group!r}")
+    return FoldGroups(column, path, id_column, of)

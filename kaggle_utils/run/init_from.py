@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from .. import checkpoint
 from ..config import ConfigError, TrainConfig
@@ -49,7 +50,7 @@ def run_config(file: Path) -> TrainConfig:
     return TrainConfig.from_dict(manifest["config"], where=f"{manifest_file} config")
 
 
-def run_variables(file: Path, model, config: TrainConfig) -> dict:
+def run_variables(file: Path, model: nn.Module, config: TrainConfig) -> dict:
     """The evaluation variables (EMA weights where kept) of checkpoint ``file``, checked leaf by leaf with ``model``."""
     raw = checkpoint.load(file)
     if "state" in raw:  # last.msgpack / ckpt-*.msgpack: the whole training state
@@ -94,7 +95,7 @@ def check_parent(config: TrainConfig) -> Path | None:
     return file
 
 
-def parent_variables(config: TrainConfig, model) -> dict:
+def parent_variables(config: TrainConfig, model: nn.Module) -> dict:
     """``--init-from``'s variables for ``model`` (this run's), classifier included."""
     file = check_parent(config)
     if jax.process_index() == 0:

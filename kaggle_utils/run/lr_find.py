@@ -1,26 +1,12 @@
 """``--lr auto``: an LR range test (Smith 2015; fastai's ``lr_find``) picks the run's peak learning rate.
 
-A few dozen optimizer steps on the training data, from the run's own initial state (model,
-weights, frozen parts, lr groups, precision, augmentation: the run's own ``build_training``), with
-the rate growing geometrically from ``LR_MIN`` to ``LR_MAX`` per 256 images. The loss of each step is
-recorded; the test stops early once the loss explodes (not finite, or its trailing mean above
-``EXPLODE_FACTOR`` x its lowest trailing mean). The state it trained is thrown away: the run then
-starts from the same initial state as with a fixed ``--lr``.
-
-The rule (:func:`pick_lr`, fastai's ``steep``): the rate where the smoothed loss falls fastest per
-decade, before its minimum. There the rate trains fastest while staying well below the one where
-training breaks (the minimum, a step before the loss climbs). Measured on four small fine-tunes
-(bench/README.md, "Learning rate of a short fine-tune"), Smith's and fastai v1's "a tenth of the
-rate at the lowest loss" picked 3e-3 to 9e-3, below the best fixed rates, and fastai's later
-``valley`` picked ~1e-4 on curves of 40 points (the flat start counts into its longest falling
-stretch); the steepest fall picked 1e-2 to 2e-2, where the best fixed rates were. The curve is
-smoothed *centred* (a mean over ``WINDOW`` neighbours), not with fastai's trailing average, whose
-lag of several steps (a large part of a decade at ~5-12 steps per decade) would shift every feature
-to a larger rate. A curve whose smoothed loss never falls below its start by ``MIN_DROP`` has no
-fall to read: the rule then says so (``None``) and the run keeps the default rate.
-
-The found rate is the run's ``lr`` in ``config.json``, with a note (``"lr_find"``) saying it was
-found; ``--resume`` with ``--lr auto`` takes it from there and does not test again.
+A few dozen optimizer steps from the run's own initial state and training (frozen parts, lr groups,
+precision, augmentation), the rate growing geometrically from ``LR_MIN`` to ``LR_MAX`` per 256 images,
+until the loss explodes; the state it trained is thrown away. The pick (:func:`pick_lr`, fastai's ``steep``)
+is where the loss, smoothed by a *centred* mean (a trailing one lags), falls fastest before its minimum; a
+curve that never falls ``MIN_DROP`` below its start picks nothing and the default rate stays. Why this rule:
+bench/README.md, "Learning rate of a short fine-tune". The found rate is the run's ``lr`` in ``config.json``,
+with a note (``lr_find``) that ``--resume`` reads instead of testing again.
 """
 from __future__ import annotations
 
@@ -37,15 +23,17 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from .. import checkpoint
 from ..config import TrainConfig
-from .build import build_model, build_training, initial_variables, train_dataset
-from .data import RunData
-from .resolve import FINETUNE_LR, SCRATCH_LR, Plan
-
-__all__ = ["LR_FIND_CSV", "LrFinding", "find_lr", "pick_lr", "range_test", "reuse_found_lr", "settle_lr",
-           "smooth"]
+from ..report import write_lr_find_plot
+from ..train import Task, scaled_lr
+from ..train.optim import OPTIMIZERS
+from ..train.progress import progress_bar
+from .build import Plan, Training, build_model, build_training, initial_variables, train_dataset
+from .data import RunData, data_root, open_data
+from .resolve import resolve
 
 LR_MIN, LR_MAX = 1e-7, 10.0  # per 256 images: from "changes nothing" to "destroys any network"
 DEFAULT_STEPS, FEWEST_DEFAULT_STEPS = 100, 40
@@ -75,39 +63,31 @@ class LrFinding:
 
     def describe(self) -> str:
         """The log's line: what was picked and by which rule (or why nothing was)."""
-        peak = self.lr * self.global_batch / 256
         if not self.found:
             return (f"LR range test: the loss never fell by {MIN_DROP:.0%} over {len(self.lrs)} steps ({self.stop}); "
                     f"keeping the default {self.lr:g} per 256 images")
-        return (f"LR range test: --lr {self.lr:.3g} per 256 images (peak {peak:.3g} at batch {self.global_batch}), "
-                f"{self.rule}, lowest loss at {self.min_loss_lr:.3g}; {len(self.lrs)} steps, {self.stop}")
+        return (f"LR range test: --lr {self.lr:.3g} per 256 images (peak {self.lr * self.global_batch / 256:.3g} at "
+                f"batch {self.global_batch}), {self.rule}, lowest loss at {self.min_loss_lr:.3g}; {len(self.lrs)} "
+                f"steps, {self.stop}")
 
     def text_curve(self, width: int = 40) -> str:
         """A row per decade of the sweep (and the minimum and the pick): rate, smoothed loss, a bar."""
         lrs, smoothed = np.asarray(self.lrs), np.asarray(self.smoothed)
         rows = {int(np.argmin(np.abs(np.log10(lrs) - d))) for d in range(-7, 2) if lrs[0] <= 10.0 ** d <= lrs[-1]}
-        marks = {}
-        if self.found:
-            low = int(np.argmin(np.abs(lrs - self.min_loss_lr)))
-            pick = int(np.argmin(np.abs(np.log(lrs) - math.log(self.lr))))
-            marks = {low: "  <- lowest", pick: "  <- picked"}
+        marks = {int(np.argmin(np.abs(lrs - self.min_loss_lr))): "  <- lowest",
+                 int(np.argmin(np.abs(np.log(lrs / self.lr)))): "  <- picked"} if self.found else {}
         finite = smoothed[np.isfinite(smoothed)]
-        low_value, high_value = float(finite.min()), float(finite.max())
-        span = max(high_value - low_value, 1e-12)
-        lines = []
-        for i in sorted(rows | set(marks) | {len(lrs) - 1}):
-            value = smoothed[i]
-            bar = "#" * (1 + round((width - 1) * (value - low_value) / span)) if math.isfinite(value) else "!"
-            lines.append(f"  lr {lrs[i]:8.2e}  loss {value:8.4f} {bar}{marks.get(i, '')}")
-        return "\n".join(lines)
+        low, span = float(finite.min()), max(float(finite.max() - finite.min()), 1e-12)
+        bar = lambda v: "#" * (1 + round((width - 1) * (v - low) / span)) if math.isfinite(v) else "!"  # noqa: E731
+        return "\n".join(f"  lr {lrs[i]:8.2e}  loss {smoothed[i]:8.4f} {bar(smoothed[i])}{marks.get(i, '')}"
+                         for i in sorted(rows | set(marks) | {len(lrs) - 1}))
 
     def csv_text(self) -> str:
+        rows = [["step", "lr", "peak_lr", "loss", "smoothed_loss"]]
+        rows += [[step, f"{lr:.6g}", f"{lr * self.global_batch / 256:.6g}", f"{loss:.6g}", f"{smoothed:.6g}"]
+                 for step, (lr, loss, smoothed) in enumerate(zip(self.lrs, self.losses, self.smoothed))]
         buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["step", "lr", "peak_lr", "loss", "smoothed_loss"])
-        for step, (lr, loss, smooth_loss) in enumerate(zip(self.lrs, self.losses, self.smoothed)):
-            writer.writerow([step, f"{lr:.6g}", f"{lr * self.global_batch / 256:.6g}", f"{loss:.6g}",
-                             f"{smooth_loss:.6g}"])
+        csv.writer(buffer, lineterminator="\n").writerows(rows)
         return buffer.getvalue()
 
     def note(self) -> dict:
@@ -117,13 +97,10 @@ class LrFinding:
 
     def write(self, out: str | Path) -> list[Path]:
         """``OUT/lr_find.csv`` (the curve's numbers) and ``OUT/lr_find.png``, each written atomically."""
-        from ..report.lr_curve import write_lr_find_plot  # presentation, above run/: a lazy import
-
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        table = out / LR_FIND_CSV
-        checkpoint.atomic_write_text(table, self.csv_text())
-        return [table, write_lr_find_plot(out, self)]
+        checkpoint.atomic_write_text(out / LR_FIND_CSV, self.csv_text())
+        return [out / LR_FIND_CSV, write_lr_find_plot(out, self)]
 
 
 # --------------------------------------------------------------------------- the curve and the rule
@@ -136,8 +113,7 @@ def sweep(steps: int, lr_min: float = LR_MIN, lr_max: float = LR_MAX) -> np.ndar
 
 def smooth(losses, window: int = WINDOW) -> np.ndarray:
     """Centred mean over ``window`` neighbours (fewer at the ends); no lag, unlike a trailing average."""
-    losses = np.asarray(losses, np.float64)
-    half = window // 2
+    losses, half = np.asarray(losses, np.float64), window // 2
     return np.array([losses[max(0, i - half):i + half + 1].mean() for i in range(len(losses))])
 
 
@@ -152,11 +128,8 @@ def exploded(losses, factor: float = EXPLODE_FACTOR, window: int = WINDOW) -> bo
 
 
 def pick_lr(lrs, losses, window: int = WINDOW) -> tuple[float | None, float | None]:
-    """``(picked rate, rate of the lowest smoothed loss)`` of a curve; ``(None, None)`` when it never fell.
-
-    The pick is the rate of the steepest fall (``d loss / d log lr`` most negative) up to the lowest
-    point. Non-finite losses (the step that exploded) are left out before smoothing.
-    """
+    """``(picked rate, rate of the lowest smoothed loss)``; ``(None, None)`` when it never fell. The pick: the
+    steepest fall (``d loss / d log lr`` most negative) up to the lowest point; non-finite losses left out."""
     lrs, losses = np.asarray(lrs, np.float64), np.asarray(losses, np.float64)
     keep = np.isfinite(losses)
     lrs, losses = lrs[keep], losses[keep]
@@ -170,23 +143,16 @@ def pick_lr(lrs, losses, window: int = WINDOW) -> tuple[float | None, float | No
     return float(lrs[int(np.argmin(slope))]), float(lrs[low])
 
 
-def default_steps(plan: Plan) -> int:
-    """``DEFAULT_STEPS``, or the run's own length when that is shorter (never below ``FEWEST_DEFAULT_STEPS``)."""
-    return int(min(DEFAULT_STEPS, max(FEWEST_DEFAULT_STEPS, plan.total_steps)))
-
-
 # --------------------------------------------------------------------------- the test
 
 
-def range_test(config: TrainConfig, plan: Plan, data: RunData, model, variables, *, task=None, steps: int | None = None,
-               mesh=None, progress: bool = False) -> LrFinding:
-    """Runs the range test from ``variables`` (left as they are) with the run's optimizer and steps.
-
-    ``config`` and ``plan`` are resolved (:func:`~kaggle_utils.run.resolve`); their ``lr`` is not read.
-    """
-    from ..train.progress import progress_bar
-
-    count = steps or config.optim.lr_find_steps or default_steps(plan)
+def range_test(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, variables: dict, *,
+               task: Task | None = None, steps: int | None = None, mesh: jax.sharding.Mesh | None = None,
+               progress: bool = False) -> LrFinding:
+    """The range test from ``variables`` (left as they are) with a resolved run's optimizer and steps, for
+    ``steps`` steps (default ``DEFAULT_STEPS``, or the run's length when shorter, at least ``FEWEST_DEFAULT_STEPS``)."""
+    count = steps or config.optim.lr_find_steps or int(min(DEFAULT_STEPS, max(FEWEST_DEFAULT_STEPS,
+                                                                                plan.total_steps)))
     rates = sweep(count)
     peaks = jnp.asarray(rates * plan.global_batch / 256, jnp.float32)
     schedule = lambda applied: peaks[jnp.minimum(applied, count - 1)]  # noqa: E731  (AdamW's count: applied steps)
@@ -217,7 +183,7 @@ def range_test(config: TrainConfig, plan: Plan, data: RunData, model, variables,
 def _finding(config: TrainConfig, plan: Plan, lrs: list, losses: list, stop: str) -> LrFinding:
     picked, at_min = pick_lr(lrs, losses)
     # 3 significant digits: a rate a user can type as --lr to repeat the run, no false precision
-    picked = float(f"{picked:.3g}") if picked is not None else FINETUNE_LR if config.model.weights else SCRATCH_LR
+    picked = float(f"{picked:.3g}") if picked is not None else OPTIMIZERS[config.optim.optimizer][0]
     finite = [(lr, loss) for lr, loss in zip(lrs, losses) if math.isfinite(loss)]
     lrs, losses = [lr for lr, _ in finite], [loss for _, loss in finite]
     return LrFinding(tuple(lrs), tuple(losses), tuple(float(v) for v in smooth(losses)), picked, at_min, stop,
@@ -225,19 +191,14 @@ def _finding(config: TrainConfig, plan: Plan, lrs: list, losses: list, stop: str
 
 
 def with_lr(config: TrainConfig, plan: Plan, lr: float) -> tuple[TrainConfig, Plan]:
-    """The resolved config and plan with ``lr`` (per 256 images) in place of ``auto``."""
-    from ..train import scaled_lr
-
     return config.replace(lr=lr), dataclasses.replace(plan, peak_lr=scaled_lr(lr, plan.global_batch))
 
 
-def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model, variables, out: str | Path | None, *, task=None,
-              progress: bool = True):
-    """The range test of a run, reported (log lines; ``lr_find.csv``/``.png`` in ``out`` on process 0).
-
-    Returns ``(config, plan, training, note)``: the config and plan with the found rate, the run's
-    training built afresh from ``variables`` with it, and the note for ``config.json``.
-    """
+def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, variables: dict,
+              out: str | Path | None, *, task: Task | None = None, progress: bool = True
+              ) -> tuple[TrainConfig, Plan, Training, dict]:
+    """A run's range test, reported (log lines; ``lr_find.csv``/``.png`` in ``out`` on process 0): the config and
+    plan with the found rate, the run's training built afresh from ``variables`` with it, config.json's note."""
     finding = range_test(config, plan, data, model, variables, task=task, progress=progress)
     if jax.process_index() == 0:
         print(finding.describe())
@@ -249,14 +210,10 @@ def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model, variables, 
 
 
 def reuse_found_lr(out: str | Path, config: TrainConfig, plan: Plan) -> tuple[TrainConfig, Plan, dict | None]:
-    """For ``--resume`` with ``--lr auto``: the rate the run's range test found, from ``OUT/config.json``.
-
-    Unchanged (and no note) when the folder holds no found rate: the folder checks then say what is
-    wrong. The note is kept, too, when the found rate is given by hand (``--lr 0.0123``).
-    """
-    path = Path(out) / "config.json"
+    """``--resume`` with ``--lr auto``: the rate the run's range test found, from ``OUT/config.json`` (its note is
+    kept for that rate given by hand too); unchanged, without a note, where none was found."""
     try:
-        record = json.loads(path.read_text())
+        record = json.loads((Path(out) / "config.json").read_text())
         note, lr = record["lr_find"], record["config"]["optim"]["lr"]
     except (OSError, ValueError, KeyError, TypeError):
         return config, plan, None
@@ -269,17 +226,10 @@ def reuse_found_lr(out: str | Path, config: TrainConfig, plan: Plan) -> tuple[Tr
     return (*with_lr(config, plan, float(lr)), note)
 
 
-def find_lr(config: TrainConfig, data: RunData | None = None, *, task=None, out: str | Path | None = None,
-            steps: int | None = None, progress: bool = True) -> LrFinding:
-    """The range test of ``config`` alone, for a notebook: no run folder, nothing written unless ``out`` is given.
-
-    ``data``: a :class:`RunData` already opened for this config (default: opened here, from
-    ``--data-dir``, ``--source`` converted in a temporary folder, or the embedded sample).
-    Use the pick with ``config.replace(lr=finding.lr)``.
-    """
-    from .data import data_root, open_data
-    from .resolve import resolve
-
+def find_lr(config: TrainConfig, data: RunData | None = None, *, task: Task | None = None,
+            out: str | Path | None = None, steps: int | None = None, progress: bool = True) -> LrFinding:
+    """The range test of ``config`` alone, for a notebook (``data``: opened here unless given; nothing written
+    unless ``out`` is given). Use the pick with ``config.replace(lr=finding.lr)``."""
     with contextlib.ExitStack() as stack:
         if data is None:
             staging = stack.enter_context(tempfile.TemporaryDirectory(prefix="kaggle_utils_lr_find_"))

@@ -1,46 +1,57 @@
-"""``--batch-per-device auto``: the largest per-device batch whose compiled train step fits the device's memory.
+"""What a run's compiled steps need per device, and ``--batch-per-device auto``: the largest batch that fits.
 
 Why compile instead of estimate: what a step holds at once (parameters, optimizer state and
 EMA, the batch, the activations kept for the backward pass, XLA's temporaries) depends on the
 model, the image size, ``--precision``, ``--remat`` and ``--accumulate-steps`` (only one
 micro-batch's activations are alive at a time), and XLA's buffer assignment knows it exactly.
-Compiling the run's own train step for abstract inputs (``jax.ShapeDtypeStruct``: no data, no
-initialised weights) gives ``memory_analysis()``: the bytes of the step's arguments, outputs
-and temporaries, less the donated state its outputs reuse (:func:`step_bytes`).
+Compiling the run's own steps for abstract inputs (``jax.ShapeDtypeStruct``: no data, no
+initialised weights) gives ``memory_analysis()`` (:class:`StepMemory`: the bytes of the step's
+arguments, outputs, temporaries and code, less the donated state its outputs reuse) and
+``cost_analysis()["flops"]``, per device.
 
-The step is compiled on one device (a one-device mesh, jit): a device of an N-device run holds
-the same program for its share of the batch, plus the gradient all-reduce's buffers, which the
-margin covers.
+The steps are compiled for a mesh in a mode (:func:`step_compiler`): by default the run's own,
+every device in ``--mode``, so a device's program includes the gradient all-reduce's buffers;
+the plan command passes a TPU's compile-only devices (:mod:`kaggle_utils.run.target_plan`). A TPU
+compiler refuses a step that cannot fit its HBM (``RESOURCE_EXHAUSTED``): that counts as "does not
+fit", with the temporaries' bytes it names.
 
 The budget is what the device's allocator may hand out, ``memory_stats()["bytes_limit"]`` (GPUs
-and TPUs report it; with JAX's default preallocation a GPU's is 75% of the card), or
-``--memory-budget`` GiB. A CPU reports none, so there the budget must be given. :data:`MARGIN`
+and TPUs report it; with JAX's default preallocation a GPU's is 75% of the card), a target's HBM,
+or ``--memory-budget`` GiB. A CPU reports none, so there the budget must be given. :data:`MARGIN`
 of the budget stays free for what the train step's analysis does not count: the prefetched input
 batches, the evaluation step's buffers, the allocator's fragmentation.
 
 The search (:func:`largest_batch`) needs few compiles because the bytes grow about linearly with
 the batch: micro-batch 1, then 8, then the batch where the line through the last two reaches
-the budget, then its neighbour to confirm; the probes stay strictly inside the bracket of "fits"
-and "does not fit", and two probes in a row on the same side switch to doubling or bisection, so
-it also ends where the bytes are not linear. Its answer assumes the bytes do not shrink as the
-batch grows. Compiles and seconds are printed in the plan line.
+the budget (the largest allowed where it is flat), then its neighbour to confirm; the probes stay
+strictly inside the bracket of "fits" and "does not fit", and two probes in a row on the same side
+switch to doubling or bisection, so it also ends where the bytes are not linear. Its answer
+assumes the bytes do not shrink as the batch grows. Compiles and seconds are printed in the plan line.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import re
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ..config import ConfigError, TrainConfig
+from ..parallel import AXIS, make_mesh
+from ..train import inference_state
+from ..variable_trees import abstract_variables
+from .build import build_model, build_training
 
-__all__ = ["MARGIN", "BatchFit", "device_budget", "fit_batch", "largest_batch", "recorded_batch", "step_bytes",
-           "train_step_memory"]
+__all__ = ["MARGIN", "BatchFit", "StepMemory", "device_budget", "fit_batch", "largest_batch", "recorded_batch",
+           "step_compiler"]
 
 MARGIN = 0.10  # of the budget, kept free (see the module docstring)
 FIRST_STEP = 8  # the second probe: micro-batch 8, where the bytes' slope is already the batch's
@@ -48,6 +59,39 @@ GIB = 2 ** 30
 # XLA's CPU code generation without LLVM's expensive passes: the same buffers, so the same memory analysis, in about
 # half the compile time (jax 0.7.2 and 0.10.2). Not used on GPU and TPU, where that equality is untested.
 _CPU_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+# the TPU compiler's refusal: "... HLO temporaries (98.43G) exceeds available HBM (15.75G)" (libtpu 0.0.42), "Used
+# 44.77G of 15.75G hbm" (0.0.23)
+_HBM_REFUSAL = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM|Used ([\d.]+)([KMGT]) of [\d.]+G hbm")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """One step compiled at one per-device batch: the compiler's bytes and FLOPs per device, and its compile time."""
+
+    step: str  # train | eval | predict
+    per_device: int
+    arguments: int = 0
+    outputs: int = 0
+    temporaries: int = 0
+    code: int = 0
+    aliased: int = 0  # donated arguments the outputs reuse (the train state)
+    peak: int = 0  # the analysis' own peak, where the backend gives one
+    flops: float = 0.0
+    seconds: float = 0.0
+    refused: str = ""  # the compiler's RESOURCE_EXHAUSTED line: no per-device memory holds the step
+
+    @classmethod
+    def refusal(cls, err: Exception, step: str, per_device: int, seconds: float) -> StepMemory:
+        """The compiler's RESOURCE_EXHAUSTED as a step that does not fit: the temporaries it names (or 2**62 bytes)."""
+        named = _HBM_REFUSAL.search(str(err))
+        value, unit = (named[1] or named[3], named[2] or named[4]) if named else (None, None)
+        temporaries = int(float(value) * 1024 ** (1 + "KMGT".index(unit))) if named else 2 ** 62
+        return cls(step, per_device, temporaries=temporaries, seconds=seconds, refused=str(err).strip().splitlines()[0])
+
+    @property
+    def bytes(self) -> int:
+        """Device bytes while the step runs: arguments + outputs + temporaries - aliased + code (or the peak)."""
+        return max(self.arguments + self.outputs + self.temporaries - self.aliased + self.code, self.peak)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,18 +115,6 @@ class BatchFit:
 
 def _gib(n: float) -> str:
     return f"{n / GIB:.3g} GiB" if n >= GIB / 100 else f"{n / 2 ** 20:.3g} MiB"
-
-
-def step_bytes(compiled) -> int:
-    """Device bytes a compiled executable needs while it runs: arguments + outputs + temporaries - donated
-    (aliased) buffers + code, or the analysis' own peak where that is larger."""
-    stats = compiled.memory_analysis()
-    if stats is None:
-        raise ConfigError(f"--batch-per-device auto: the {jax.default_backend()} backend gives no memory analysis "
-                          "of a compiled step; give --batch-per-device N or --batch-size")
-    total = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-             - stats.alias_size_in_bytes + stats.generated_code_size_in_bytes)
-    return max(total, getattr(stats, "peak_memory_in_bytes", 0) or 0)
 
 
 def device_budget(memory_budget_gib: float | None, device=None) -> tuple[int, str]:
@@ -135,49 +167,83 @@ def _line_estimate(measured: dict[int, int], lo: int, hi: int, usable: float) ->
         a, b = (max(below), lo) if below else (None, lo)
         fallback = 2 * lo if below else FIRST_STEP
     slope = (measured[b] - measured[a]) / (b - a) if a is not None else 0.0
-    estimate = math.floor(lo + (usable - measured[lo]) / slope) if slope > 0 else fallback
+    # a flat line (a TPU's bytes can be equal at 1 and 8 images) never reaches usable: the largest batch allowed
+    estimate = math.floor(lo + (usable - measured[lo]) / slope) if slope > 0 else hi - 1 if a is not None else fallback
     return max(lo + 1, min(hi - 1, estimate)), max(lo + 1, min(hi - 1, fallback))
 
 
-def _abstract_batch(config: TrainConfig, per_device: int) -> dict:
-    """One device's batch as the input pipeline delivers it, as shapes: uint8 images, labels, mask."""
-    size = config.model.image_size
-    label = (jax.ShapeDtypeStruct((per_device, config.model.num_classes), jnp.float32)
-             if config.task.task == "multilabel" else jax.ShapeDtypeStruct((per_device,), jnp.int32))
-    return {"image": jax.ShapeDtypeStruct((per_device, size, size, 3), jnp.uint8), "label": label,
-            "mask": jax.ShapeDtypeStruct((per_device,), jnp.bool_)}
+def _abstract_inputs(config: TrainConfig, training, variables, step: str, per_device: int) -> tuple:
+    """The state and batch ``step`` receives, as shapes placed on the steps' mesh: pmap's leading device axis, or
+    jit's global batch split over the mesh and a replicated state. Prediction gets the variables alone."""
+    mesh, pmap = training.steps.mesh, training.steps.mode == "pmap"
+    n = mesh.devices.size
+    size = config.model.image_size if step == "train" else config.data.eval_image_size or config.model.image_size
+    fields = {"image": ((size, size, 3), jnp.uint8), "mask": ((), jnp.bool_)}
+    if step != "predict":
+        multi = config.task.task == "multilabel"
+        fields["label"] = ((config.model.num_classes,), jnp.float32) if multi else ((), jnp.int32)
+    lead, split = ((n, per_device) if pmap else (n * per_device,)), NamedSharding(mesh, PartitionSpec(AXIS))
+    batch = {k: jax.ShapeDtypeStruct(lead + shape, dtype, sharding=split) for k, (shape, dtype) in fields.items()}
+    state = training.state if step != "predict" else jax.eval_shape(inference_state, variables)
+    devices_axis, whole = ((n,), split) if pmap else ((), NamedSharding(mesh, PartitionSpec()))
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(devices_axis + x.shape, x.dtype, sharding=whole), state)
+    return state, batch
 
 
-def train_step_memory(config: TrainConfig, plan, *, task=None) -> Callable[[int], int]:
-    """``per-device batch -> bytes`` of the run's train step on one device, compiled for abstract inputs (no data,
-    no initialised weights); ``config`` and ``plan`` resolved with any batch (the shapes are replaced)."""
-    from ..parallel import make_mesh
-    from ..variable_trees import abstract_variables
-    from .build import build_model, build_training
-
+def step_compiler(config: TrainConfig, plan, *, mesh=None, mode: str | None = None,
+                  task=None) -> Callable[[str, int], StepMemory]:
+    """``(step, per-device batch) -> StepMemory`` of the run's train, eval or predict step on ``mesh`` (default every
+    device) in ``mode`` (default ``--mode``), compiled for abstract inputs, each once; ``config`` and ``plan``
+    resolved with any batch (the shapes are replaced)."""
     size = config.model.image_size
     model = build_model(config)
     variables = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
-    training = build_training(config, plan, model, variables, task=task, mode="jit",
-                              mesh=make_mesh(jax.local_devices()[:1]))
+    training = build_training(config, plan, model, variables, task=task, mode=mode or config.loop.mode,
+                              mesh=make_mesh() if mesh is None else mesh)
+    device = training.steps.mesh.devices.flat[0]
+    on_cpu, compile_only = device.platform == "cpu", device not in jax.devices()  # compile_only: a TPU target's
+    executables = {}  # (step, per_device) -> the compiled executable, for its program (as_text()) and shapes
 
-    def bytes_at(per_device: int) -> int:
-        lowered = training.steps.train_jitted.lower(training.state, _abstract_batch(config, per_device))
-        return step_bytes(lowered.compile(_CPU_FAST_COMPILE) if jax.default_backend() == "cpu" else lowered.compile())
+    @functools.cache
+    def compiled(step: str, per_device: int) -> StepMemory:
+        start = time.perf_counter()
+        lowered = training.steps.jitted[step].lower(*_abstract_inputs(config, training, variables, step, per_device))
+        try:
+            with warnings.catch_warnings():  # a compile-only executable has no client to be cached or loaded from
+                if compile_only:
+                    warnings.filterwarnings("ignore", "Error (reading|writing) persistent compilation cache entry")
+                executable = lowered.compile(_CPU_FAST_COMPILE) if on_cpu else lowered.compile()
+        except jax.errors.JaxRuntimeError as err:
+            if "RESOURCE_EXHAUSTED" not in str(err):
+                raise
+            return StepMemory.refusal(err, step, per_device, time.perf_counter() - start)
+        stats, executables[step, per_device] = executable.memory_analysis(), executable
+        if stats is None:
+            raise ConfigError(f"the {jax.default_backend()} backend gives no memory analysis of a compiled step; "
+                              "give --batch-per-device N or --batch-size")
+        cost = executable.cost_analysis()
+        cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}  # jax 0.7.2: a list of one dict
+        return StepMemory(step, per_device, stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                          stats.temp_size_in_bytes, stats.generated_code_size_in_bytes, stats.alias_size_in_bytes,
+                          getattr(stats, "peak_memory_in_bytes", 0) or 0, float(cost.get("flops", 0.0)),
+                          time.perf_counter() - start)
 
-    return bytes_at
+    compiled.executables = executables
+    return compiled
 
 
-def fit_batch(config: TrainConfig, plan, *, task=None, per_device_limit: int) -> BatchFit:
+def fit_batch(config: TrainConfig, plan, *, task=None, per_device_limit: int, budget: tuple[int, str] | None = None,
+              compile_step: Callable[[str, int], StepMemory] | None = None) -> BatchFit:
     """The largest per-device batch (a multiple of ``--accumulate-steps``, at most ``per_device_limit``) whose
-    train step fits the budget; ``config`` and ``plan`` resolved with any per-device batch (it is replaced)."""
-    budget, source = device_budget(config.data.memory_budget)
+    train step fits ``budget`` (default :func:`device_budget`), compiled by ``compile_step`` (default the run's
+    :func:`step_compiler`); ``config`` and ``plan`` resolved with any per-device batch (it is replaced)."""
+    budget, source = budget or device_budget(config.data.memory_budget)
     start = time.perf_counter()
     k = config.optim.accumulate_steps
-    bytes_at = train_step_memory(config, plan, task=task)
+    compile_step = compile_step or step_compiler(config, plan, task=task)
     usable = budget * (1 - MARGIN)
     limit = max(1, per_device_limit // k)  # a batch of k per device is allowed where --steps-per-epoch says so
-    micro, measured = largest_batch(lambda m: bytes_at(m * k), usable, limit=limit)
+    micro, measured = largest_batch(lambda m: compile_step("train", m * k).bytes, usable, limit=limit)
     if micro == 0:
         smallest = f"{k} micro-batches of 1 image" if k > 1 else "1 image"
         raise ConfigError(f"--batch-per-device auto: the smallest batch per device ({smallest}) needs "

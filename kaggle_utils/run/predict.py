@@ -1,46 +1,97 @@
-"""Prediction: one path from (checkpoints, test images, TTA) to ids and mean class probabilities.
+"""Prediction, one path: :func:`predict` ``(steps, variables, batches) -> (ids, probabilities)``, and its files.
 
-``submission.csv`` (argmax, in the run's columns and class names; for a multi-label run the classes
-whose probability exceeds its ``--threshold``, space-separated) and ``probabilities.csv``
-(id + one column per class, for blending) are both written from those probabilities, by a run
-(:func:`~kaggle_utils.run.train`) and by ``predict`` alike.
-
-An ensemble is a list of :class:`Member` s: any run folders or checkpoints the kit wrote, and
-cross-validation folders (``OUT/fold{k}/``, each a run folder: all of its folds). Members may be
-different models at different sizes: each predicts with its own steps, reading the test images
-at its own crop; only their classes must agree, since their probabilities are averaged column
-by column.
-
-The test images are a records folder's ``test/`` split, or a source (an image folder, a CSV of
-ids) converted to TFRecords in a temporary folder at each member's image size, as a run on that
-source stores its test split: one reading path, the one a run's own submission took.
+A run's test split, ``python -m kaggle_utils predict``, a CV's out-of-fold files and ensembles all call it;
+``submission.csv`` and ``probabilities.csv`` are two views of its probabilities (:func:`write_predictions`).
+An ensemble's :class:`Member` s (runs, checkpoints, a CV folder's folds) each predict at their own crop with
+their own steps; only their classes must agree.
 """
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
+import io
 import math
 import re
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
+from flax import linen as nn
 
-from .. import checkpoint
+from .. import checkpoint, models
 from ..config import ConfigError, TrainConfig
-from .build import eval_transform
+from ..data import Source, count_data_items, list_tfrecords, load_dataset
+from ..data.convert import convert_test_split
+from ..parallel import local_rows
+from ..train import StepConfig, Steps, TrainState, inference_state, make_steps
+from .build import eval_crop, make_task
 from .data import find_splits, infer_image_size, named_classes, scan_test_ids
-from .resolve import make_task
-from .saved import checkpoint_file, load_run
+from .init_from import checkpoint_file
+from .saved import load_run
 
-__all__ = ["Member", "expand_checkpoint", "load_members", "open_test_split", "predict_ensemble", "predict_member",
-           "predicted_labels", "write_predictions"]
+Records = Callable[[TrainConfig], tuple[list[str], int]]  # (config) -> (test split's TFRecords, their stored size)
 
-_FOLD = re.compile(r"fold(\d+)")
-# (config) -> (TFRecord files of the test split, the size they are stored at)
-Records = Callable[[TrainConfig], tuple[list[str], int]]
+
+def predict(steps: Steps, variables: dict | TrainState, batches: Iterable[dict], *, prefetch: int = 2
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, probabilities ``[N, C]``) of the real examples of global host ``batches``, in order: every process
+    feeds its rows of each batch, the step gathers the whole batch's probabilities back onto every device."""
+    state = steps.put_state(variables if isinstance(variables, TrainState) else inference_state(variables))
+    kept: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, mask) of each batch, in feeding order
+
+    def local(batches):
+        for batch in batches:
+            kept.append((np.asarray(batch["id"]), np.asarray(batch["mask"], bool)))
+            yield local_rows(batch)
+
+    outputs = [steps.predict(state, b) for b in steps.prefetch(local(batches), prefetch)]
+    if not outputs:
+        return np.array([], dtype=object), np.zeros((0, 0), np.float32)
+    probs = [steps.get(o) for o in outputs]  # one sync, after every step is dispatched
+    return np.concatenate([i[m] for i, m in kept]), np.concatenate([p[m] for p, (_, m) in zip(probs, kept)])
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
+
+
+def predict_split(steps: Steps, variables: dict, files: list[str], config: TrainConfig, *, batch_size: int,
+                  stored_size: int) -> tuple[list[str], np.ndarray]:
+    """(ids, probabilities) of an unlabeled split's TFRecords at ``config``'s evaluation crop, in file order.
+
+    Checked complete (the file names' counts) and unique, so a submission never misses or repeats an image;
+    a corrupt test JPEG is predicted as libjpeg recovers it, with a warning: the submission needs its row.
+    """
+    files = list_tfrecords(files)
+    dataset = load_dataset(files, labeled=False, image_size=stored_size, batch_size=batch_size,
+                           crop=eval_crop(config, stored_size))
+    try:
+        ids, probs = predict(steps, variables, dataset)
+    finally:
+        dataset.close()
+    expected, texts = count_data_items(files), [_text(i) for i in ids]
+    if len(texts) != expected:
+        raise ValueError(f"predicted {len(texts)} test images but the file names of {len(files)} file(s) "
+                         f"promise {expected}: refusing to write an incomplete submission")
+    if len(set(texts)) != len(texts):
+        dupes = sorted({t for t in texts if texts.count(t) > 1})[:5]
+        raise ValueError(f"test ids repeat (e.g. {dupes}): refusing to write an ambiguous submission")
+    return texts, probs
+
+
+def prediction_steps(config: TrainConfig, model: nn.Module, *, tta: bool | None = None, mode: str | None = None
+                     ) -> Steps:
+    """The predict and evaluate steps of a saved run's model (``tta``, ``mode``: default the run's own)."""
+    cfg = models.registered(config.model.name)
+    step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg.mean), std=tuple(cfg.std),
+                             task=make_task(config), tta_flip=config.task.tta if tta is None else tta)
+    return make_steps(model, None, step_config, mode=mode or config.loop.mode)
+
+
+# --------------------------------------------------------------------------- ensembles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,21 +99,20 @@ class Member:
     """One model of an ensemble: a checkpoint, its model and variables, its run's config, its share of the mean."""
 
     path: Path
-    model: object
+    model: nn.Module
     variables: dict
     config: TrainConfig
     weight: float
     file: Path | None = None  # the checkpoint read: path itself, or the run folder's best (else last) one
 
 
-def _is_run(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in ("best.msgpack", "last.msgpack"))
+_FOLD = re.compile(r"fold(\d+)")
 
 
 def expand_checkpoint(path: str | Path) -> list[Path]:
     """A run folder or checkpoint as itself; a CV folder (``fold{k}/`` run folders) as its folds, in k order."""
     path = Path(path)
-    if not path.is_dir() or _is_run(path):
+    if not path.is_dir() or any((path / name).is_file() for name in ("best.msgpack", "last.msgpack")):
         return [path]
     folds = sorted((p for p in path.iterdir() if p.is_dir() and _FOLD.fullmatch(p.name)),
                    key=lambda p: int(_FOLD.fullmatch(p.name).group(1)))
@@ -73,11 +123,8 @@ def expand_checkpoint(path: str | Path) -> list[Path]:
 
 
 def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | None = None) -> list[Member]:
-    """Every model of ``checkpoints``, checked to agree on their classes, with weights summing to 1.
-
-    ``weights``: one per entry of ``checkpoints`` (default: equal); the folds of a CV folder
-    share its weight equally, so a CV folder counts as one model of the blend.
-    """
+    """Every model of ``checkpoints``, checked to agree on their classes, with ``weights`` (one per entry, default
+    equal; a CV folder's folds share its weight) normalised to sum to 1."""
     if not checkpoints:
         raise ConfigError("give at least one --checkpoint")
     weights = [1.0] * len(checkpoints) if weights is None else list(weights)
@@ -103,30 +150,25 @@ def _check_same_classes(first: Member, other: Member) -> None:
     """Probabilities are averaged by column: refuses members whose columns mean different classes."""
     a, b = first.config.model.num_classes, other.config.model.num_classes
     multi = [m.config.task.task == "multilabel" for m in (first, other)]
+    names_a, names_b = named_classes(first.config.data.class_names), named_classes(other.config.data.class_names)
     what = None
     if multi[0] != multi[1]:
         what = "one is multi-label (independent sigmoid probabilities), the other not (a softmax over the classes)"
     elif a != b:
         what = f"{a} vs {b} classes"
-    else:
-        names_a, names_b = named_classes(first.config.data.class_names), named_classes(other.config.data.class_names)
-        if names_a != names_b:
-            index = next(i for i in range(a) if names_a[i:i + 1] != names_b[i:i + 1])
-            show = lambda names: repr(names[index]) if names else "unnamed"  # noqa: E731
-            what = f"class {index} is {show(names_a)} vs {show(names_b)}"
+    elif names_a != names_b:
+        index = next(i for i in range(a) if names_a[i:i + 1] != names_b[i:i + 1])
+        show = lambda names: repr(names[index]) if names else "unnamed"  # noqa: E731
+        what = f"class {index} is {show(names_a)} vs {show(names_b)}"
     if what:
         raise ConfigError(f"--checkpoint {first.path} and {other.path} disagree ({what}): their probabilities "
                           "cannot be averaged")
 
 
 @contextlib.contextmanager
-def open_test_split(*, data_dir: str | Path | None = None, source=None) -> Iterator[Records]:
-    """``records(config) -> (files, stored size)``: a records folder's ``test/`` split, or ``source`` converted.
-
-    ``source`` (an unlabeled :class:`~kaggle_utils.data.Source`) is converted once per image size,
-    into a temporary folder removed on exit, at the run's ``--image-size``: where a run on that
-    source stored its test split.
-    """
+def open_test_split(*, data_dir: str | Path | None = None, source: Source | None = None) -> Iterator[Records]:
+    """``records(config) -> (files, stored size)``: a records folder's ``test/`` split, or ``source`` converted
+    (once per ``--image-size``, as a run on it stores it) into a temporary folder."""
     if (data_dir is None) == (source is None):
         raise ConfigError("give the test images as --data-dir (TFRecords with a test/ split) or as --test-source "
                           "(an image folder or a CSV of ids), one of them")
@@ -136,12 +178,10 @@ def open_test_split(*, data_dir: str | Path | None = None, source=None) -> Itera
         stored = infer_image_size(files)
         yield lambda config: (files, stored or config.model.image_size)
         return
-    from ..data.convert import convert_test_split
-
     with tempfile.TemporaryDirectory(prefix="kaggle_utils_test_") as tmp:
         converted: dict[int, list[str]] = {}
 
-        def records(config: TrainConfig):
+        def records(config: TrainConfig) -> tuple[list[str], int]:
             size = config.model.image_size
             if size not in converted:
                 converted[size] = convert_test_split(source, Path(tmp) / str(size), image_size=size)
@@ -150,68 +190,55 @@ def open_test_split(*, data_dir: str | Path | None = None, source=None) -> Itera
         yield records
 
 
-def predict_member(steps, variables, files: list[str], config: TrainConfig, *, batch_size: int,
-                   stored_size: int) -> tuple[list[str], np.ndarray]:
-    """(ids, probabilities) of a test split as ``config`` evaluates it: its crop of images stored at ``stored_size``."""
-    from ..inference import predict_records
-
-    return predict_records(steps, variables, files, image_size=stored_size, batch_size=batch_size,
-                           crop=eval_transform(config, stored_size))
-
-
-def _prediction_steps(config: TrainConfig, model, *, tta: bool, mode: str):
-    from ..models import registered
-    from ..train import StepConfig, make_steps
-
-    cfg = registered(config.model.name)
-    step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg.mean), std=tuple(cfg.std),
-                             task=make_task(config), tta_flip=tta)
-    return make_steps(model, None, step_config, mode=mode)
-
-
 def predict_ensemble(members: Sequence[Member], records: Records, *, batch_size: int, tta: bool | None = None,
                      mode: str = "jit") -> tuple[list[str], np.ndarray]:
-    """(ids, the members' probabilities averaged with their weights); ``tta=None``: each run's own ``--tta``.
-
-    Members of one model and task (the folds of a CV folder) share compiled steps.
-    """
+    """(ids, the members' weighted mean probabilities); ``tta=None``: each run's own ``--tta``. Members of one model
+    and task (a CV folder's folds) share compiled steps."""
     ids, total, compiled = None, None, {}
     for member in members:
         flip = member.config.task.tta if tta is None else tta
         key = (member.config.model, member.config.task, flip)
         if key not in compiled:
-            compiled[key] = _prediction_steps(member.config, member.model, tta=flip, mode=mode)
+            compiled[key] = prediction_steps(member.config, member.model, tta=flip, mode=mode)
         files, stored = records(member.config)
-        member_ids, probs = predict_member(compiled[key], member.variables, files, member.config,
-                                           batch_size=batch_size, stored_size=stored)
+        member_ids, probs = predict_split(compiled[key], member.variables, files, member.config,
+                                          batch_size=batch_size, stored_size=stored)
         if ids is not None and member_ids != ids:
             raise ValueError(f"{member.path} predicted the test images in another order than {members[0].path}")
         ids, total = member_ids, member.weight * probs + (0 if total is None else total)
     return ids, total
 
 
-def predicted_labels(probs: np.ndarray, config: TrainConfig) -> list:
-    """Each row's class (argmax), or for a multi-label run its classes above ``config``'s threshold (possibly none)."""
-    if config.task.task == "multilabel":
-        return [np.flatnonzero(row > config.task.threshold) for row in probs]
-    return list(probs.argmax(-1))
+# --------------------------------------------------------------------------- the files: views of the probabilities
 
 
-def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray, config: TrainConfig
-                      ) -> tuple[Path, Path]:
-    """``submission.csv`` and ``probabilities.csv`` in ``config``'s columns and class names (process 0).
+def _write_csv(path: Path, rows: list[list]) -> None:
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(rows)
+    checkpoint.atomic_write_text(path, text.getvalue())
 
-    The submission's label is the argmax, or for ``--task multilabel`` every class whose probability
-    exceeds ``--threshold`` (:func:`predicted_labels`).
+
+def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray, config: TrainConfig,
+                      *, probabilities_name: str = "probabilities.csv") -> tuple[Path, Path]:
+    """``submission.csv`` and ``probabilities.csv`` in ``config``'s columns and class names (process 0, atomic).
+
+    The label is the argmax (a class name, else its index); for ``--task multilabel`` every class above
+    ``--threshold``, space-separated. ``probabilities.csv``: the id, then a column per class (for blending).
     """
-    from ..inference import write_probabilities, write_submission
-
-    out_dir = Path(out_dir)
-    data = config.data
-    id_column, label_column = data.id_column or "id", data.label_column or "label"
-    submission, probabilities = out_dir / "submission.csv", out_dir / "probabilities.csv"
+    out_dir, data = Path(out_dir), config.data
+    probs = np.asarray(probs, np.float32)
+    if probs.ndim != 2 or len(ids) != len(probs):
+        raise ValueError(f"{len(ids)} ids but probabilities of shape {probs.shape}")
+    names = list(data.class_names) or [str(i) for i in range(probs.shape[1])]
+    if len(names) != probs.shape[1]:
+        raise ValueError(f"{len(names)} class names for {probs.shape[1]} probability columns")
+    id_column = data.id_column or "id"
+    if config.task.task == "multilabel":
+        labels = [" ".join(names[c] for c in np.flatnonzero(row > config.task.threshold)) for row in probs]
+    else:
+        labels = [names[c] for c in probs.argmax(-1)]
+    submission, probabilities = out_dir / "submission.csv", out_dir / probabilities_name
     if jax.process_index() == 0:
-        write_submission(submission, ids, predicted_labels(probs, config), columns=(id_column, label_column),
-                         class_names=data.class_names)
-        write_probabilities(probabilities, ids, probs, id_column=id_column, class_names=data.class_names)
+        _write_csv(submission, [[id_column, data.label_column or "label"], *zip(map(_text, ids), labels)])
+        _write_csv(probabilities, [[id_column, *names], *([_text(i), *map(str, row)] for i, row in zip(ids, probs))])
     return submission, probabilities

@@ -1,7 +1,9 @@
-"""What a config leaves open, filled in for this machine and this data; the numbers it implies.
+"""What a config leaves open, filled in for this machine and this data, and every check that needs no data.
 
-``None`` in a config always means "the default" and a value the user gave is used or refused
-(named by its flag), never silently replaced.
+``resolve`` turns a config into the one a run records (classes, image size, precision, global batch)
+and the :class:`~kaggle_utils.run.build.Plan` of numbers it implies (steps, warmup, peak learning rate,
+lr groups, stages); ``--batch-per-device auto`` compiles the run's train step to find its batch
+(:mod:`.memory_plan`). A value that cannot run is refused by its flag, never silently replaced.
 """
 from __future__ import annotations
 
@@ -11,80 +13,56 @@ from pathlib import Path
 
 import jax
 
-from .. import models, runtime
-from ..precision import Precision, choose_precision
-from ..config import ConfigError, DataConfig, TrainConfig, flag_of
-from ..train.optim import OPTIMIZERS, check_optim_flags
-from .build import make_task, run_manifest  # noqa: F401 (kept importable from here)
+from .. import checkpoint, models, runtime
+from ..config import ConfigError, TrainConfig
+from ..precision import choose_precision
+from ..surgery import padded_width
+from ..train import Task, group_multipliers, history_columns, scaled_lr
+from ..train.optim import OPTIMIZERS
+from ..train.writers import import_wandb
+from . import memory_plan
+from .build import Plan, build_model, make_task
 from .data import RunData
 from .init_from import check_parent
-from .stages import check_progressive_flags, describe_stages, progressive_stages
-
-# AdamW peak per 256 images. A short fine-tune of pretrained weights trains best at the from-scratch rate
-# too: 2e-3 under-trained every set of bench/README.md's "Learning rate of a short fine-tune"
-SCRATCH_LR, FINETUNE_LR = 1e-2, 1e-2
-MIN_LR_FIND_STEPS = 10  # fewer points than this make no curve to read a rate from
+from .stages import progressive_stages
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The numbers a resolved config implies on this machine; printed at start, kept in config.json."""
-
-    device_count: int
-    global_batch: int
-    per_device_batch: int
-    steps_per_epoch: int
-    total_steps: int
-    warmup_steps: int
-    peak_lr: float  # NaN while lr is "auto": the LR range test (run.lr_find) has not found it yet
-    head_width: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    lr_multipliers: dict[str, float] | None = None  # per part of the network (--layer-decay, --head-lr-mult)
-    precision_reason: str = ""  # why --precision is what it is on this machine
-    batch_fit: str = ""  # with --batch-per-device auto: the batch chosen, bytes vs budget, compiles and seconds
-    stages: tuple = ()  # --progressive-stages: kaggle_utils.train.progressive.Stage of each stage, in order
-
-    def describe(self, config: TrainConfig) -> str:
-        from ..train import describe_lr_groups
-
-        found = math.isfinite(self.peak_lr)  # NaN: --lr auto, before the range test
-        groups = f"; {describe_lr_groups(self.peak_lr, self.lr_multipliers)}" if self.lr_multipliers and found else ""
-        k = config.optim.accumulate_steps
-        pieces = f" in {k} micro-batches of {self.per_device_batch // k}" if k > 1 else ""
-        return (f"global batch {self.global_batch} = {self.per_device_batch} per device{pieces} x {self.device_count} "
-                f"device(s); {config.optim.optimizer}, peak learning rate {_lr_text(self.peak_lr, config.optim.lr)}"
-                f"{groups}, {config.optim.schedule} schedule; "
-                f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, warmup {self.warmup_steps}); "
-                f"{config.model.name} at {config.model.image_size}px, {config.model.num_classes} classes; "
-                f"{Precision(config.model.precision).describe()} ({self.precision_reason})"
-                f"{describe_stages(config, self.stages)}"
-                + (f"; {self.batch_fit}" if self.batch_fit else ""))
-
-
-def default_lr(config: TrainConfig) -> float:
-    """The rate per 256 images of a config without ``--lr``: the optimizer's (AdamW's fine-tune rate with --weights)."""
-    if config.optim.optimizer == "adamw":
-        return FINETUNE_LR if config.model.weights else SCRATCH_LR
-    return OPTIMIZERS[config.optim.optimizer][0]
-
-
-def _lr_text(peak_lr: float, lr: float | str) -> str:
-    if lr == "auto":
-        return "auto (the LR range test finds it)"
-    return f"{peak_lr:.3g} ({lr:g} per 256 images)"
+def check_config(config: TrainConfig, task: Task | None = None) -> None:
+    """Every check that needs no data: each section's values, the model, the weights, the monitor (a metric of
+    ``task``, default the config's: a user's task's metrics are as good a ``--monitor``)."""
+    config.check()
+    if config.model.weights and not models.registered(config.model.name).efficientnet:
+        raise ConfigError(f"--weights reads an EfficientNet's parameter names; --model {config.model.name} is not one "
+                          "(start it from a run of yours with --init-from, or initialise it in its builder)")
+    if config.model.weights:
+        try:
+            checkpoint.check_format(config.model.weights)
+            checkpoint.check_digest(config.model.weights)
+        except checkpoint.CheckpointError as err:
+            raise ConfigError(f"--weights: {err}") from None
+    own = make_task(config)
+    columns = history_columns(task or own)
+    monitor, mode = config.loop.monitor, config.loop.monitor_mode
+    if monitor not in columns:
+        raise ConfigError(f"--monitor {monitor!r} is not a metric of --task {config.task.task}; "
+                          f"choose one of {', '.join(c for c in columns[2:] if c not in ('img_per_s', 'seconds'))}")
+    # a built-in metric's direction is known: the other --monitor-mode would keep the worst epoch (a user's may
+    # go either way)
+    if mode != "auto" and monitor in history_columns(own) and own.mode(monitor) != mode:
+        better = "lower" if own.mode(monitor) == "min" else "higher"
+        raise ConfigError(f"--monitor {monitor} --monitor-mode {mode}: {better} {monitor} is better, so {mode} would "
+                          f"keep the worst epoch; use --monitor-mode {own.mode(monitor)} (or auto)")
+    if config.loop.wandb:
+        import_wandb()  # a missing package is named before the output folder changes
 
 
 def global_batch(config: TrainConfig) -> int:
-    n = jax.device_count()
-    data = config.data
-    if data.batch_size is not None and data.batch_per_device is not None:
-        raise ConfigError("--batch-size (global) and --batch-per-device exclude each other: give one")
+    """The global batch of ``--batch-size`` or ``--batch-per-device`` (default 16 per device, at least 64)."""
+    n, data = jax.device_count(), config.data
+    data.check()
     if data.batch_per_device == "auto":
         raise ConfigError("--batch-per-device auto is chosen by run.resolve (it compiles the train step); "
                           "global_batch needs a number")
-    if isinstance(data.batch_per_device, str):
-        raise ConfigError(f"--batch-per-device {data.batch_per_device!r}: must be a number or auto")
     size = data.batch_per_device * n if data.batch_per_device is not None else data.batch_size
     size = runtime.global_batch(n) if size is None else size
     flag = "--batch-per-device" if data.batch_per_device is not None else "--batch-size"
@@ -95,162 +73,39 @@ def global_batch(config: TrainConfig) -> int:
     return size
 
 
-def _check_values(config: TrainConfig) -> None:
-    """Values no run can use, named by flag; ``None`` always means "the default", never a given 0."""
-    positive = {"epochs": config.loop.epochs, "steps": config.loop.steps,
-                "steps_per_epoch": config.loop.steps_per_epoch, "eval_every": config.loop.eval_every,
-                "checkpoint_every": config.loop.checkpoint_every, "keep_checkpoints": config.loop.keep_checkpoints,
-                "log_every": config.loop.log_every, "patience": config.loop.patience,
-                "num_classes": config.model.num_classes, "image_size": config.model.image_size,
-                "head_multiple": config.model.head_multiple, "accumulate_steps": config.optim.accumulate_steps}
-    for name, value in positive.items():
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag_of(name)} {value}: must be at least 1")
-    lr = config.optim.lr
-    if isinstance(lr, str) and lr != "auto" or isinstance(lr, bool):
-        raise ConfigError(f"--lr {lr!r}: must be a finite number > 0 (per 256 images) or 'auto'")
-    steps = config.optim.lr_find_steps
-    if steps is not None and steps < MIN_LR_FIND_STEPS:
-        raise ConfigError(f"--lr-find-steps {steps}: must be at least {MIN_LR_FIND_STEPS} (the range test's curve)")
-    for name, value in {"lr": None if lr == "auto" else lr, "clip_norm": config.optim.clip_norm,
-                        "memory_budget": config.data.memory_budget}.items():
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ConfigError(f"{flag_of(name)} {value}: must be a finite number > 0")
-    for name, value, low, high in (("label_smoothing", config.task.label_smoothing, 0, 1),
-                                   ("drop_rate", config.model.drop_rate, 0, 1),
-                                   ("drop_path_rate", config.model.drop_path_rate, 0, 1),
-                                   ("ema_decay", config.optim.ema_decay, 0, 1),
-                                   ("warmup_max_fraction", config.optim.warmup_max_fraction, 0, 1)):
-        if not low <= value < high:
-            raise ConfigError(f"{flag_of(name)} {value}: must be in [{low}, {high})")
-    if not 0 <= config.data.randaugment_magnitude <= 30:
-        raise ConfigError(f"--randaugment-magnitude {config.data.randaugment_magnitude}: must be in [0, 30] (imgaug's "
-                          "scale)")
-    if config.data.augment == "none" and config.data.randaugment_magnitude != DataConfig.randaugment_magnitude:
-        raise ConfigError("--randaugment-magnitude needs --augment randaugment, imgaug or randaugment-device: with "
-                          "--augment none nothing would use it")
-    check_optim_flags(config.optim)
-    if (config.optim.weight_decay or 0) < 0 or config.optim.warmup_epochs < 0:
-        raise ConfigError("--weight-decay and --warmup-epochs must be >= 0")
-    for name in ("mixup_alpha", "cutmix_alpha"):
-        if getattr(config.data, name) < 0:
-            raise ConfigError(f"{flag_of(name)} {getattr(config.data, name)}: must be >= 0 (0: off)")
-    for name in ("mix_prob", "mix_switch_prob"):
-        if not 0 <= getattr(config.data, name) <= 1:
-            raise ConfigError(f"{flag_of(name)} {getattr(config.data, name)}: must be in [0, 1]")
-    if not 0 < config.data.val_fraction < 1:
-        raise ConfigError(f"--val-fraction {config.data.val_fraction}: must be in (0, 1)")
-    repeated = sorted({name for name in config.data.class_names if config.data.class_names.count(name) > 1})
-    if repeated:
-        raise ConfigError(f"--class-names repeats {', '.join(map(repr, repeated))}: the submission could not tell "
-                          "those classes apart; give each class its own name")
-    from ..train import check_lr_group_values
-
-    check_lr_group_values(config.optim.layer_decay, config.optim.head_lr_mult)
-    family = models.registered(config.model.name).efficientnet
-    lr_groups = config.optim.layer_decay is not None or config.optim.head_lr_mult != 1
-    for flag, used in (("--weights", config.model.weights), ("--layer-decay / --head-lr-mult", lr_groups)):
-        if used and not family:
-            raise ConfigError(f"{flag} reads an EfficientNet's parameter names; --model {config.model.name} is not "
-                              "one (start it from a run of yours with --init-from, or initialise it in its builder)")
-    if not config.model.zero_head and not config.model.weights:
-        raise ConfigError("--no-zero-head needs --weights: only a new head on ported weights starts at zero")
-    if config.model.weights and config.model.init_from:
-        raise ConfigError("--weights (a new head) and --init-from (a run's weights, head included) exclude each other")
-    if config.model.freeze and not (config.model.weights or config.model.init_from):
-        raise ConfigError("--freeze needs --weights or --init-from (freezing a randomly initialised network is a "
-                          "mistake)")
-    if config.model.weights:
-        from .. import checkpoint
-
-        try:
-            checkpoint.check_format(config.model.weights)
-            checkpoint.check_digest(config.model.weights)
-        except checkpoint.CheckpointError as err:
-            raise ConfigError(f"--weights: {err}") from None
-
-
-def check_config(config: TrainConfig, task=None) -> None:
-    """Every check that needs no data: values, model name, monitor against the metrics of ``task``.
-
-    ``task`` (default: the config's) may be a user's task with metrics of its own, which are
-    then as good a ``--monitor`` as the built-in ones.
-    """
-    from ..train import history_columns
-
-    _check_values(config)
-    check_progressive_flags(config)
-    task = task or make_task(config)
-    columns = history_columns(task)
-    if config.loop.monitor not in columns:
-        raise ConfigError(f"--monitor {config.loop.monitor!r} is not a metric of --task {config.task.task}; "
-                          f"choose one of {', '.join(c for c in columns[2:] if c not in ('img_per_s', 'seconds'))}")
-    _check_monitor_mode(config)
-    if not 0 < config.task.threshold < 1:
-        raise ConfigError(f"--threshold {config.task.threshold}: must be in (0, 1)")
-
-
-def _check_monitor_mode(config: TrainConfig) -> None:
-    """A built-in metric's direction is known: the opposite --monitor-mode would keep the worst epoch.
-
-    A user's metric may go either way, so only the config's own task's columns are checked.
-    """
-    from ..train import Task, history_columns
-
-    monitor, mode = config.loop.monitor, config.loop.monitor_mode
-    if mode == "auto" or monitor not in history_columns(make_task(config)) or Task.monitor_mode(monitor) == mode:
-        return
-    better = "lower" if Task.monitor_mode(monitor) == "min" else "higher"
-    raise ConfigError(f"--monitor {monitor} --monitor-mode {mode}: {better} {monitor} is better, so {mode} would keep "
-                      f"the worst epoch; use --monitor-mode {Task.monitor_mode(monitor)} (or auto)")
-
-
-def resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig, Plan]:
-    """``config`` with nothing left open for this machine and data, and the numbers it implies.
-
-    ``--batch-per-device auto`` becomes the largest batch whose compiled train step fits the
-    device (:mod:`kaggle_utils.run.memory_plan`; the plan says how it was found). The resolved
-    config records it as the global ``batch_size``, so a resumed run keeps it.
-    """
+def resolve(config: TrainConfig, data: RunData, task: Task | None = None) -> tuple[TrainConfig, Plan]:
+    """``config`` with nothing left open for this machine and data, and the :class:`Plan` it implies. ``auto``'s batch
+    (the largest whose compiled train step fits) is recorded as the global ``batch_size``: a resume keeps it."""
     if config.data.batch_per_device != "auto":
-        if config.data.memory_budget is not None:
-            raise ConfigError(f"--memory-budget {config.data.memory_budget:g} is read only with --batch-per-device "
-                              "auto: give both, or neither")
         return _resolve(config, data, task)
-    from .memory_plan import fit_batch
-
+    check_config(config, task)
     k = config.optim.accumulate_steps
-    provisional, plan = _resolve(config.replace(batch_per_device=k), data, task)  # the step's shapes but the batch
-    fit = fit_batch(provisional, plan, task=task, per_device_limit=data.num_train // jax.device_count())
-    config, plan = _resolve(config.replace(batch_per_device=fit.per_device), data, task)
+    provisional, plan = _resolve(config.replace(batch_per_device=k, memory_budget=None), data, task)
+    fit = memory_plan.fit_batch(provisional.replace(memory_budget=config.data.memory_budget), plan, task=task,
+                                per_device_limit=data.num_train // jax.device_count())
+    config, plan = _resolve(config.replace(batch_per_device=fit.per_device, memory_budget=None), data, task)
     return config, dataclasses.replace(plan, batch_fit=fit.describe())
 
 
-def _resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig, Plan]:
-    from ..surgery import padded_width
-
+def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[TrainConfig, Plan]:
     check_config(config, task)
-    image_size = config.model.image_size or data.stored_size
-    if config.data.crop_pct is not None and not 0 < config.data.crop_pct <= 1:
-        raise ConfigError(f"--crop-pct {config.data.crop_pct}: must be in (0, 1]")
-    platform = runtime.current_platform()
     precision, precision_reason = choose_precision(config.model.precision)
     if data.class_names and len(data.class_names) <= data.max_label:
         raise ConfigError(f"--class-names names {len(data.class_names)} classes but the data holds label "
                           f"{data.max_label}")
+    weights, parent, optim = config.model.weights, config.model.init_from, config.optim
     config = config.replace(
         data_dir=data.description, class_names=data.class_names, id_column=data.columns[0],
         label_column=data.columns[1], num_classes=config.model.num_classes or data.max_label + 1,
-        image_size=image_size, precision=precision.name, batch_size=global_batch(config),
-        batch_per_device=None, lr=config.optim.lr or default_lr(config),
-        weight_decay=OPTIMIZERS[config.optim.optimizer][1] if config.optim.weight_decay is None else
-        config.optim.weight_decay,
-        head_multiple=config.model.head_multiple or (128 if platform == "tpu" else 1),
-        weights=str(Path(config.model.weights).resolve()) if config.model.weights else None,
-        init_from=str(Path(config.model.init_from).resolve()) if config.model.init_from else None)
+        image_size=config.model.image_size or data.stored_size, precision=precision.name,
+        batch_size=global_batch(config), batch_per_device=None, lr=optim.lr or OPTIMIZERS[optim.optimizer][0],
+        weight_decay=OPTIMIZERS[optim.optimizer][1] if optim.weight_decay is None else optim.weight_decay,
+        head_multiple=config.model.head_multiple or (128 if runtime.current_platform() == "tpu" else 1),
+        weights=str(Path(weights).resolve()) if weights else None,
+        init_from=str(Path(parent).resolve()) if parent else None)
     check_parent(config)
-    batch = config.data.batch_size
-    per_device, k = batch // jax.device_count(), config.optim.accumulate_steps
+    batch, k = config.data.batch_size, config.optim.accumulate_steps
+    per_device = batch // jax.device_count()
     if per_device % k:
         raise ConfigError(f"--accumulate-steps {k} does not divide the {per_device} images per device of the global "
                           f"batch {batch}: choose a divisor, or another batch")
@@ -258,26 +113,20 @@ def _resolve(config: TrainConfig, data: RunData, task=None) -> tuple[TrainConfig
     if steps_per_epoch < 1:
         raise ConfigError(f"--batch-size {batch} is larger than the {data.num_train} training examples")
     total = config.loop.steps or config.loop.epochs * steps_per_epoch
-    warmup = min(round(config.optim.warmup_epochs * steps_per_epoch), int(config.optim.warmup_max_fraction * total))
-    cfg = models.registered(config.model.name)
-    from ..train import scaled_lr
-
-    plan = Plan(device_count=jax.device_count(), global_batch=batch, per_device_batch=batch // jax.device_count(),
+    optim, cfg = config.optim, models.registered(config.model.name)
+    warmup = min(round(optim.warmup_epochs * steps_per_epoch), int(optim.warmup_max_fraction * total))
+    multipliers = None
+    if optim.layer_decay is not None or optim.head_lr_mult != 1.0:
+        model = build_model(config)
+        if not hasattr(model, "lr_parts"):
+            raise ConfigError(f"--layer-decay / --head-lr-mult read a model's lr_parts(); --model {config.model.name} "
+                              "declares none (see EfficientNet.lr_parts)")
+        multipliers = group_multipliers(model.lr_parts(), layer_decay=optim.layer_decay,
+                                        head_lr_mult=optim.head_lr_mult)
+    plan = Plan(device_count=jax.device_count(), global_batch=batch, per_device_batch=per_device,
                 steps_per_epoch=steps_per_epoch, total_steps=total, warmup_steps=warmup,
-                peak_lr=math.nan if config.optim.lr == "auto" else scaled_lr(config.optim.lr, batch),
+                peak_lr=math.nan if optim.lr == "auto" else scaled_lr(optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
-                mean=tuple(cfg.mean), std=tuple(cfg.std), lr_multipliers=_lr_multipliers(config),
+                mean=tuple(cfg.mean), std=tuple(cfg.std), lr_multipliers=multipliers,
                 precision_reason=precision_reason, stages=progressive_stages(config))
     return config, plan
-
-
-def _lr_multipliers(config: TrainConfig) -> dict[str, float] | None:
-    """Each part's lr multiplier, or None where the whole network learns at one rate."""
-    from ..efficientnet import create_model
-    from ..train import group_multipliers
-
-    optim = config.optim
-    if optim.layer_decay is None and optim.head_lr_mult == 1.0:
-        return None
-    stages = len(create_model(config.model.name).stages)
-    return group_multipliers(stages, layer_decay=optim.layer_decay, head_lr_mult=optim.head_lr_mult)

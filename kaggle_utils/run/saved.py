@@ -1,25 +1,22 @@
-"""A run on disk: ``config.json`` and the manifest each checkpoint carries; reading a run back."""
+"""A run on disk: ``config.json``, the manifest each checkpoint carries, and a run read back from either."""
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
 
+from flax import linen as nn
+
 from .. import checkpoint
-from ..config import TrainConfig
-from .build import build_model
+from ..config import TrainConfig, overrides
+from .build import Plan, build_model
 from .init_from import checkpoint_file, run_config, run_variables
-from .resolve import Plan
 
 
 def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None,
                  notes: dict | None = None) -> Path:
-    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan.
-
-    ``notes``: more top-level records, e.g. ``lr_find`` (how ``--lr auto`` found the config's lr).
-    """
-    from ..config import overrides
-
+    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan and
+    ``notes`` (e.g. ``lr_find``: how ``--lr auto`` found the lr)."""
     path = Path(out_dir) / "config.json"
     record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan),
               **(notes or {})}
@@ -27,12 +24,14 @@ def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given:
     return path
 
 
-def load_run(path: str | Path) -> tuple[object, dict, TrainConfig]:
-    """``(model, variables, config)`` of a run folder (its best checkpoint) or of one of its checkpoints.
+def run_manifest(config: TrainConfig, plan: Plan) -> dict:
+    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model."""
+    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
 
-    ``variables`` are the evaluation variables (the EMA weights when the run kept them), checked
-    leaf by leaf against the model the config builds.
-    """
+
+def load_run(path: str | Path) -> tuple[nn.Module, dict, TrainConfig]:
+    """``(model, variables, config)`` of a run folder (its best checkpoint) or one of its checkpoints: the evaluation
+    variables (EMA weights where kept), checked leaf by leaf against the model the config builds."""
     file = checkpoint_file(Path(path))
     config = run_config(file)
     model = build_model(config)

@@ -1,35 +1,36 @@
-"""``train(config, out)``: one whole run into a folder; the job, notebook 04 and any runner of several runs call it.
+"""``train(config, out)``: one whole run into a folder, top to bottom: check, open the data, resolve, build, fit, write.
 
-In the spirit of the Flax ImageNet example's ``train_and_evaluate(config, workdir)``. Every
-check that can refuse the run (values, data, labels, test ids, model, weights, frozen parts,
-monitor, the output folder's own run) runs before anything in ``out`` is written or removed:
-a refused ``--overwrite`` leaves the previous run whole. Then, with ``lr="auto"``, the LR range
-test (:mod:`.lr_find`; not on ``--resume``, which reads the rate found before from config.json),
-the loop, then the test split predicted by the best checkpoint. The folder's pictures and tables (``curves.png``,
-``per_class.csv``) come from :mod:`kaggle_utils.report`, called once at the end; what a caller
-does around it (flags, words) is presentation.
+In the spirit of the Flax ImageNet example's ``train_and_evaluate(config, workdir)``: the job, notebook 04,
+:func:`~kaggle_utils.run.cross_validate` and any runner of several runs call it. Every check that can refuse
+the run (values, data, labels, test ids, model, weights, frozen parts, monitor, the folder's own run) runs
+before anything in ``out`` is written or removed, so a refused ``--overwrite`` leaves the previous run whole.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
-from .. import checkpoint, compilation, outdir
+from .. import checkpoint, compilation, outdir, report
 from ..config import ConfigError, TrainConfig
-from .build import build_model, build_training, fit_run, initial_variables
+from ..data import HostDataset
+from ..train import FitResult, FitSettings, Hook, MetricWriter, Steps, Task, evaluate, fit, inference_state
+from ..train.writers import close_writers
+from .build import (Plan, Training, build_model, build_training, initial_variables, model_size, open_writers,
+                    train_dataset, val_dataset)
 from .data import RunData, commit_conversion, data_root, open_data
 from .lr_find import reuse_found_lr, settle_lr
 from .memory_plan import recorded_batch
-from .resolve import Plan, check_config, resolve
-from .saved import write_config
-
-__all__ = ["RunResult", "predict_test_split", "train"]
+from .predict import predict_split, write_predictions
+from .resolve import check_config, resolve
+from .saved import run_manifest, write_config
+from .stages import epoch_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +40,8 @@ class RunResult:
     out: Path
     config: TrainConfig  # resolved: what config.json records
     plan: Plan
-    fit: object  # kaggle_utils.train.FitResult: history, best row, stop reason, final host state
-    steps: object  # the compiled kaggle_utils.train.Steps, for more evaluation or prediction in-process
+    fit: FitResult  # history, best row, stop reason, final host state
+    steps: Steps  # compiled, for more evaluation or prediction in-process
     submission: Path | None = None  # None without a test split
     test_ids: tuple[str, ...] = ()
 
@@ -49,8 +50,72 @@ class RunResult:
         return self.fit.best
 
     @property
+    def model_size(self) -> dict:
+        """``params_trainable``, ``params_frozen``, ``gflops_per_image`` (one forward at the run's size, XLA's count)."""
+        return self.plan.model_size
+
+    @property
     def history(self) -> list[dict]:
         return self.fit.history
+
+
+def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
+          tx: optax.GradientTransformation | Callable[[optax.Schedule], optax.GradientTransformation] | None = None,
+          hooks: Sequence[Hook] = (), writers: Sequence[MetricWriter] = (), data: RunData | None = None,
+          resume: bool = False, overwrite: bool = False, progress: bool = True) -> RunResult:
+    """Trains ``config`` into ``out``, reports it and predicts its test split with the best checkpoint.
+
+    ``task``: instead of the config's (``with_metric``: its metrics can be the ``monitor``); ``data``: already
+    opened for this config; ``hooks``, ``writers``: as for :func:`~kaggle_utils.train.fit`; ``tx``: any optax
+    transform (or a function of the config's schedule returning one) instead of the config's optimizer, recorded
+    in config.json under ``tx``.
+    """
+    check_config(config, task)  # 1. check: values, model, weights, monitor
+    if tx is not None and config.optim.lr == "auto":
+        raise ConfigError("--lr auto sweeps the rate of the kit's optimizer; with run.train(tx=...) give a number")
+    notes = {"tx": _custom_tx_note(tx)} if tx is not None else {}
+    out, main = Path(out), jax.process_index() == 0
+    with _owned(out), _opened(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
+        chosen, batch_note = recorded_batch(config, out) if resume else (config, "")
+        resolved, plan = resolve(chosen, data, task)  # 3. resolve: what the config left open, for this machine
+        plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
+        resolved, plan, lr_note = reuse_found_lr(out, resolved, plan) if resume else (resolved, plan, None)
+        model = build_model(resolved)  # 4. build: model, variables, optimizer, steps
+        variables = initial_variables(resolved, model)
+        training = build_training(resolved, plan, model, variables, task=task, tx=tx)
+        plan = dataclasses.replace(plan, model_size=model_size(resolved, model, variables))
+        if main:  # every check passed: only now may the folder change
+            outdir.prepare(out, resolved, resume=resume, overwrite=overwrite)
+            checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
+        compilation.enable_cache(resolved.loop.compile_cache or out / "jax_cache")
+        data = commit_conversion(data, out)  # a --source conversion made for this run becomes OUT/data
+        if resolved.optim.lr == "auto":
+            resolved, plan, training, lr_note = settle_lr(resolved, plan, data, model, variables, out, task=task,
+                                                          progress=progress)
+        if main:
+            print(plan.describe(resolved) + "".join(f"; {note}" for note in notes.values()))
+            write_config(out, resolved, plan, given=config, notes={**notes, "lr_find": lr_note} if lr_note else notes)
+        opened = open_writers(resolved, out)  # closed last: W&B then uploads the pictures and tables
+        try:
+            result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
+                             writers=[*writers, *opened])  # 5. fit
+            best = _best_variables(out, result)  # 6. write: the report, then the test split's predictions
+            _report(out, resolved, plan, data, training.steps, result, best)
+            submission, ids = None, []
+            if data.splits["test"]:
+                ids, probs = predict_split(training.steps, best, data.splits["test"], resolved,
+                                           batch_size=plan.global_batch, stored_size=data.stored_size)
+                submission, _ = write_predictions(out, ids, probs, resolved)
+        finally:
+            close_writers(opened)
+    return RunResult(out, resolved, plan, result, training.steps, submission, tuple(ids))
+
+
+def _custom_tx_note(tx: optax.GradientTransformation | Callable) -> str:
+    """config.json's record of ``run.train(tx=...)``: the config fields its optimizer replaced."""
+    fixed = isinstance(tx, optax.GradientTransformation)
+    return (f"a custom optax transform{'' if fixed else ', ' + getattr(tx, '__qualname__', '?') + '(schedule),'} "
+            f"replaced --optimizer and its settings{', --lr and --schedule (history lr: NaN)' if fixed else ''}")
 
 
 def _owned(out: Path):
@@ -58,79 +123,50 @@ def _owned(out: Path):
     return outdir.owned(out) if jax.process_index() == 0 else contextlib.nullcontext(out)
 
 
-def _deterministic_input() -> None:
-    # tf.data's parallel map/interleave otherwise return shuffled records in a timing-dependent
-    # order; with op determinism the seeded order is reproduced exactly, which resume needs.
-    from ..data import tensorflow_on_host
-
-    tensorflow_on_host().config.experimental.enable_op_determinism()
-
-
-def train(config: TrainConfig, out: str | Path, *, task=None, tx=None, hooks: Sequence = (), writers: Sequence = (),
-          data: RunData | None = None, resume: bool = False, overwrite: bool = False,
-          progress: bool = True) -> RunResult:
-    """Trains ``config`` into the folder ``out`` and predicts its test split; see the module docstring.
-
-    ``task``: a :class:`~kaggle_utils.train.Task` instead of the config's (e.g. with
-    ``with_metric``: its metrics can then be the ``monitor``). ``data``: a :class:`RunData`
-    already opened (``open_data``) for this config, so its checks are not repeated.
-    ``hooks`` and ``writers`` as for :func:`~kaggle_utils.train.fit`. ``tx``: any optax transform (or
-    a function of the config's lr schedule returning one) instead of the config's optimizer, as for
-    :func:`build_training`; config.json records it under ``tx``.
-    """
-    check_config(config, task)
-    if tx is not None and config.optim.lr == "auto":
-        raise ConfigError("--lr auto sweeps the rate of the kit's optimizer; with run.train(tx=...) give a number")
-    notes = {"tx": custom_tx_note(tx)} if tx is not None else {}
-    out = Path(out)
-    lr_note = None
-    main = jax.process_index() == 0
-    with _owned(out), (contextlib.nullcontext(data.root) if data is not None else data_root(config, out)) as root:
-        data = data if data is not None else open_data(config, root)
-        chosen, batch_note = recorded_batch(config, out) if resume else (config, "")
-        resolved, plan = resolve(chosen, data, task)
-        plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
-        if resume:  # --lr auto: the rate this run's range test found, kept in config.json
-            resolved, plan, lr_note = reuse_found_lr(out, resolved, plan)
-        model = build_model(resolved)
-        variables = initial_variables(resolved, model)
-        training = build_training(resolved, plan, model, variables, task=task, tx=tx)
-        if main:  # every check passed: only now may the folder change
-            outdir.prepare(out, resolved, resume=resume, overwrite=overwrite)
-            checkpoint.remove_stale_temp_files(out)  # half-written files of a run killed mid-write
-        compilation.enable_cache(resolved.loop.compile_cache or out / "jax_cache")
-        data = commit_conversion(data, out)  # a --source conversion made for this run becomes OUT/data
-        if resolved.data.deterministic:
-            _deterministic_input()
-        if resolved.optim.lr == "auto":
-            resolved, plan, training, lr_note = settle_lr(resolved, plan, data, model, variables, out, task=task,
-                                                          progress=progress)
-        if main:
-            print(plan.describe(resolved) + "".join(f"; {note}" for note in notes.values()))
-            write_config(out, resolved, plan, given=config, notes={**notes, **({"lr_find": lr_note} if lr_note else {})})
-        result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
-                         writers=writers)
-        best = _best_variables(out, result)
-        # ---- reporting (presentation, above run/: a lazy import): val_counts.json, curves.png, per_class.csv
-        from ..report import finish_run
-        finish_run(out, resolved, plan, data, training.steps, best)
-        # ----
-        if not data.splits["test"]:
-            return RunResult(out, resolved, plan, result, training.steps)
-        path, ids = predict_test_split(training.steps, best, data.splits["test"], resolved,
-                                       batch_size=plan.global_batch, stored_size=data.stored_size,
-                                       out_dir=out)
-    return RunResult(out, resolved, plan, result, training.steps, path, tuple(str(i) for i in ids))
+@contextlib.contextmanager
+def _opened(config: TrainConfig, out: Path, data: RunData | None) -> Iterator[RunData]:
+    """``data`` as given, or the config's data opened and checked (a ``--source`` converted into a staging folder)."""
+    if data is not None:
+        yield data
+        return
+    with data_root(config, out) as root:
+        yield open_data(config, root)
 
 
-def custom_tx_note(tx) -> str:
-    """config.json's record of ``run.train(tx=...)``: the config fields its optimizer replaced."""
-    fixed = isinstance(tx, optax.GradientTransformation)
-    return (f"a custom optax transform{'' if fixed else ', ' + getattr(tx, '__qualname__', '?') + '(schedule),'} "
-            f"replaced --optimizer and its settings{', --lr and --schedule (history lr: NaN)' if fixed else ''}")
+def fit_settings(config: TrainConfig, plan: Plan) -> FitSettings:
+    """The loop's settings of a resolved config: its intervals, monitor and length on this machine."""
+    loop = config.loop
+    return FitSettings(steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, log_every=loop.log_every,
+                       eval_every=loop.eval_every, checkpoint_every=loop.checkpoint_every,
+                       keep=loop.keep_checkpoints, monitor=loop.monitor, monitor_mode=loop.monitor_mode,
+                       min_delta=loop.min_delta, patience=loop.patience)
 
 
-def _best_variables(out: Path, result) -> dict:
+def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
+            resume: bool = False, progress: bool = True, hooks: Sequence[Hook] = (),
+            writers: Sequence[MetricWriter] = ()) -> FitResult:
+    """The loop over ``data`` with the config's settings, ``writers`` (:func:`~.build.open_writers`), files in
+    ``out_dir``."""
+    opened: list[HostDataset] = []  # the epoch's training input, closed when the next epoch's opens
+
+    def train_batches(epoch: int) -> HostDataset:  # with --progressive-stages: at the epoch's stage's size
+        while opened:
+            opened.pop().close()
+        opened.append(train_dataset(epoch_config(config, plan.stages, epoch), plan, data, epoch))
+        return opened[0]
+
+    val = val_dataset(config, plan, data)
+    try:
+        return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
+                   val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
+                   writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
+                   report={"model": plan.model_size} if plan.model_size else None, stages=tuple(zip(plan.stages, training.stage_steps)))
+    finally:
+        for dataset in [*opened, val]:
+            dataset.close()
+
+
+def _best_variables(out: Path, result: FitResult) -> dict:
     """The best checkpoint's variables on every process (only process 0 has the file)."""
     final = result.state.variables()
     if result.best is None:
@@ -139,18 +175,19 @@ def _best_variables(out: Path, result) -> dict:
         variables = checkpoint.load(out / "best.msgpack", target=final)
     else:
         variables = jax.tree.map(np.zeros_like, final)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        variables = multihost_utils.broadcast_one_to_all(variables)
-    return variables
+    return multihost_utils.broadcast_one_to_all(variables) if jax.process_count() > 1 else variables
 
 
-def predict_test_split(steps, variables, files, config: TrainConfig, *, batch_size: int, stored_size: int,
-                       out_dir: str | Path) -> tuple[Path, list[str]]:
-    """``out_dir/submission.csv`` and ``probabilities.csv`` of a test split as ``config`` evaluates and names it."""
-    from .predict import predict_member, write_predictions
-
-    ids, probs = predict_member(steps, variables, files, config, batch_size=batch_size, stored_size=stored_size)
-    path, _ = write_predictions(out_dir, ids, probs, config)
-    return path, ids
+def _report(out: Path, config: TrainConfig, plan: Plan, data: RunData, steps: Steps, result: FitResult,
+            best: dict) -> None:
+    """``val_counts.json``, ``curves.png``, ``per_class.csv`` from the loop's sums of the best evaluation; evaluated
+    again (collectively) only where this process did not make it (the best came before a ``--resume``)."""
+    sums = result.best_sums
+    if sums is None:
+        batches = val_dataset(config, plan, data)
+        try:
+            sums = evaluate(steps, steps.put_state(inference_state(best)), batches, desc="best checkpoint on val")
+        finally:
+            batches.close()
+    if jax.process_index() == 0:
+        report.finish_run(out, sums, config.data.class_names, result.best)

@@ -39,11 +39,10 @@ def adapt_input_channels(variables: dict, in_chans: int, *, kernel: Patterns | N
                          ) -> tuple[dict, ChannelReport]:
     """The stem convolution of an RGB model changed for ``in_chans`` input channels, as timm does.
 
-    1 channel: the kernel summed over RGB (a grey image gives what its RGB copy gave). More:
-    the RGB kernel repeated and scaled by ``3 / in_chans``, so an input of repeated RGB copies
-    gives the RGB output. The model itself needs no change when its convolutions take the
-    input width from the input (Flax's and the kit's do). ``kernel``: pattern of the stem kernel
-    when the only 4-D kernel with 3 input channels is not it.
+    1 channel: the kernel summed over RGB (a grey image gives what its RGB copy gave); more: the RGB
+    kernel repeated and scaled by ``3 / in_chans``. The module needs no change (its convolutions read
+    the width from the input). ``kernel``: the stem's pattern, when it is not the only 4-D kernel
+    with 3 input channels.
     """
     if in_chans < 1:
         raise VariableTreeError(f"adapt_input_channels: in_chans must be >= 1, got {in_chans}")

@@ -1,9 +1,8 @@
 """Freezing a part of a model: no update, no optimizer state, and BatchNorm in inference mode.
 
-The parameter mask and the optimizer wrapper are the training engine's too, so they live in
-:mod:`kaggle_utils.variable_trees`; this module adds what only a user's model needs: BatchNorm
-layers of the frozen part kept in inference mode, :func:`freeze` (all of it with a report), and
-:func:`carry_optimizer_state` for unfreezing.
+The mask and the optimizer wrapper are the engine's too (:mod:`kaggle_utils.variable_trees`); here is
+what only a user's model needs: BatchNorm of the frozen part in inference mode, :func:`freeze` (all of
+it, with a report) and :func:`carry_optimizer_state` for unfreezing.
 """
 from __future__ import annotations
 
@@ -23,9 +22,8 @@ def carry_optimizer_state(opt_state: Any, tx: optax.GradientTransformation, para
                           ) -> tuple[Any, InheritReport]:
     """The state of ``tx`` (e.g. with fewer leaves frozen) taking over all that fits from ``opt_state``.
 
-    Optimizer state is per leaf (Adam's moments are trees like the params), so moving leaves from
-    frozen to training only initialises *their* state: the moments of the parts already training
-    and shared scalars (the step count) carry over. The report's ``new`` lists the fresh leaves.
+    Optimizer state is per leaf, so unfreezing initialises only the newly trained leaves' state (the
+    report's ``new``); the moments of the parts already training and the step count carry over.
     """
     return inherit(opt_state, tx.init(params))
 
@@ -45,10 +43,8 @@ def _frozen_modules(params: Any, patterns: Patterns) -> frozenset[str]:
 
 
 def _flax_batchnorm_inference(module, next_fun, arguments):
-    """Calls a copy of Flax's BatchNorm with ``use_running_average=True``, bound to the same variables.
-
-    The flag may be fixed in the constructor, and passing it again at call time is an error.
-    """
+    """Calls a copy of Flax's BatchNorm with ``use_running_average=True``, bound to the same variables
+    (the flag may be fixed in the constructor, and passing it again at call time is an error)."""
     if module.use_running_average is True:  # already in inference mode (the copy, too)
         return next_fun(**arguments)
     arguments.pop("use_running_average", None)
@@ -82,11 +78,9 @@ def _batchnorm_interceptor(frozen_modules: frozenset[str]):
 class FrozenBatchNorm:
     """``model`` whose BatchNorm layers with frozen parameters always run in inference mode.
 
-    In a training forward those layers normalise with their running statistics and do not
-    update them, as ``module.eval()`` on a frozen part does in PyTorch: a frozen backbone's
-    ``batch_stats`` stay bit-identical. Same ``init`` / ``apply`` as ``model`` (what the training
-    steps call); other attributes are ``model``'s. Implemented with ``nn.intercept_methods`` on
-    the BatchNorm types in ``BATCHNORM_INFERENCE``, so no model code changes.
+    As ``module.eval()`` on a frozen part in PyTorch: a frozen backbone's ``batch_stats`` stay
+    bit-identical. Same ``init`` / ``apply`` as ``model``, other attributes are ``model``'s; done with
+    ``nn.intercept_methods`` on the types in ``BATCHNORM_INFERENCE``, so no model code changes.
     """
 
     model: Any
@@ -137,10 +131,7 @@ class FrozenModelAndOptimizer(NamedTuple):
 
 def freeze(model, tx: optax.GradientTransformation, variables: dict, patterns: Patterns) -> FrozenModelAndOptimizer:
     """Freezes the parameters ``patterns`` match: the model (BatchNorm) and the optimizer, with a report.
-
-    Unfreeze later by calling it again with fewer patterns and moving the optimizer state over
-    with :func:`carry_optimizer_state`.
-    """
+    Unfreeze by calling it again with fewer patterns, then :func:`carry_optimizer_state`."""
     params = variables["params"]
     mask = flatten(freeze_mask(params, patterns))
     flat = flatten(params)

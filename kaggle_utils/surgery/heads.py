@@ -31,12 +31,10 @@ def _zero_columns_from(init: Callable, first: int) -> Callable:
 class ClassifierHead(nn.Module):
     """Any backbone + global average pooling + dropout + a Dense ``classifier``.
 
-    ``pad_to``: the Dense is ``padded_width(num_classes, pad_to)`` wide (128 on TPU); the extra
-    logits start at zero and the training steps use only the first ``num_classes`` columns for
-    loss, softmax and argmax, so a padded model trains exactly as an unpadded one.
-    ``num_features``: the backbone's feature width, when known; a backbone that outputs another
-    width is an error. Training mode follows the kit: a forward with ``batch_stats`` mutable is a
-    training forward (dropout on); ``train=`` overrides it and is passed on to the backbone.
+    ``pad_to``: the Dense is ``padded_width(num_classes, pad_to)`` wide (128 on TPU); the extra logits
+    start at zero and the steps use only the first ``num_classes`` columns, so a padded model trains
+    exactly as an unpadded one. ``num_features``: the backbone's width, checked when given. As the
+    kit's models, a forward with ``batch_stats`` mutable trains; ``train=`` overrides it (and is passed on).
     """
 
     backbone: nn.Module
@@ -80,13 +78,10 @@ def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int,
                 dtype: Any = jnp.float32, seed: int = 0, head_init: str = "zeros") -> ModelAndVariables:
     """A :class:`ClassifierHead` on ``backbone``: a fresh head, the backbone's variables unchanged.
 
-    ``backbone`` is e.g. the module of ``efficientnet_v2_pretrained`` (its ``num_features`` is
-    checked against what it outputs); ``backbone_variables`` must fit it exactly -- any leaf of
-    the backbone left at its random init would be a silent accident. Only the classifier is
-    initialised (the backbone's shapes are traced), so a large backbone costs no init.
-    ``head_init``: ``"zeros"`` (fine-tuning: every class starts with the same logit, the first
-    loss is ln C and the pretrained features are not pushed around by random logits) or
-    ``"random"`` (the Dense's own initialiser).
+    ``backbone_variables`` must fit ``backbone`` exactly (a leaf left at its random init would be a
+    silent accident). Only the classifier is initialised, so a large backbone costs no init.
+    ``head_init``: ``"zeros"`` (fine-tuning: the first loss is ln C and random logits do not push the
+    pretrained features around) or ``"random"`` (the Dense's own initialiser).
     """
     num_features = num_features or getattr(backbone, "num_features", None)
     head = ClassifierHead(backbone, num_classes, drop_rate=drop_rate, pad_to=pad_to, num_features=num_features,

@@ -1,8 +1,5 @@
-"""Inheritance: a changed model starts from a trained one by taking every leaf that still fits.
-
-Works on any pair of pytrees with matching paths (variables, params, optimizer states), so the
-other operations (rewire, heads, carrying optimizer state over) are built on it.
-"""
+"""Inheritance: a changed model starts from a trained one by taking every leaf that still fits; the other
+operations (rewire, heads, carrying optimizer state over) are built on it."""
 from __future__ import annotations
 
 import dataclasses
@@ -60,13 +57,10 @@ def _nesting_hint(parent: Sequence[str], child: Sequence[str]) -> str:
 def inherit(parent: Any, child: Any, *, reinit: Patterns = ()) -> tuple[Any, InheritReport]:
     """``child`` with every leaf whose path and shape match taken from ``parent``; and a report.
 
-    This is what lets a changed architecture start from a trained one: build the child, init
-    it, inherit. Leaves only in the child, or with another shape, keep the child's fresh init;
-    ``reinit`` patterns keep matching child leaves fresh even when they fit (a classifier for
-    other classes of the same count). Values take the child's dtype. Works on any pair of
-    pytrees with matching paths: variables, params, optimizer states.
-
-    Raises :class:`VariableTreeError` when nothing at all would be inherited.
+    Leaves only in the child, or of another shape, keep the child's fresh init; ``reinit`` patterns
+    keep matching child leaves fresh even when they fit (a classifier for other classes of the same
+    count). Values take the child's dtype. Any pair of pytrees with matching paths works (variables,
+    params, optimizer states); nothing at all to inherit is a :class:`VariableTreeError`.
     """
     parent_flat = flatten(parent)
     child_flat = flatten(child)

@@ -23,10 +23,8 @@ def _bytes(n: int) -> str:
 
 
 def _intermediate_name(path: str) -> str:
-    """``backbone/blocks_1_0/__call__/0`` -> ``backbone/blocks_1_0``; sown ``stage_2/0`` -> ``stage_2``.
-
-    Flax stores each captured or sown value in a tuple, one entry per call.
-    """
+    """``backbone/blocks_1_0/__call__/0`` -> ``backbone/blocks_1_0``; sown ``stage_2/0`` -> ``stage_2``
+    (Flax keeps a tuple per captured or sown value, one entry per call)."""
     parts = path.split("/")
     if "__call__" in parts:
         i = parts.index("__call__")
@@ -37,9 +35,8 @@ def _intermediate_name(path: str) -> str:
 def extract_features(model, variables: dict, x, patterns: Patterns) -> dict[str, jax.Array]:
     """Intermediate activations of an evaluation forward: ``{module path or sown name: array}``.
 
-    ``patterns`` select module paths (the output of each matching module's ``__call__``, via
-    Flax's ``capture_intermediates``) and values the model sows into ``intermediates`` (the kit's
-    EfficientNet sows ``stage_{i}``). For visualising, or as the input of a new head.
+    ``patterns`` select module paths (each matching module's ``__call__`` output, via Flax's
+    ``capture_intermediates``) and values sown into ``intermediates`` (the kit's EfficientNet sows ``stage_{i}``).
     """
 
     def forward(capture):
@@ -59,9 +56,6 @@ def extract_features(model, variables: dict, x, patterns: Patterns) -> dict[str,
         return method_name == "__call__" and "/".join(module.path) in wanted
 
     return {k: v for k, v in jax.jit(forward(capture))(variables, x).items() if k in wanted}
-
-
-# --------------------------------------------------------------------------- inspection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +87,8 @@ class ParamTable:
 
 
 def param_table(variables: dict, *, frozen: Patterns | Any | None = None, depth: int = 1) -> ParamTable:
-    """Counts of ``variables["params"]`` per module (the first ``depth`` path parts), trainable vs frozen.
-
-    ``frozen``: patterns or a bool mask like the params. Bytes are over every collection.
-    """
+    """Counts of ``variables["params"]`` per module (the first ``depth`` path parts), trainable vs frozen
+    (``frozen``: patterns or a bool mask like the params); bytes over every collection."""
     params = variables.get("params", {})
     flat = flatten(params)
     mask = flatten(resolve_mask(params, frozen)) if frozen is not None else dict.fromkeys(flat, False)
@@ -113,19 +105,14 @@ def param_table(variables: dict, *, frozen: Patterns | Any | None = None, depth:
 
 
 def count_flops(model, variables: dict, sample_input) -> float:
-    """Floating-point operations of one evaluation forward on ``sample_input``, per XLA's cost analysis.
-
-    Counted on the lowered program (no compilation); a multiply-add counts as two.
-    """
+    """Floating-point operations of one evaluation forward on ``sample_input``, per XLA's cost analysis
+    of the lowered program (nothing compiled); a multiply-add counts as two."""
     cost = jax.jit(model.apply).lower(variables, sample_input).cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jax: one dict per program
         cost = cost[0]
     if not cost or "flops" not in cost:
         raise VariableTreeError(f"count_flops: XLA's cost analysis gave no FLOP count on {jax.default_backend()}")
     return float(cost["flops"])
-
-
-# --------------------------------------------------------------------------- casting
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,12 +22,9 @@ class ModelAndVariables(NamedTuple):
 
 
 def variant(model: nn.Module, **changes) -> nn.Module:
-    """``model`` with some fields changed, e.g. ``act="gelu"`` or ``num_classes=104``.
-
-    A name that is not a field of the module may be a field of one of its dataclass-valued
-    fields (a config such as the EfficientNet's ``spec``: ``arch_def``, ``channel_multiplier``),
-    so one call changes either. Unknown or ambiguous names are errors.
-    """
+    """``model`` with some fields changed, e.g. ``act="gelu"`` or ``num_classes=104``; a name may also be a
+    field of a dataclass-valued field (the EfficientNet's ``spec``: ``arch_def``, ``channel_multiplier``).
+    Unknown or ambiguous names are errors."""
     own = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name not in ("parent", "name")}
     direct = {k: v for k, v in changes.items() if k in own}
     configs = {f: v for f, v in own.items() if dataclasses.is_dataclass(v) and not isinstance(v, (type, nn.Module))}
@@ -50,11 +47,9 @@ def rewire(model: nn.Module, variables: dict, sample_input, *, child: nn.Module 
            reinit: Patterns = (), seed: int = 0, **changes) -> ModelAndVariables:
     """A variant of ``model`` (``child``, or ``model`` with ``changes``) that inherits all that fits.
 
-    E.g. ``rewire(model, variables, x, act="gelu")``, or a stage with another block type / width /
-    depth via ``arch_def=...``, or any module built by hand as ``child``. The child is initialised
-    for ``sample_input`` and takes every parent leaf whose path and shape still match; the report
-    lists what was inherited, what is new and what no longer fits. When every leaf is inherited
-    (another activation), nothing is initialised, so nothing is compiled.
+    E.g. ``rewire(model, variables, x, act="gelu")``, another stage layout via ``arch_def=...``, or any
+    module built by hand as ``child``. The report lists what was inherited, what is new and what no
+    longer fits; when every leaf is inherited, nothing is initialised (nor compiled).
     """
     if (child is None) == (not changes):
         raise VariableTreeError("rewire: give either child= or field changes, exactly one of the two")
@@ -70,12 +65,9 @@ def replace_classifier(model: nn.Module, variables: dict, num_classes: int, samp
                        head_init: str = "zeros") -> ModelAndVariables:
     """``model`` for ``num_classes`` classes: a fresh classifier, everything else kept.
 
-    ``model`` needs a ``num_classes`` field; ``classifier`` are the patterns of the classifier's
-    leaves (the kit's models and :class:`ClassifierHead` name it ``classifier``; pass e.g.
-    ``"Dense_1"`` for others). They are re-initialised even when the shape stays the same (a
-    padded head of 104 or 100 classes is 128 wide either way): to zeros by default, so a
-    fine-tune starts at loss ln C (see :func:`~kaggle_utils.surgery.heads.attach_head`), or with
-    the model's own initialiser (``head_init="random"``).
+    ``classifier``: patterns of the classifier's leaves (e.g. ``"Dense_1"`` for a model that does not
+    name it ``classifier``), re-initialised even when the shape stays (a padded head of 104 or 100
+    classes is 128 wide either way): to zeros (``head_init``, as :func:`~.heads.attach_head`) or randomly.
     """
     if "num_classes" not in {f.name for f in dataclasses.fields(model)}:
         raise VariableTreeError(f"replace_classifier: {type(model).__name__} has no num_classes field; "

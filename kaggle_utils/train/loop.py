@@ -1,26 +1,12 @@
 """``fit``: training steps with actions at intervals: log, evaluate, checkpoint, stop early.
 
-In the order a reader meets them:
-
-* An epoch is ``steps_per_epoch`` steps over ``train_batches(epoch)``: a *function* of the
-  epoch number, so a resumed run rebuilds exactly the data order of the interrupted one (seed
-  the shuffle with the epoch) and skips the batches it already trained on.
-* What happens when is one :class:`FitSettings` (the loop's part of a run's config).
-* Actions happen at step intervals: every ``log_every`` steps the summed step metrics are
-  pulled from the device (one sync per log, never one per step) and sent to the writers;
-  evaluation happens every ``eval_every`` steps (default: at each epoch end) and adds a history
-  row; a checkpoint is written at every evaluation and every ``checkpoint_every`` steps, keeping
-  the last ``keep`` plus the best. A run killed mid-epoch loses at most ``checkpoint_every``
-  steps and ``resume=True`` continues from there with the same data order, keys, schedule and
-  history.
-* What is measured is the steps' :class:`~kaggle_utils.train.tasks.Task`: the history columns
-  are ``train_<metric>`` and ``val_<metric>`` of its metrics. Any of them can be ``monitor``-ed,
-  with a ``monitor_mode`` and a ``min_delta``; ``patience`` counts evaluations.
-* Nothing diverged is ever saved: the loss is checked at every pull, the parameters and the
-  validation loss before every write (:class:`TrainingDiverged`).
-* ``hooks``: objects with any of the :class:`Hook` methods (or plain functions
-  ``(row, host_state) -> stop?``, called after each evaluation) run user code at the start and
-  end of the run, of each epoch, after each evaluation and log step, without editing the loop.
+An epoch is ``steps_per_epoch`` steps over ``train_batches(epoch)``, a *function* of the epoch, so a resumed
+run rebuilds the interrupted one's data order and skips the batches it already trained on. Every
+``log_every`` steps the summed metrics are pulled (one sync per log, never one per step) for the writers;
+an evaluation (default: each epoch end) adds a history row of the task's ``train_``/``val_`` metrics; at
+each evaluation and every ``checkpoint_every`` steps the state is pulled to the host and saved by a
+background thread (:class:`~.run_dir.RunFolder`). Nothing diverged is saved (:class:`TrainingDiverged`).
+``hooks`` run user code at the points of a run (:class:`Hook`, or functions called after each evaluation).
 """
 from __future__ import annotations
 
@@ -29,6 +15,7 @@ import itertools
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -39,20 +26,18 @@ from tqdm.std import tqdm  # tqdm.write: one line between whatever bars are show
 from .. import compilation
 from ..parallel import local_rows
 from ..precision import overflow_verdict
-from . import run_dir
 from .progress import progress_bar
 from .progressive import STAGE_COLUMNS, StagedSteps
+from .run_dir import RunFolder, load_last
 from .settings import TIMING_COLUMNS, FitSettings, make_monitor
 from .steps import Steps
 from .tasks import Task
-from .writers import close_writers
 
 __all__ = ["TIMING_COLUMNS", "FitResult", "FitSettings", "Hook", "TrainingDiverged", "evaluate", "fit",
            "history_columns"]
 
-
-
 LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
+PREFETCH = 2  # batches put on the devices ahead of the step
 
 
 def history_columns(task: Task, *, loss_scaling: bool = False, staged: bool = False) -> tuple[str, ...]:
@@ -60,7 +45,6 @@ def history_columns(task: Task, *, loss_scaling: bool = False, staged: bool = Fa
     return ("epoch", "step", *(STAGE_COLUMNS if staged else ()), *(f"train_{m}" for m in task.metric_names(full=False)),
             *(f"val_{m}" for m in task.metric_names(full=True)), "lr",
             *(LOSS_SCALE_COLUMNS if loss_scaling else ()), *TIMING_COLUMNS)
-
 
 
 class TrainingDiverged(RuntimeError):
@@ -73,29 +57,23 @@ class FitResult:
     history: list[dict]
     best: dict | None  # history row of the best evaluation by the monitored metric
     stop_reason: str
+    best_sums: dict | None = None  # the validation sums of that evaluation, when this call made it (a report's counts)
 
 
 class Hook:
-    """Base for user hooks: override what you need. ``on_eval_end`` may return True to stop."""
+    """Base for user hooks: override what you need. ``on_eval_end`` may return True (or a reason) to stop."""
 
     def on_run_start(self, state, history: list[dict]) -> None: ...
     def on_epoch_start(self, epoch: int) -> None: ...
     def on_log(self, step: int, scalars: Mapping[str, float]) -> None: ...
-    def on_eval_end(self, row: dict, host_state) -> bool | None: ...
+    def on_eval_end(self, row: dict, host_state) -> bool | str | None: ...
     def on_epoch_end(self, epoch: int, host_state) -> None: ...
     def on_run_end(self, result: FitResult) -> None: ...
 
 
-class _EvalFunction(Hook):
-    def __init__(self, fn: Callable):
-        self.fn = fn
-
-    def on_eval_end(self, row, host_state):
-        return self.fn(row, host_state)
-
-
-def _as_hooks(hooks: Sequence) -> list[Hook]:
-    return [h if any(hasattr(h, m) for m in vars(Hook) if m.startswith("on_")) else _EvalFunction(h)
+def _as_hooks(hooks: Sequence) -> list:
+    """Hooks as they are; a plain function as the ``on_eval_end`` of one."""
+    return [h if any(hasattr(h, m) for m in vars(Hook) if m.startswith("on_")) else SimpleNamespace(on_eval_end=h)
             for h in hooks]
 
 
@@ -110,13 +88,10 @@ def _is_main() -> bool:
     return jax.process_index() == 0
 
 
-def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = 2, progress: bool = False,
+def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = PREFETCH, progress: bool = False,
              desc: str = "eval") -> dict:
-    """Sums of the eval step over every *global* batch (``state`` already on the devices), on the host.
-
-    Every process reads the whole split and keeps its own rows of each batch, so every process
-    runs the same number of steps whatever the files' sizes.
-    """
+    """Sums of the eval step over every *global* batch (``state`` on the devices), on the host; each process
+    keeps its own rows of each batch, so every process runs as many steps whatever the files' sizes."""
     total = None
     bar = progress_bar(desc=desc, leave=False, disable=not (progress and _is_main()), unit="batch")
     for batch in steps.prefetch(map(local_rows, batches), prefetch):
@@ -131,58 +106,47 @@ def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = 2,
 def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], settings: FitSettings, *,
         val_batches: Callable[[], Iterable[dict]] | None = None, out_dir: str | Path | None = None,
         lr_schedule: Callable[[int], float] | None = None, hooks: Sequence = (), writers: Sequence = (),
-        resume: bool = False, manifest: dict | None = None, progress: bool = True, prefetch: int = 2,
+        resume: bool = False, manifest: dict | None = None, report: dict | None = None, progress: bool = True,
         stages: Sequence = ()) -> FitResult:
     """Trains ``state`` (a host TrainState) as ``settings`` say; returns the final host state and the history.
 
-    ``val_batches()`` yields the validation split; without it the validation columns are NaN
-    and ``settings.monitor`` should be a training column. ``manifest`` (e.g. the run's config)
-    goes into the JSON written beside each checkpoint. ``stages``: ``(Stage, Steps)`` pairs of a
-    progressive run (:mod:`~kaggle_utils.train.progressive`): each stage's epochs train with its
-    own steps (``steps`` then only evaluates), its rows and scalars carry ``stage`` and
-    ``image_size``, and its first step reports its compile time.
+    ``val_batches()`` yields the validation split (without it the ``val_`` columns are NaN). ``manifest``
+    goes into each checkpoint's JSON, ``report`` into ``metrics.json``; ``writers`` get the scalars (their
+    caller closes them). ``stages``: ``(Stage, Steps)`` of a progressive run (:mod:`.progressive`): each
+    stage trains with its own steps, its rows say ``stage`` and ``image_size``, its first step is timed.
     """
-    task = steps.config.task
-    columns = history_columns(task, loss_scaling=state.loss_scale is not None, staged=bool(stages))
-    watch = make_monitor(settings, columns)
-    staged = StagedSteps(stages, epochs=-(-settings.total_steps // settings.steps_per_epoch)) if stages else None
-    loop = _Loop(steps, task, columns, watch, settings, train_batches, val_batches, _as_hooks(hooks), list(writers),
-                 out_dir=Path(out_dir) if out_dir is not None else None, manifest=dict(manifest or {}),
-                 lr_schedule=lr_schedule, progress=progress, prefetch=prefetch, staged=staged)
-    try:
-        return loop.run(state, resume=resume)
-    finally:
-        close_writers(loop.writers)
+    loop = _Loop(steps, state, settings, train_batches, val_batches, lr_schedule=lr_schedule,
+                 hooks=_as_hooks(hooks), writers=list(writers), progress=progress and _is_main(), stages=stages)
+    folder = None
+    if out_dir is not None:
+        folder = RunFolder(out_dir, loop.columns, monitor=loop.watch.name, keep=settings.keep, manifest=manifest,
+                           report=report, write=_is_main())
+    return loop.run(state, folder, resume=resume)
 
 
 class _Loop:
     """The state of one ``fit`` call; ``run`` is the loop, the rest are its actions."""
 
-    def __init__(self, steps, task, columns, watch, settings: FitSettings, train_batches, val_batches, hooks,
-                 writers, *, out_dir, manifest, lr_schedule, progress, prefetch, staged=None):
-        self.steps, self.task, self.columns, self.watch = steps, task, columns, watch
-        self.train_batches, self.val_batches, self.hooks, self.writers = train_batches, val_batches, hooks, writers
-        self.out_dir, self.manifest, self.keep = out_dir, manifest, settings.keep
-        self.steps_per_epoch, self.total_steps = settings.steps_per_epoch, settings.total_steps
-        self.log_every, self.eval_every = settings.log_every, settings.eval_every
-        self.checkpoint_every = settings.checkpoint_every
-        self.lr_schedule, self.prefetch = lr_schedule, prefetch
-        self.write = out_dir is not None and _is_main()
-        self.show = progress and _is_main()
+    def __init__(self, steps: Steps, state, settings: FitSettings, train_batches, val_batches, *, lr_schedule,
+                 hooks: list, writers: list, progress: bool, stages: Sequence):
+        self.steps, self.settings, self.task = steps, settings, steps.config.task
+        self.train_batches, self.val_batches, self.lr_schedule = train_batches, val_batches, lr_schedule
+        self.hooks, self.writers, self.show = hooks, writers, progress
+        self.columns = history_columns(self.task, loss_scaling=state.loss_scale is not None, staged=bool(stages))
+        self.watch = make_monitor(settings, self.columns, self.task)
+        self.staged = StagedSteps(stages, epochs=self._epoch_of(settings.total_steps - 1)) if stages else None
+        self.stage = None  # progressive: the stage now training
+        self.stage_compile_s: dict[str, float] = {}  # stage number -> its first step's compiling, in this process
+        self.folder: RunFolder | None = None
         self.history: list[dict] = []
         self.pending = None  # device sums of the train steps since the last history row
         self.window = None  # device sums since the last log
-        self.best = None
+        self.best = self.best_sums = None
         self.stop_reason = "completed"
-        self.staged, self.stage = staged, None  # progressive: the StagedSteps, the stage now training
-        self.stage_compile_s: dict[str, float] = {}  # stage number -> its first step's compiling, in this process
+        self.checkpoint_s = 0.0  # the training thread's time on checkpoints: pulling the state, waiting for a write
 
-    # ---- bookkeeping
     def _epoch_of(self, step: int) -> int:
-        return step // self.steps_per_epoch + 1
-
-    def _epoch_end(self, epoch: int) -> int:
-        return min(epoch * self.steps_per_epoch, self.total_steps)
+        return step // self.settings.steps_per_epoch + 1
 
     def _lr(self, step: int) -> float:
         return float(self.lr_schedule(step)) if self.lr_schedule is not None else float("nan")
@@ -190,16 +154,22 @@ class _Loop:
     def _call_hooks(self, method: str, *args) -> list:
         return [getattr(h, method)(*args) for h in self.hooks if hasattr(h, method)]
 
+    def _emit(self, step: int, scalars: dict) -> None:
+        if _is_main():
+            for writer in self.writers:
+                writer.write(step, scalars)
+
     # ---- the loop
-    def run(self, state, *, resume: bool) -> FitResult:
-        last = self.out_dir / "last.msgpack" if self.out_dir is not None else None
+    def run(self, state, folder: RunFolder | None, *, resume: bool) -> FitResult:
+        self.folder = folder
         pending_host = None
-        if resume and last is not None and last.is_file():
-            state, self.history, pending_host = run_dir.load_last(last, state, self.columns)
+        if resume and folder is not None and (folder.path / "last.msgpack").is_file():
+            state, self.history, pending_host = load_last(folder.path / "last.msgpack", state, self.columns)
             if _is_main():
-                tqdm.write(f"resumed from {last}: {len(self.history)} evaluation(s) done, step {int(state.step)}")
-        if self.write:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+                tqdm.write(f"resumed from {folder.path / 'last.msgpack'}: {len(self.history)} evaluation(s) done, "
+                           f"step {int(state.step)}")
+        if folder is not None and folder.write:
+            folder.path.mkdir(parents=True, exist_ok=True)
         self.best = self.watch.best_row(self.history)
         self.stop_reason = self.watch.early_stop(self.history, self.best) or "completed"
         dev_state = self.steps.put_state(state)
@@ -210,52 +180,54 @@ class _Loop:
         self.first_step_from = (self.clock["row"], self.compiled_before)  # (time, compile seconds) it is timed from
         self._call_hooks("on_run_start", state, self.history)
         step = int(state.step)
-        while step < self.total_steps and self.stop_reason == "completed":
-            dev_state, host_state, step = self._run_epoch(dev_state, host_state, step)
-        if self.write and self.history:  # also after a resume that found the run already complete
-            self._write_reports()
+        try:
+            while step < self.settings.total_steps and self.stop_reason == "completed":
+                dev_state, host_state, step = self._run_epoch(dev_state, host_state, step)
+        except BaseException:
+            if folder is not None:  # the save under way completes: it is what a resumed run starts from
+                folder.writes.wait(raise_error=False)
+            raise
+        if folder is not None:  # also after a resume that found the run already complete
+            started = time.perf_counter()
+            folder.finish(self.history, **self._reports())
+            self.checkpoint_s += time.perf_counter() - started
+        if self.best is not None:  # the best row once more, for comparing runs (TensorBoard's hparams, W&B)
+            self._emit(self.history[-1]["step"], {f"best/{k}": v for k, v in self.best.items()
+                                                  if k.startswith(("train_", "val_"))})
         if _is_main() and self.stop_reason != "completed":
             tqdm.write(self.stop_reason)
-        result = FitResult(state=host_state, history=self.history, best=self.best, stop_reason=self.stop_reason)
+        result = FitResult(state=host_state, history=self.history, best=self.best, stop_reason=self.stop_reason,
+                           best_sums=self.best_sums)
         self._call_hooks("on_run_end", result)
         return result
 
     def _run_epoch(self, dev_state, host_state, step: int):
-        epoch = self._epoch_of(step)
-        end = self._epoch_end(epoch)
-        done_before = step - (epoch - 1) * self.steps_per_epoch  # > 0 when resuming mid-epoch
+        settings, epoch = self.settings, self._epoch_of(step)
+        start, end = (epoch - 1) * settings.steps_per_epoch, min(epoch * settings.steps_per_epoch, settings.total_steps)
         self._call_hooks("on_epoch_start", epoch)
-        bar = progress_bar(total=end - (epoch - 1) * self.steps_per_epoch, initial=done_before,
-                           desc=f"epoch {epoch}/{self._epoch_of(self.total_steps - 1)}", disable=not self.show,
-                           unit="step")
+        bar = progress_bar(total=end - start, initial=step - start, disable=not self.show, unit="step",
+                           desc=f"epoch {epoch}/{self._epoch_of(settings.total_steps - 1)}")
         train = self._enter_stage(epoch)
-        batches = itertools.islice(self.train_batches(epoch), done_before, done_before + end - step)
-        clock = self.clock
-        for batch in self.steps.prefetch(batches, self.prefetch):
+        batches = itertools.islice(self.train_batches(epoch), step - start, end - start)  # a resumed epoch skips
+        for batch in self.steps.prefetch(batches, PREFETCH):
             dev_state, metrics = train(dev_state, batch)
             self.pending, self.window = _accumulate(self.pending, metrics), _accumulate(self.window, metrics)
             step += 1
             if not self.first_step_done:
                 self._report_first_step(metrics)
             bar.update(1)
-            if step % self.log_every == 0 or step == end:
-                self._log(dev_state, step, epoch, bar, clock)
-            evaluate_now = (step % self.eval_every == 0) if self.eval_every else step == end
-            evaluate_now = evaluate_now or step == self.total_steps
-            save_now = evaluate_now or bool(self.checkpoint_every and step % self.checkpoint_every == 0)
-            if save_now:
-                host_state = self._host_state(dev_state, step)
-            if evaluate_now:
-                self._evaluate(dev_state, host_state, step, epoch, clock)
-            if save_now:
-                self._checkpoint(host_state, epoch, fresh_row=evaluate_now)
+            if step % settings.log_every == 0 or step == end:
+                self._log(dev_state, step, epoch, bar)
+            evaluate_now = (step % settings.eval_every == 0) if settings.eval_every else step == end
+            evaluate_now = evaluate_now or step == settings.total_steps
+            if evaluate_now or (settings.checkpoint_every and step % settings.checkpoint_every == 0):
+                host_state = self._save_point(dev_state, step, epoch, evaluate_now)
             if self.stop_reason != "completed":
                 break
         bar.close()
         if step < end and self.stop_reason == "completed":
-            raise ValueError(f"train data for epoch {epoch} ran out after {step - (epoch - 1) * self.steps_per_epoch}"
-                             f" of {end - (epoch - 1) * self.steps_per_epoch} steps: use repeat=True or fewer steps "
-                             "per epoch")
+            raise ValueError(f"train data for epoch {epoch} ran out after {step - start} of {end - start} steps: use "
+                             "repeat=True or fewer steps per epoch")
         if step == end:
             self._call_hooks("on_epoch_end", epoch, host_state)
         return dev_state, host_state, step
@@ -271,11 +243,11 @@ class _Loop:
         return steps.train
 
     # ---- actions
-    def _log(self, dev_state, step: int, epoch: int, bar, clock) -> None:
+    def _log(self, dev_state, step: int, epoch: int, bar) -> None:
         host = self.steps.get(self.window)  # the one device -> host sync of the window
         sums, optim = host["task"], host["optim"]
         _check_finite(float(sums["loss_sum"]), "training loss", epoch=epoch, step=step)
-        seconds = max(time.perf_counter() - clock["log"], 1e-9)
+        seconds = max(time.perf_counter() - self.clock["log"], 1e-9)
         running = self.task.finish(sums, full=False)
         n = max(int(optim["steps"]), 1)  # the steps applied (fp16 loss scaling may skip some)
         scalars = {**{f"train/{k}": v for k, v in running.items()},
@@ -295,69 +267,66 @@ class _Loop:
                         img_s=f"{scalars['train/img_per_s']:.0f}")
         self._emit(step, scalars)
         self._call_hooks("on_log", step, scalars)
-        self.window, clock["log"] = None, time.perf_counter()
+        self.window, self.clock["log"] = None, time.perf_counter()
 
-    def _emit(self, step: int, scalars: dict) -> None:
-        if _is_main():
-            for writer in self.writers:
-                writer.write(step, scalars)
+    def _save_point(self, dev_state, step: int, epoch: int, evaluate_now: bool):
+        """The state pulled to the host (refused if a parameter is NaN or infinite), evaluated if it is time, saved."""
+        started = time.perf_counter()
+        host_state = self.steps.get(dev_state)
+        if not all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(host_state.params)):
+            raise TrainingDiverged(f"a parameter became NaN or infinite by step {step}; stopped before writing "
+                                   "anything, so the checkpoints hold the last good state")
+        self.checkpoint_s += time.perf_counter() - started
+        improved = self._evaluate(dev_state, host_state, step, epoch) if evaluate_now else False
+        if self.folder is not None and self.folder.write:
+            started = time.perf_counter()
+            pending = None if self.pending is None else self.steps.get(self.pending)
+            self.folder.save(host_state, self.history, pending, epoch=epoch, best=self.best if improved else None,
+                             reports=self._reports() if evaluate_now else None)
+            self.checkpoint_s += time.perf_counter() - started
+        if evaluate_now:  # after the save is queued: a hook that stops the run stops it after this save
+            stops = [stop for stop in self._call_hooks("on_eval_end", self.history[-1], host_state) if stop]
+            if stops:
+                self.stop_reason = (stops[0] if isinstance(stops[0], str) else
+                                    f"stopped by a hook after epoch {epoch} (step {step})")
+        return host_state
 
-    def _evaluate(self, dev_state, host_state, step: int, epoch: int, clock) -> None:
-        train_seconds = time.perf_counter() - clock["row"]
+    def _evaluate(self, dev_state, host_state, step: int, epoch: int) -> bool:
+        """Adds the history row of ``step``; True when it is the best so far."""
+        train_seconds = time.perf_counter() - self.clock["row"]
         train_sums = self.steps.get(self.pending)["task"]
         train = self.task.finish(train_sums, full=False)
         row = {"epoch": epoch, "step": step, **{c: float("nan") for c in self.columns[2:]}}
         row.update(StagedSteps.fields(self.stage) if self.stage is not None else {})
         row.update({f"train_{k}": v for k, v in train.items() if f"train_{k}" in row})
         row["img_per_s"] = int(train_sums["count"]) / max(train_seconds, 1e-9)
+        scalars = {"epoch": epoch, **{f"train_epoch/{k}": v for k, v in train.items()}}
+        sums = None
         if self.val_batches is not None:
             started = time.perf_counter()
-            sums = evaluate(self.steps, dev_state, self.val_batches(), prefetch=self.prefetch, progress=self.show)
+            sums = evaluate(self.steps, dev_state, self.val_batches(), progress=self.show)
             val = self.task.finish(sums)
             _check_finite(val["loss"], "validation loss", epoch=epoch, step=step)
             row.update({f"val_{k}": v for k, v in val.items()})
-            self._emit(step, {**{f"val/{k}": v for k, v in val.items()},
-                              "val/img_per_s": int(sums["count"]) / (time.perf_counter() - started)})
+            scalars.update({**{f"val/{k}": v for k, v in val.items()},
+                            "val/img_per_s": int(sums["count"]) / (time.perf_counter() - started)})
+        self._emit(step, scalars)
         row.update(_loss_scale_figures(host_state.loss_scale))
         row["lr"] = self._lr(step - row.get("skipped_steps", 0))  # the schedule counts applied steps only
-        row["seconds"] = time.perf_counter() - clock["row"]
-        clock["row"] = time.perf_counter()
+        row["seconds"] = time.perf_counter() - self.clock["row"]
+        self.clock["row"] = time.perf_counter()
         self.pending = None
         self.history.append(row)
         improved = self.watch.improves(row, self.best)
         if improved:
-            self.best = row
-            if self.write:
-                run_dir.save_best(self.out_dir, host_state.variables(), row, monitor=self.watch.name,
-                                  manifest=self.manifest)
+            self.best, self.best_sums = row, sums
         if _is_main():
             tqdm.write(_format_row(row, self.watch.name, improved))
-        if any(bool(stop) for stop in self._call_hooks("on_eval_end", row, host_state)):
-            self.stop_reason = f"stopped by a hook after epoch {epoch} (step {step})"
-        else:
-            self.stop_reason = self.watch.early_stop(self.history, self.best) or self.stop_reason
-
-    def _host_state(self, dev_state, step: int):
-        """The state pulled to the host, refused if any parameter is NaN or infinite (it would be saved)."""
-        host_state = self.steps.get(dev_state)
-        if not all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(host_state.params)):
-            raise TrainingDiverged(f"a parameter became NaN or infinite by step {step}; stopped before writing "
-                                   "anything, so the checkpoints hold the last good state")
-        return host_state
-
-    def _checkpoint(self, host_state, epoch: int, *, fresh_row: bool) -> None:
-        if self.write:
-            pending = None if self.pending is None else self.steps.get(self.pending)
-            run_dir.save_last(self.out_dir, host_state, self.history, self.columns, pending, epoch=epoch,
-                              manifest=self.manifest, keep=self.keep)
-            if fresh_row:
-                self._write_reports()
+        self.stop_reason = self.watch.early_stop(self.history, self.best) or self.stop_reason
+        return improved
 
     def _report_first_step(self, metrics) -> None:
-        """One line: how long the first step (of the run, or of each stage) took and how much of it was compiling.
-
-        One sync, once per stage; a stage's compile seconds also go to ``metrics.json``.
-        """
+        """One line (one sync) per run or stage: its first step's seconds, and how many of them were compiling."""
         jax.block_until_ready(metrics)
         self.first_step_done = True
         started, compiled_before = self.first_step_from
@@ -369,19 +338,12 @@ class _Loop:
         if _is_main():
             tqdm.write(f"{where}first step after {took:.1f} s, {compiled:.1f} s of it compiling")
 
-    def compile_seconds(self) -> float:
-        """Seconds this run has spent compiling (train, eval and anything else it ran) since it began."""
-        return compilation.seconds() - self.compiled_before
-
-    def _write_reports(self) -> None:
-        run_dir.write_reports(self.out_dir, self.history, self.columns, best=self.best, monitor=self.watch.name,
-                              stop_reason=self.stop_reason, extra={"compile_s": round(self.compile_seconds(), 3),
-                                                                   **self._stage_report()})
-
-    def _stage_report(self) -> dict:
-        """metrics.json's ``stage_compile_s``: each stage's first-step compiling in this process (a resumed run
-        reports the stages it compiled itself)."""
-        return {} if self.staged is None else {"stage_compile_s": dict(self.stage_compile_s)}
+    def _reports(self) -> dict:
+        """``metrics.json`` besides the history: best, stop reason, this process's compiling (and each stage's),
+        the training thread's seconds on checkpoints."""
+        stages = {} if self.staged is None else {"stage_compile_s": dict(self.stage_compile_s)}
+        return {"best": self.best, "stop_reason": self.stop_reason, "checkpoint_s": round(self.checkpoint_s, 3),
+                "compile_s": round(compilation.seconds() - self.compiled_before, 3), **stages}
 
 
 def _loss_scale_figures(scale) -> dict:

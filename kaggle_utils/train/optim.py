@@ -17,11 +17,10 @@ from typing import Any, Callable
 import jax
 import optax
 
-from ..config import ConfigError, OptimConfig
 from ..variable_trees import freeze_optimizer
 from .lr_groups import LrGroups, scale_by_tree
 
-__all__ = ["OPTIMIZERS", "check_optim_flags", "make_optimizer", "make_schedule", "scaled_lr"]
+__all__ = ["OPTIMIZERS", "make_optimizer", "make_schedule", "scaled_lr"]
 
 # name -> (lr per 256 images, weight decay) when none is given: Lion wants ~10x less lr and ~10x more decay
 # than AdamW (Chen et al. 2023), SGD Goyal et al.'s 0.1 with L2 1e-4
@@ -54,31 +53,6 @@ def make_schedule(name: str, peak_lr: float, total_steps: int, *, warmup_steps: 
              "step": lambda: optax.exponential_decay(peak_lr, max(decay_steps or -(-rest // 3), 1), decay_rate,
                                                      staircase=True)}[name]()
     return optax.join_schedules([optax.linear_schedule(0.0, peak_lr, warmup), after], [warmup]) if warmup else after
-
-
-def check_optim_flags(optim: OptimConfig) -> None:
-    """Refuses, naming the flag, a value no run can use or a flag the chosen optimizer / schedule would not read."""
-    default = OptimConfig()
-    unread = [flag for flag, given, reads in (
-        ("--b1 / --b2", (optim.b1, optim.b2) != (None, None), optim.optimizer in BETAS),
-        ("--momentum / --nesterov", (optim.momentum, optim.nesterov) != (default.momentum, default.nesterov),
-         optim.optimizer == "sgd"),
-        ("--end-lr-factor", optim.end_lr_factor != 0, optim.schedule in ("cosine", "linear")),
-        ("--decay-epochs / --decay-rate", (optim.decay_epochs, optim.decay_rate) != (None, default.decay_rate),
-         optim.schedule == "step")) if given and not reads]
-    if unread:
-        raise ConfigError(f"{unread[0]} would not be read by --optimizer {optim.optimizer} --schedule "
-                          f"{optim.schedule}: drop it, or choose what reads it")
-    below_one, up_to_one = (lambda v: 0 <= v < 1, "[0, 1)"), (lambda v: 0 <= v <= 1, "[0, 1]")
-    for flag, value, (ok, interval) in (("--b1", optim.b1, below_one), ("--b2", optim.b2, below_one),
-                                        ("--momentum", optim.momentum, below_one),
-                                        ("--end-lr-factor", optim.end_lr_factor, up_to_one),
-                                        ("--decay-rate", optim.decay_rate, (lambda v: 0 < v <= 1, "(0, 1]")),
-                                        ("--decay-epochs", optim.decay_epochs, (lambda v: v > 0, "(0, inf)"))):
-        if value is not None and not ok(value):
-            raise ConfigError(f"{flag} {value}: must be in {interval}")
-    if optim.nesterov and not optim.momentum:
-        raise ConfigError("--nesterov needs --momentum > 0")
 
 
 def _decay_mask(params) -> Any:

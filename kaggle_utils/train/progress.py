@@ -1,10 +1,6 @@
-"""Progress bars that render where the loop runs: a terminal, a notebook with widgets, or one without.
-
-``tqdm.auto`` picks the widget bar in any notebook and, where ``ipywidgets`` is missing (a bare
-Jupyter, nbmake), prints an "IProgress not found" warning and falls back to a text bar whose
-carriage returns a saved notebook output keeps as fragments (``eval: 3batch [00:01, ...]``).
-So: widgets where they exist (Kaggle's notebooks), text bars in a terminal, and no bars in a
-notebook without widgets, where the loop's one line per evaluation is the progress.
+"""Progress bars that render where the loop runs: widgets in a notebook that has them (Kaggle's), text bars in
+a terminal, none in a notebook without ``ipywidgets`` (nbmake), where ``tqdm.auto``'s text fallback would
+leave carriage-return fragments in the saved output and the loop's line per evaluation is the progress.
 """
 from __future__ import annotations
 

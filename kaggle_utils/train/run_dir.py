@@ -1,16 +1,10 @@
-"""The files of a run folder: checkpoints (last K + best), history, and reading them back.
+"""The files of a run folder: ``last.msgpack`` (state, history, the training sums since the last row: all a
+resume needs; with ``keep > 1`` the previous ones stay as ``ckpt-STEP`` hard links), ``best.msgpack`` (the
+best evaluation's variables), ``metrics.json`` and ``history.csv``; reading them back.
 
-* ``last.msgpack``: the whole training state, the history and the training statistics
-  gathered since the last history row: everything a resumed run needs to continue mid-epoch
-  and write the same history. With ``keep > 1`` the previous ``last`` files stay as
-  ``ckpt-STEP.msgpack`` (hard links, so keeping them costs no copy), the newest ``keep - 1``.
-* ``best.msgpack``: the model variables of the best evaluation by the monitored metric.
-* ``metrics.json`` and ``history.csv``: the history, one row per evaluation.
-
-Each file is written atomically and beside a JSON manifest (:mod:`kaggle_utils.checkpoint`), by
-process 0 only. Order matters where a kill can fall between two writes: ``best`` before
-``last`` (a resumed run redoes that interval and writes the same ``best`` again), the old
-``last`` linked as a ``ckpt`` before the new one replaces it.
+Process 0 writes each file atomically beside a manifest (:mod:`kaggle_utils.checkpoint`), from host copies,
+in a background thread, in an order a kill cannot break: ``best`` before ``last`` (a resume redoes that
+interval), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
 """
 from __future__ import annotations
 
@@ -30,52 +24,73 @@ from flax import serialization
 
 from .. import checkpoint
 
-__all__ = ["CHECKPOINT_PATTERN", "load_last", "previous_checkpoints", "save_best", "save_last", "write_reports"]
+__all__ = ["CHECKPOINT_PATTERN", "RunFolder", "load_last", "previous_checkpoints"]
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.msgpack$")
 _INT_COLUMNS = ("epoch", "step", "stage", "image_size", "skipped_steps")
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def _clean(row: dict | None) -> dict | None:
-    return None if row is None else {k: _json_safe(v) for k, v in row.items()}
+    """JSON's view of a row: NaN and infinities as null."""
+    return None if row is None else {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                                     for k, v in row.items()}
 
 
-def write_reports(out_dir: Path, history: list[dict], columns: Sequence[str], *, best: dict | None, monitor: str,
-                  stop_reason: str, extra: dict | None = None) -> None:
-    report = {"monitor": monitor, "best": _clean(best), "stop_reason": stop_reason,
-              "history": [_clean(row) for row in history], **(extra or {})}
-    checkpoint.atomic_write_text(out_dir / "metrics.json", json.dumps(report, indent=2, allow_nan=False) + "\n")
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(history)
-    checkpoint.atomic_write_text(out_dir / "history.csv", text.getvalue())
+class RunFolder:
+    """The folder :func:`~kaggle_utils.train.fit` writes: what it saves at a save point, in order, off the loop's thread.
 
+    ``manifest`` goes into each checkpoint's JSON, ``report`` into ``metrics.json``. Every process may read
+    (resume); only ``write=True`` (process 0) writes.
+    """
 
-def _history_to_arrays(history: Sequence[dict], columns: Sequence[str]) -> dict:
-    return {c: np.asarray([row[c] for row in history], np.float64) for c in columns}
+    def __init__(self, path, columns: Sequence[str], *, monitor: str, keep: int, manifest: dict | None = None,
+                 report: dict | None = None, write: bool = True):
+        self.path, self.columns, self.monitor, self.keep = Path(path), tuple(columns), monitor, keep
+        self.manifest, self.report, self.write = dict(manifest or {}), dict(report or {}), write
+        self.writes = checkpoint.BackgroundWrites()
 
+    def save(self, state, history: list[dict], pending: dict | None, *, epoch: int, best: dict | None = None,
+             reports: dict | None = None) -> None:
+        """Queues ``best`` (its row, when it just improved), ``last``, then the reports (their fields, if given).
 
-def _history_from_arrays(arrays: dict, columns: Sequence[str], path) -> list[dict]:
-    if set(arrays) != set(columns):
-        raise checkpoint.CheckpointError(
-            f"{path} holds a history with columns {sorted(arrays)}, this run's task makes {sorted(columns)}: "
-            "it was written by a run with another task or metrics")
-    n = len(arrays[columns[0]])
-    return [{c: (int(arrays[c][i]) if c in _INT_COLUMNS else float(arrays[c][i])) for c in columns}
-            for i in range(n)]
+        Waits for the previous save first; ``state`` and ``pending`` are host trees the loop no longer changes.
+        """
+        if self.write:
+            self.writes.submit(self._save, state, list(history), pending, epoch, best, reports)
 
+    def _save(self, state, history, pending, epoch, best, reports) -> None:
+        if best is not None:
+            info = {**self.manifest, "epoch": best["epoch"], "step": best["step"], "monitor": self.monitor,
+                    "value": _clean(best)[self.monitor]}
+            checkpoint.save(self.path / "best.msgpack", state.variables(), manifest=info)
+        last = self.path / "last.msgpack"
+        if self.keep > 1:
+            _keep_previous_last(self.path, last)
+        payload = {"state": serialization.to_state_dict(state), "pending": {} if pending is None else pending,
+                   "history": {c: np.asarray([row[c] for row in history], np.float64) for c in self.columns}}
+        checkpoint.save(last, payload, manifest={**self.manifest, "epoch": epoch, "step": int(state.step)})
+        kept = previous_checkpoints(self.path)
+        for old in kept[:max(len(kept) - (self.keep - 1), 0)]:
+            old.unlink(missing_ok=True)
+            checkpoint.manifest_path(old).unlink(missing_ok=True)
+        if reports is not None:
+            self._write_reports(history, **reports)
 
-def save_best(out_dir: Path, variables: Any, row: dict, *, monitor: str, manifest: dict) -> None:
-    info = {**manifest, "epoch": row["epoch"], "step": row["step"], "monitor": monitor,
-            "value": _json_safe(row[monitor])}
-    checkpoint.save(out_dir / "best.msgpack", variables, manifest=info)
+    def finish(self, history: list[dict], **reports) -> None:
+        """Waits for the last save, then writes the reports: what a run leaves when ``fit`` returns."""
+        self.writes.wait()
+        if self.write and history:
+            self._write_reports(history, **reports)
+
+    def _write_reports(self, history: list[dict], *, best: dict | None, stop_reason: str, **extra) -> None:
+        report = {"monitor": self.monitor, "best": _clean(best), "stop_reason": stop_reason,
+                  "history": [_clean(row) for row in history], **self.report, **extra}
+        checkpoint.atomic_write_text(self.path / "metrics.json", json.dumps(report, indent=2, allow_nan=False) + "\n")
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(self.columns), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(history)
+        checkpoint.atomic_write_text(self.path / "history.csv", text.getvalue())
 
 
 def previous_checkpoints(out_dir: Path) -> list[Path]:
@@ -102,21 +117,6 @@ def _keep_previous_last(out_dir: Path, last: Path) -> None:
             shutil.copyfile(src, dst)
 
 
-def save_last(out_dir: Path, state: Any, history: list[dict], columns: Sequence[str], pending: dict | None, *,
-              epoch: int, manifest: dict, keep: int) -> None:
-    """The resume point; with ``keep > 1`` the previous ones stay as ``ckpt-STEP`` files."""
-    last = out_dir / "last.msgpack"
-    if keep > 1:
-        _keep_previous_last(out_dir, last)
-    payload = {"state": serialization.to_state_dict(state), "history": _history_to_arrays(history, columns),
-               "pending": {} if pending is None else pending}
-    checkpoint.save(last, payload, manifest={**manifest, "epoch": epoch, "step": int(state.step)})
-    kept = previous_checkpoints(out_dir)
-    for old in kept[:max(len(kept) - (keep - 1), 0)]:
-        old.unlink(missing_ok=True)
-        checkpoint.manifest_path(old).unlink(missing_ok=True)
-
-
 def load_last(path: str | Path, template, columns: Sequence[str]) -> tuple[Any, list[dict], dict | None]:
     """(host state, history, pending training sums) from a ``last.msgpack``, every state leaf checked."""
     raw = checkpoint.load(path)
@@ -132,4 +132,11 @@ def load_last(path: str | Path, template, columns: Sequence[str]) -> tuple[Any, 
     if pending is not None and "task" not in pending:  # written before the step grouped its outputs
         optim = {k: pending.pop(k) for k in ("grad_norm", "param_norm", "steps")}
         pending = {"task": pending, "optim": optim}
-    return state, _history_from_arrays(raw["history"], columns, path), pending
+    arrays = raw["history"]
+    if set(arrays) != set(columns):
+        raise checkpoint.CheckpointError(f"{path} holds a history with columns {sorted(arrays)}, this run's task "
+                                         f"makes {sorted(columns)}: it was written by a run with another task or "
+                                         "metrics")
+    history = [{c: (int(arrays[c][i]) if c in _INT_COLUMNS else float(arrays[c][i])) for c in columns}
+               for i in range(len(arrays[columns[0]]))]
+    return state, history, pending

@@ -1,7 +1,5 @@
-"""What :func:`~kaggle_utils.train.fit` does when, and how it judges an evaluation: the loop's settings.
-
-Kept apart from the loop so that a run's config maps onto one small checked object
-(:func:`kaggle_utils.run.fit_settings`), and a bad value is refused before anything compiles.
+"""What :func:`~kaggle_utils.train.fit` does when, and how it judges an evaluation: one small checked object that
+a run's config maps onto (:func:`kaggle_utils.run.fit_settings`), refusing a bad value before anything compiles.
 """
 from __future__ import annotations
 
@@ -17,12 +15,8 @@ TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ betwee
 
 @dataclasses.dataclass(frozen=True)
 class FitSettings:
-    """When :func:`fit` does what, and what it watches: the loop's part of a run's config.
-
-    Give ``epochs`` (of ``steps_per_epoch`` steps) or ``total_steps`` (the last epoch may be
-    shorter); ``total_steps`` is filled in from ``epochs``. Every value is checked here, so a
-    bad setting is refused before anything is compiled or trained.
-    """
+    """When :func:`fit` does what, and what it watches. Give ``epochs`` (of ``steps_per_epoch`` steps) or
+    ``total_steps`` (the last epoch may be shorter; filled in from ``epochs``)."""
 
     steps_per_epoch: int
     epochs: int | None = None
@@ -93,10 +87,10 @@ def _check_positive(**values) -> None:
             raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
 
 
-def make_monitor(settings: FitSettings, columns) -> _Monitor:
+def make_monitor(settings: FitSettings, columns, task: Task) -> _Monitor:
     monitor = settings.monitor
     if monitor not in columns:
         raise ValueError(f"monitor {monitor!r} is not a history column of this task; choose one of "
                          f"{', '.join(c for c in columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
-    mode = Task.monitor_mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
+    mode = task.mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
     return _Monitor(monitor, mode, settings.min_delta, settings.patience)

@@ -1,17 +1,9 @@
-"""The training state: everything a step reads and writes, and nothing else.
+"""The training state: everything a step reads and writes, a pytree of arrays only (replicated, donated, saved).
 
-A pytree of arrays only (no functions, no module), so it can be replicated to devices,
-donated to a jitted step and written to msgpack as it is. The model and the optimizer are
-passed to the step functions separately.
-
-* ``params``, ``batch_stats``, ``opt_state`` stay float32 whatever the compute dtype: bf16
-  compute is the model's business (``dtype=jnp.bfloat16``), bf16 optimizer moments would lose
-  small updates (one of the seed tutorial's mistakes).
-* ``rng`` never changes: the dropout key of a step is derived from ``(rng, step, replica)``,
-  so a resumed run draws exactly the keys the uninterrupted one would have.
-* ``ema_params`` is ``None`` unless an exponential moving average of the weights is wanted.
-* ``loss_scale`` is ``None`` unless gradients are computed in fp16 (:mod:`kaggle_utils.precision`): the
-  dynamic scale and its counters live here, so a resumed run continues with the same scale.
+``params``, ``batch_stats`` and ``opt_state`` stay float32 whatever the compute dtype (bf16 optimizer moments
+lose small updates: one of the seed tutorial's mistakes). ``rng`` never changes: a step's keys come from
+``(rng, step, replica)``, so a resumed run draws the keys the uninterrupted one would. ``ema_params`` and
+``loss_scale`` (fp16's dynamic scale, :mod:`kaggle_utils.precision`) are ``None`` unless wanted.
 """
 from __future__ import annotations
 
@@ -51,10 +43,7 @@ def _fp32(tree):
 
 def create_train_state(variables: dict, tx: optax.GradientTransformation, *, seed: int = 0,
                        ema: bool = False, loss_scale: bool = False) -> TrainState:
-    """A fresh state from model variables (``params`` and optional ``batch_stats``), kept fp32.
-
-    ``loss_scale``: keep fp16's dynamic loss scale (:class:`~kaggle_utils.precision.LossScale`).
-    """
+    """A fresh fp32 state from model variables; ``loss_scale``: keep fp16's dynamic scale (``precision.LossScale``)."""
     if "params" not in variables:
         raise KeyError(f"variables need a 'params' collection; got {sorted(variables)}")
     params = _fp32(variables["params"])
@@ -77,11 +66,8 @@ def inference_state(variables: dict) -> TrainState:
 
 
 def init_variables(model, image_size: int, *, seed: int = 0, channels: int = 3) -> dict:
-    """Randomly initialised ``params`` / ``batch_stats`` of an image model for square inputs.
-
-    The job's shorthand for :func:`kaggle_utils.variable_trees.init_variables` (jitted init with an
-    ``rbg`` key, which compiles an EfficientNet's few hundred initialisers faster on CPU: bench/README.md).
-    """
+    """Random ``params`` / ``batch_stats`` of an image model for square inputs
+    (:func:`kaggle_utils.variable_trees.init_variables`: a jitted init, faster to compile on CPU)."""
     shape = jax.ShapeDtypeStruct((1, image_size, image_size, channels), jnp.float32)
     variables = variable_trees.init_variables(model, shape, seed=seed)
     return {k: v for k, v in variables.items() if k in ("params", "batch_stats")}

@@ -1,27 +1,14 @@
 """Train / eval / predict steps, written once per replica, run under pmap or jit + shard_map.
 
-Each step function sees one replica's slice of the batch and reduces across replicas over the
-named axis ``"data"`` with ``lax.psum`` / ``lax.pmean``: gradients, BatchNorm statistics and
-metric counts. :func:`make_steps` wraps the same functions either way:
-
-* ``mode="pmap"``: ``jax.pmap`` over the mesh's devices (the seed tutorial's way); state and
-  outputs carry a leading device axis.
-* ``mode="jit"``: ``jax.jit(jax.shard_map(...))`` over a ``Mesh`` (what JAX recommends now);
-  state and outputs are replicated global arrays, the batch is split on the batch axis.
-
-``shard_map`` runs with ``check_vma=False``: with the check on, JAX differentiates an
-unvarying parameter by summing its gradient across replicas on its own, and the explicit
-``psum`` written for pmap would count it again. Off, both modes share one meaning: a gradient
-is per replica until the step sums it.
-
-Losses are sums over real examples divided by the *global* count of real examples, so padding
-never counts and an uneven split of real examples over replicas changes nothing: with
-synchronised BatchNorm (the model's ``bn_axis_name="data"``) a step on 8 devices equals the
-step on one device with the same global batch.
-
-What is optimised and measured is the config's :class:`~kaggle_utils.train.tasks.Task` (loss,
-targets, summed metric statistics); on-device augmentation and mixing are optional functions of
-a per-step, per-replica key, applied before the forward pass.
+Each step sees one replica's slice of the batch and reduces over the axis ``"data"`` (``lax.psum`` /
+``lax.pmean``: gradients, BatchNorm statistics, metric sums). :func:`make_steps` wraps the same functions
+as ``jax.pmap`` (the seed tutorial's way; a leading device axis) or ``jax.jit(jax.shard_map(...))`` (what
+JAX recommends now; replicated global arrays). ``shard_map`` runs with ``check_vma=False``: with the check
+on, JAX sums an unvarying parameter's gradient across replicas on its own and the explicit ``psum`` would
+count it twice. Losses are sums over real examples divided by the *global* count of real examples, so
+padding never counts and, with synchronised BatchNorm, a step on 8 devices equals one on a device with the
+same global batch. What is optimised and measured is the :class:`~kaggle_utils.train.tasks.Task`; device
+augmentation and mixing get a per-step, per-replica key.
 """
 from __future__ import annotations
 
@@ -47,13 +34,9 @@ __all__ = ["AXIS", "StepConfig", "Steps", "eval_step", "make_steps", "micro_step
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """What the steps need besides model and optimizer (hashable: part of the compiled step).
-
-    ``augment``: ``(key, uint8 images [B, H, W, C]) -> uint8 images``, run per replica before
-    normalisation (e.g. a device RandAugment). ``mix``: ``(key, float images, float targets
-    [B, C], mask) -> (images, targets)`` after normalisation (mixup / cutmix); it must leave
-    masked rows alone. Both get their own key per step and per replica.
-    """
+    """What the steps need besides model and optimizer (hashable: part of the compiled step). ``augment``:
+    ``(key, uint8 images) -> uint8 images`` before normalisation; ``mix``: ``(key, images, targets, mask) ->
+    (images, targets)`` after it, leaving masked rows alone; each with its own key per step and replica."""
 
     num_classes: int
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # of pixel values in [0, 1]; the model's pretrained_cfg
@@ -79,11 +62,8 @@ def replica_key(rng: jax.Array, step: jax.Array) -> jax.Array:
 
 
 def _class_logits(logits: jax.Array, config: StepConfig) -> jax.Array:
-    """The real classes' logits in fp32; the extra columns of a padded head are dropped.
-
-    A head padded to a TPU-friendly width (``surgery.ClassifierHead(pad_to=128)``) must keep those
-    columns out of the loss, softmax and argmax to train exactly as an unpadded one.
-    """
+    """The real classes' logits in fp32: a head padded to a TPU-friendly width keeps its extra columns out of the
+    loss, softmax and argmax, so it trains exactly as an unpadded one."""
     if logits.shape[-1] < config.num_classes:
         raise ValueError(f"the model outputs {logits.shape[-1]} logits but num_classes is {config.num_classes}")
     return logits.astype(jnp.float32)[:, :config.num_classes]
@@ -94,11 +74,8 @@ def _global_norm(tree) -> jax.Array:
 
 
 def micro_step(params, batch_stats, batch: dict, key, count, scale, *, model, config: StepConfig):
-    """Gradients (of ``loss x scale``), new BatchNorm statistics and task sums of one (micro-)batch on one replica.
-
-    The loss is a sum over the real examples divided by ``count``, the real examples of the whole
-    step on every replica: micro-batch gradients then add up to the step's gradient exactly.
-    """
+    """Gradients (of ``loss x scale``), new BatchNorm statistics and task sums of one (micro-)batch on one replica;
+    the loss is divided by ``count``, the whole step's real examples, so micro-batch gradients add up exactly."""
     dropout_key, augment_key, mix_key = jax.random.split(key, 3)
     images, labels, mask = batch["image"], batch["label"], batch["mask"]
     if config.augment is not None:
@@ -123,12 +100,8 @@ def micro_step(params, batch_stats, batch: dict, key, count, scale, *, model, co
 
 
 def _accumulated(state: TrainState, batch: dict, key, count, scale, *, model, config: StepConfig):
-    """:func:`micro_step` over ``config.accumulate_steps`` micro-batches of this replica's batch, one after another.
-
-    Only one micro-batch's activations are alive at a time: the memory of a batch K times smaller
-    for the gradient of the whole batch. BatchNorm normalises each micro-batch with its own
-    statistics (as K steps of a K times smaller batch would) and its running statistics move K times.
-    """
+    """:func:`micro_step` over ``config.accumulate_steps`` micro-batches one after another: the memory of a batch K
+    times smaller for the whole batch's gradient; BatchNorm normalises each micro-batch on its own statistics."""
     step = functools.partial(micro_step, model=model, config=config)
     k = config.accumulate_steps
     if k == 1:
@@ -149,14 +122,9 @@ def _accumulated(state: TrainState, batch: dict, key, count, scale, *, model, co
 
 def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTransformation,
                config: StepConfig) -> tuple[TrainState, dict]:
-    """One optimizer step on one replica's shard; returns the new state and two groups of figures.
-
-    ``{"task": the task's summed statistics, "optim": grad_norm, param_norm, steps, ...}``: the
-    loop finishes the first with the task and averages the second over ``steps``, with no name
-    of one group ever read as the other's. With fp16 loss scaling (``state.loss_scale``) a step
-    whose gradients overflow is skipped (:mod:`kaggle_utils.precision` says what that leaves
-    unchanged): it adds nothing to either group but ``optim["skipped"]``.
-    """
+    """One optimizer step on one replica's shard: the new state and ``{"task": summed statistics, "optim":
+    grad_norm, param_norm, steps, ...}`` (the loop finishes the first with the task, averages the second over
+    ``steps``). With fp16 loss scaling an overflowing step is skipped: it adds only ``optim["skipped"]``."""
     count = lax.psum(jnp.sum(batch["mask"], dtype=jnp.int32), AXIS)
     scale = 1.0 if state.loss_scale is None else state.loss_scale.scale
     key = replica_key(state.rng, state.step)
@@ -212,11 +180,15 @@ class Steps:
 
     mode: str
     mesh: Mesh
-    train: Callable  # (state, device_batch) -> (state, {"task": sums, "optim": figures}); donates the state
-    evaluate: Callable  # (state, device_batch) -> metrics
-    predict: Callable  # (state, device_batch) -> probabilities [global batch, C]
+    train: Callable  # jitted (state, device_batch) -> (state, {"task": sums, "optim": figures}); donates the state
+    evaluate: Callable  # jitted (state, device_batch) -> metrics
+    predict: Callable  # jitted (state, device_batch) -> probabilities [global batch, C]
     config: StepConfig  # the task, num_classes, ...: what the loop needs to read the outputs
-    train_jitted: Callable | None = None  # train's jitted (pmapped) function: .lower(state, batch) reads its memory
+
+    @property
+    def jitted(self) -> dict[str, Callable]:
+        """The steps by name, to ``.lower()`` and compile for abstract inputs (a memory plan)."""
+        return {"train": self.train, "eval": self.evaluate, "predict": self.predict}
 
     @property
     def device_count(self) -> int:
@@ -245,10 +217,13 @@ class Steps:
         return jax.tree.map(lambda x: _first_shard(x, self.mode == "pmap"), tree)
 
     def put_batch(self, batch: dict) -> dict:
-        return shard_batch(batch, mode=self.mode, mesh=self.mesh)
+        """A host batch on the devices, without its host-only fields (ids): what the steps take."""
+        return _device_fields(shard_batch(batch, mode=self.mode, mesh=self.mesh))
 
     def prefetch(self, batches, size: int = 2):
-        return prefetch_to_device(batches, size, mode=self.mode, mesh=self.mesh)
+        """:meth:`put_batch` of each batch, ``size`` transfers ahead of the step that reads it."""
+        for batch in prefetch_to_device(batches, size, mode=self.mode, mesh=self.mesh):
+            yield _device_fields(batch)
 
 
 def _device_fields(batch: dict) -> dict:
@@ -260,24 +235,14 @@ def make_steps(model, tx: optax.GradientTransformation, config: StepConfig, *, m
     """Compiles the three steps for ``mode`` ("pmap" or "jit") over ``mesh`` (all devices by default)."""
     check_mode(mode)
     mesh = make_mesh() if mesh is None else mesh
-    train_fn = lambda s, b: train_step(s, b, model=model, tx=tx, config=config)  # noqa: E731
-    eval_fn = lambda s, b: eval_step(s, b, model=model, config=config)  # noqa: E731
-    predict_fn = lambda s, b: predict_step(s, b, model=model, config=config)  # noqa: E731
 
-    def distribute(fn, donate=()):
+    def distribute(step, donate=(), **more):
+        fn = functools.partial(step, model=model, config=config, **more)
         if mode == "pmap":
             # every replica returns replicated values (psum / all_gather), one copy per device
             return jax.pmap(fn, axis_name=AXIS, devices=list(mesh.devices.flat), donate_argnums=donate)
         mapped = jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(), check_vma=False)
         return jax.jit(mapped, donate_argnums=donate)
 
-    train_c, eval_c, predict_c = distribute(train_fn, donate=(0,)), distribute(eval_fn), distribute(predict_fn)
-    return Steps(
-        mode=mode,
-        mesh=mesh,
-        train=lambda state, batch: train_c(state, _device_fields(batch)),
-        evaluate=lambda state, batch: eval_c(state, _device_fields(batch)),
-        predict=lambda state, batch: predict_c(state, _device_fields(batch)),
-        config=config,
-        train_jitted=train_c,
-    )
+    return Steps(mode=mode, mesh=mesh, train=distribute(train_step, donate=(0,), tx=tx),
+                 evaluate=distribute(eval_step), predict=distribute(predict_step), config=config)

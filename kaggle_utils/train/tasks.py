@@ -1,26 +1,17 @@
 """Tasks: what a step optimises and what a split is scored by, kept out of the step itself.
 
-A task turns a batch's ``label`` field into float targets ``[B, C]`` (integer labels, multi-hot
-rows or soft targets from mixup/cutmix all take that form), gives a per-example loss of
-``(logits, targets)``, and scores a split in two halves:
-
-* ``metric_sums`` runs inside the jitted step: *sums* over the real examples of a batch
-  (padding masked), which add up exactly across batches, devices and hosts.
-* ``finish`` runs on the host on the summed statistics: accuracy, top-5, macro F1, ... A
-  user metric is one more function of those sums (:meth:`Task.with_metric`).
-
-Why sums and not per-batch means: the mean of per-batch F1 scores is not the F1 of the split,
-and a padded last batch would weigh as much as a full one.
-
-Built in: :class:`SoftmaxClassification` (single label, label smoothing; the default),
-:class:`FocalClassification` (single label, down-weights easy examples) and
-:class:`MultiLabelClassification` (sigmoid binary cross-entropy, one decision per class).
+A task turns a batch's ``label`` into float targets ``[B, C]`` (labels, multi-hot rows, mixed targets),
+gives a per-example loss, and scores a split in two halves: ``metric_sums`` inside the jitted step (*sums*
+over real examples, which add up exactly across batches, devices and hosts: a mean of per-batch F1 scores
+is not the split's F1) and ``finish`` on the host (accuracy, top-5, macro F1, user metrics of the sums).
+Built in: :class:`SoftmaxClassification` (the default), :class:`FocalClassification`,
+:class:`MultiLabelClassification` (sigmoid BCE, one decision per class).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Mapping
+from typing import Callable, ClassVar, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +47,8 @@ class Task:
     """Base of the built-in tasks. Frozen and hashable: a task is part of the compiled step."""
 
     label_smoothing: float = 0.0
-    user_metrics: tuple[tuple[str, UserMetric], ...] = ()
+    user_metrics: tuple[tuple[str, UserMetric, str], ...] = ()  # (name, fn, "max" | "min": which way is better)
+    minimized: ClassVar[tuple[str, ...]] = ("loss",)  # the built-in metrics where lower is better
 
     # ---- on the device
     def targets(self, labels: jax.Array, num_classes: int) -> jax.Array:
@@ -75,14 +67,15 @@ class Task:
     def probabilities(self, logits: jax.Array) -> jax.Array:
         raise NotImplementedError
 
+    def logits(self, probabilities: jax.Array) -> jax.Array:
+        """Logits whose :meth:`probabilities` these are: saved probabilities scored by the task's own metrics."""
+        raise NotImplementedError
+
     def metric_sums(self, logits: jax.Array, labels: jax.Array, mask: jax.Array, *, full: bool,
                     losses: jax.Array | None = None) -> dict:
-        """Summed statistics of one batch's real rows; ``full`` (evaluation) adds the costly ones.
-
-        ``losses``: the per-example losses the step already computed (the train step's, against
-        smoothed or mixed targets); without them (evaluation) the loss is taken against the
-        unsmoothed ``labels``, so validation losses compare across smoothing settings.
-        """
+        """Summed statistics of one batch's real rows; ``full`` (evaluation) adds the costly ones. ``losses``: the
+        train step's own (smoothed or mixed targets); without them the loss is against the unsmoothed ``labels``,
+        so validation losses compare across smoothing settings."""
         raise NotImplementedError
 
     def _losses(self, logits, labels, losses):
@@ -92,7 +85,7 @@ class Task:
     def finish(self, sums: Mapping[str, np.ndarray], *, full: bool = True) -> dict[str, float]:
         """Scalar metrics from summed statistics; user metrics after evaluations (``full``) only."""
         out = self._finish(sums)
-        for name, fn in self.user_metrics if full else ():
+        for name, fn, _ in self.user_metrics if full else ():
             try:
                 value = float(fn(sums))
             except Exception as err:
@@ -108,23 +101,26 @@ class Task:
     def metric_names(self, *, full: bool) -> tuple[str, ...]:
         """The names :meth:`finish` produces for a train window (``full=False``) or an evaluation."""
         names = self._metric_names(full)
-        return names + tuple(name for name, _ in self.user_metrics) if full else names
+        return names + tuple(name for name, _, _ in self.user_metrics) if full else names
 
     def _metric_names(self, full: bool) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def with_metric(self, name: str, fn: UserMetric) -> "Task":
-        """A copy that also reports ``fn(sums)`` as ``name`` after every evaluation."""
+    def with_metric(self, name: str, fn: UserMetric, *, mode: str = "max") -> "Task":
+        """A copy that also reports ``fn(sums)`` as ``name`` after every evaluation; ``mode="min"``: lower is better."""
         if not name.isidentifier():
             raise ValueError(f"metric name {name!r} must be a plain identifier (it becomes the column val_{name})")
-        if name in self._metric_names(True) or name in dict(self.user_metrics):
+        if name in self.metric_names(full=True):
             raise ValueError(f"metric {name!r} already exists in {type(self).__name__}")
-        return dataclasses.replace(self, user_metrics=self.user_metrics + ((name, fn),))
+        if mode not in ("min", "max"):
+            raise ValueError(f"metric {name!r}: mode must be min or max, got {mode!r}")
+        return dataclasses.replace(self, user_metrics=self.user_metrics + ((name, fn, mode),))
 
-    @staticmethod
-    def monitor_mode(metric: str) -> str:
-        """Losses are minimised, everything else (accuracy, F1, a user score) maximised."""
-        return "min" if "loss" in metric else "max"
+    def mode(self, column: str) -> str:
+        """``"min"`` where lower is better for a history column (``val_loss``), else ``"max"``, as its metric says."""
+        name = column.split("_", 1)[1] if column.startswith(("train_", "val_")) else column
+        lower = self.minimized + tuple(metric for metric, _, mode in self.user_metrics if mode == "min")
+        return "min" if name in lower else "max"
 
 
 def _count(sums) -> int:
@@ -146,6 +142,9 @@ class SoftmaxClassification(Task):
 
     def probabilities(self, logits):
         return jax.nn.softmax(logits)
+
+    def logits(self, probabilities):
+        return jnp.log(jnp.maximum(probabilities, jnp.finfo(jnp.float32).tiny))
 
     def metric_sums(self, logits, labels, mask, *, full, losses=None):
         num_classes = logits.shape[-1]
@@ -209,6 +208,10 @@ class MultiLabelClassification(Task):
 
     def probabilities(self, logits):
         return jax.nn.sigmoid(logits)
+
+    def logits(self, probabilities):
+        p = jnp.clip(probabilities, 1e-7, 1 - 1e-7)
+        return jnp.log(p) - jnp.log1p(-p)
 
     def _unsmoothed(self, labels, num_classes):
         if labels.ndim == 1:
