@@ -53,8 +53,8 @@ def test_readme_command_learns_digits_and_submits_every_test_id(learning_run, tm
     assert report["best"]["val_acc"] >= 0.9
     assert {p.name for p in out.iterdir()} >= {"best.msgpack", "last.msgpack", "metrics.json", "history.csv",
                                                 "config.json", "submission.csv", "tensorboard"}
-    assert ("global batch 64 = 64 per device x 1 device(s); adamw, peak learning rate 0.0025 (0.01 per 256 images), "
-            "cosine schedule;") in log
+    assert ("global batch 64 = 64 per device x 1 device(s); adamw, cosine schedule, peak learning rate 0.0025 (0.01 "
+            "per 256 images);") in log
 
     truth = make_sample_dataset(tmp_path / "truth", image_size=32).test_labels  # the same embedded sample
     with open(out / "submission.csv") as f:

@@ -148,7 +148,7 @@ def test_train_crop_flip_gives_the_whole_image_or_its_mirror():
     config = TrainConfig().replace(image_size=24, train_crop="flip")
     image = tf.constant(np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8))
     whole = Resize(24)(image).numpy()
-    flip = run.train_transform(config, stored_size=40)
+    flip = run.train_crop(config, stored_size=40)
     outs = [flip(image, tf.constant([seed, 7])).numpy() for seed in range(16)]
     mirrored = [np.array_equal(out, whole[:, ::-1]) for out in outs]
     assert all(m or np.array_equal(out, whole) for m, out in zip(mirrored, outs))

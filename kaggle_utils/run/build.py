@@ -198,19 +198,25 @@ def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | No
     return Resize(size) if size != stored_size else None
 
 
+def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Resize | None:
+    """Training: timm's RandomResizedCrop, the whole image flipped half the time (``flip``), a resize, or as stored."""
+    size = config.model.image_size
+    if config.data.train_crop != "none":  # flip: the whole (square) image's box
+        whole = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0)) if config.data.train_crop == "flip" else {}
+        return RandomResizedCrop(size, **whole)
+    return Resize(size) if size != stored_size else None
+
+
 def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) -> HostDataset:
     """This process's training batches for ``epoch``: repeated, shuffled by epoch, cropped, host-augmented (imgaug's
     RandAugment takes the magnitude rounded)."""
-    size, augment, magnitude = config.model.image_size, config.data.augment, config.data.randaugment_magnitude
-    crop = {"random-resized": RandomResizedCrop(size),  # flip: the whole (square) image's box, resized, flipped
-            "flip": RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0))}.get(
-        config.data.train_crop, Resize(size) if size != data.stored_size else None)
+    augment, magnitude = config.data.augment, config.data.randaugment_magnitude
     host_augment = (RandAugment(magnitude=magnitude) if augment == "randaugment" else
                     ImgaugRandAugment(m=round(magnitude)) if augment == "imgaug" else None)
     return load_dataset(data.splits["train"], image_size=data.stored_size,
                         batch_size=plan.global_batch // jax.process_count(), training=True,
-                        seed=config.seed * 100_003 + epoch, crop=crop, augment=host_augment,
-                        skip_errors=config.data.skip_errors, select=data.selected("train"),
+                        seed=config.seed * 100_003 + epoch, crop=train_crop(config, data.stored_size),
+                        augment=host_augment, skip_errors=config.data.skip_errors, select=data.selected("train"),
                         multi_label_classes=config.model.num_classes if data.multi_label else None,
                         deterministic=config.data.deterministic)
 

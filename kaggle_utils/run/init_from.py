@@ -56,24 +56,18 @@ def run_variables(file: Path, model: nn.Module, config: TrainConfig) -> dict:
     if "state" in raw:  # last.msgpack / ckpt-*.msgpack: the whole training state
         state = raw["state"]
         raw = {"params": state.get("ema_params") or state["params"], "batch_stats": state.get("batch_stats", {})}
-    variables = _fit_head({k: raw[k] for k in ("params", "batch_stats") if k in raw}, config)
+    variables = {k: raw[k] for k in ("params", "batch_stats") if k in raw}
+    if "classifier" in variables["params"]:  # cut to the classes, padded to this run's --head-multiple (a TPU's 128)
+        classes = config.model.num_classes
+        width = padded_width(classes, config.model.head_multiple)
+        head = jax.tree.map(lambda v: np.pad(np.asarray(v)[..., :classes], [(0, 0)] * (np.ndim(v) - 1) +
+                                             [(0, width - classes)]), variables["params"]["classifier"])
+        variables["params"] = {**variables["params"], "classifier": head}
     size = config.model.image_size
     template = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
     checkpoint.check_tree(variables, template, what=f"checkpoint {file} for {config.model.name} with "
                                                    f"{config.model.num_classes} classes")
     return jax.tree.map(lambda v, t: np.asarray(v, t.dtype), variables, template)
-
-
-def _fit_head(variables: dict, config: TrainConfig) -> dict:
-    """The classifier cut to the classes and padded to ``config``'s ``--head-multiple`` (a parent on a TPU: 128)."""
-    classes, width = config.model.num_classes, padded_width(config.model.num_classes, config.model.head_multiple)
-    params = variables["params"]
-
-    def fit(v):
-        return np.pad(np.asarray(v)[..., :classes], [(0, 0)] * (np.ndim(v) - 1) + [(0, width - classes)])
-
-    return {**variables, "params": {**params, "classifier": jax.tree.map(fit, params["classifier"])}
-            } if "classifier" in params else variables
 
 
 def check_parent(config: TrainConfig) -> Path | None:

@@ -31,10 +31,10 @@ def check_config(config: TrainConfig, task: Task | None = None) -> None:
     """Every check that needs no data: each section's values, the model, the weights, the monitor (a metric of
     ``task``, default the config's: a user's task's metrics are as good a ``--monitor``)."""
     config.check()
-    if config.model.weights and not models.registered(config.model.name).efficientnet:
-        raise ConfigError(f"--weights reads an EfficientNet's parameter names; --model {config.model.name} is not one "
-                          "(start it from a run of yours with --init-from, or initialise it in its builder)")
     if config.model.weights:
+        if not models.registered(config.model.name).efficientnet:
+            raise ConfigError(f"--weights reads an EfficientNet's parameter names; --model {config.model.name} is not "
+                              "one (start it from a run of yours with --init-from, or initialise it in its builder)")
         try:
             checkpoint.check_format(config.model.weights)
             checkpoint.check_digest(config.model.weights)
