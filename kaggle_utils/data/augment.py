@@ -12,7 +12,6 @@
 
 :func:`augment_images` and :func:`show_augmented` apply one choice in-process, to look at what it does.
 """
-from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -24,9 +23,6 @@ from .imgaug_compat import import_imgaug_augmenters
 from .randaugment_tf import RandAugment
 from .tfhost import tf
 from .tfrecords import RecordProblem
-
-__all__ = ["AugmentPlan", "ImgaugRandAugment", "augment_batches", "augment_images", "resolve_augment",
-           "show_augmented"]
 
 
 class ImgaugRandAugment:

@@ -6,7 +6,6 @@ locks), all when the pool is made, and share a buffer per call with the pipeline
 so the tf.data thread only copies bytes and waits without the GIL. Each call carries a seed for ``random`` and
 ``np.random``: a batch is augmented the same whichever worker takes it.
 """
-from __future__ import annotations
 
 import concurrent.futures
 import contextlib
@@ -29,8 +28,6 @@ import numpy as np
 from .jpeg import CorruptJpegError, decode_jpeg_into
 from .tfhost import host_cores
 from .tfrecords import UNDECODABLE
-
-__all__ = ["AugmentWorkerError", "ProcessPoolAugmenter", "check_augmented", "default_worker_count", "seed_numpy"]
 
 STARTUP_TIMEOUT = 300.0  # seconds for every worker to import the callable's module
 

@@ -10,7 +10,6 @@ happen on read. The validation split is stratified per class (iterative stratifi
 staged in ``DIR`` and swapped in whole, so a re-run never mixes old and new shards; an existing conversion is
 replaced only with ``overwrite=True``.
 """
-from __future__ import annotations
 
 import dataclasses
 import inspect
@@ -28,9 +27,6 @@ from .sources import Source, class_folders, csv_source, image_folder, tfds_sourc
 from .stratify import iterative_stratification
 from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, target_of, write_shards
 from .tfrecords import DataError, count_from_name
-
-__all__ = ["INFO_FILE", "SPLITS", "conversion_changes", "convert_source", "convert_test_split", "read_conversion_info",
-           "source_from_spec", "stratified_split"]
 
 SPLITS = ("train", "val", "test")
 INFO_FILE = "class_names.json"

@@ -7,7 +7,6 @@ enough for every run) and ``content`` (ids, labels, class names, the id / label 
 and the settings, so that a difference is put in words (:func:`fingerprint_changes`). It is JSON, stored in the
 conversion's ``class_names.json``.
 """
-from __future__ import annotations
 
 import hashlib
 import os
@@ -18,8 +17,6 @@ import numpy as np
 from .sources import Source
 from .tfhost import tf
 from .tfrecords import DataError
-
-__all__ = ["conversion_fingerprint", "fingerprint_changes", "source_fingerprint"]
 
 
 def _digest(parts: Iterator[str | bytes]) -> str:

@@ -5,13 +5,10 @@ Kaggle's TFRecords carry only class ids; the names come from the competition's t
 The list is kept verbatim: two names (ids 87 and 90) carry a trailing space in the original,
 so :func:`flower_class_names` strips them for display and keeps the ids unchanged.
 """
-from __future__ import annotations
 
 import json
 from functools import lru_cache
 from pathlib import Path
-
-__all__ = ["FLOWER_NUM_CLASSES", "flower_class_names"]
 
 FLOWER_NUM_CLASSES = 104
 _NAMES_FILE = Path(__file__).with_name("flower_classes.json")

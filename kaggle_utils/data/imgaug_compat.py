@@ -4,7 +4,6 @@ imgaug 0.4.0 (2020, its last release) reads two attributes NumPy 2 removed: ``np
 time, and ``np.complex`` at call time (``imgaug.parameters``). ``np.sctypes`` exists only while imgaug's modules
 execute; ``np.complex`` is given only to the imgaug modules that read it, through a NumPy namespace of their own.
 """
-from __future__ import annotations
 
 import importlib
 import sys
@@ -12,8 +11,6 @@ import threading
 import types
 
 import numpy as np
-
-__all__ = ["import_imgaug_augmenters"]
 
 _IMPORT_LOCK = threading.Lock()
 _MODULES_NEEDING_LEGACY_ALIASES = ("imgaug.parameters",)  # they read np.complex at call time

@@ -18,7 +18,6 @@ OpenCV use; TF's default differs by up to 5 levels and is no faster): with ``sim
 the check), else with OpenCV for RGB and greyscale JPEGs, else (CMYK, whose colour conversion must be libjpeg's)
 with PIL; ``tests/test_data_jpeg.py`` checks each against TensorFlow.
 """
-from __future__ import annotations
 
 import io
 import os
@@ -28,9 +27,6 @@ import warnings
 import numpy as np
 
 from .tfhost import tf
-
-__all__ = ["CheckedRecords", "CorruptJpegError", "DCT_METHOD", "check_available", "decode_jpeg_into", "jpeg_problem",
-           "strict_decoder", "tf_check"]
 
 DCT_METHOD = "INTEGER_ACCURATE"  # for tf.io.decode_jpeg; the only method PIL and OpenCV also have
 NOT_CHECKED_NOTICE = (

@@ -17,7 +17,6 @@ resumed run reads what the interrupted one would have, without TensorFlow's op d
 A bad record raises a :class:`~.tfrecords.BadRecordError` naming ``<file>, record <i>`` and what is wrong, or
 with ``skip_errors`` is left out and counted.
 """
-from __future__ import annotations
 
 import math
 import threading
@@ -35,8 +34,6 @@ from .tfhost import first_success, host_cores, op_message, tf
 from .tfrecords import (UNDECODABLE, BadRecordError, DataError, RecordProblem, count_data_items, first_problem,
                         list_tfrecords, parse_record, reader_problem, record_spec, shard_files, size_problem)
 from .transforms import Resize, decode_image
-
-__all__ = ["HostDataset", "check_tfrecords", "load_dataset", "load_source", "scan_labels"]
 
 SHUFFLE_BUFFER = 2048  # serialized records (~50-150 kB each at 512x512), not decoded images
 _MAX_SKIPPED_KEPT = 100

@@ -5,7 +5,6 @@ computes all of them for every slot, which is why it crawls in tf.data). Ops and
 RandAugment (``m`` in [0, 30]), so ``"randaugment"`` and ``"imgaug"`` augment about equally hard;
 :mod:`kaggle_utils.device_augment` has the same ops in JAX, equal to these.
 """
-from __future__ import annotations
 
 import math
 from typing import Callable, Sequence
@@ -13,8 +12,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .tfhost import tf
-
-__all__ = ["FILL_VALUE", "MAX_MAGNITUDE", "RANDAUGMENT_OPS", "RandAugment"]
 
 MAX_MAGNITUDE = 30  # imgaug's RandAugment scale: m=30 is the strongest setting
 FILL_VALUE = 128  # grey for pixels that geometric ops move in from outside the image

@@ -8,7 +8,6 @@ and a laptop: the same TFRecords, file names, feature keys and test ids as the f
 The test labels the competition keeps hidden go to ``out_dir/test_labels.csv`` (``id,label``), so a sample
 submission can be scored; ``sample_manifest.json`` makes a repeated call with the same arguments a no-op.
 """
-from __future__ import annotations
 
 import colorsys
 import csv
@@ -22,8 +21,6 @@ import numpy as np
 from .tfrecord_writer import atomic_output_path, write_split
 from .tfhost import tf
 from .tfrecords import list_tfrecords
-
-__all__ = ["SampleDataset", "make_sample_dataset", "SPLITS"]
 
 SPLITS = ("train", "val", "test")
 SYNTHETIC_NUM_CLASSES = 104

@@ -6,7 +6,6 @@ the others inside tf.data, after reading and before parsing. Records are named b
 labelled record has an ``id`` (the kit's sample writes ids into test records only). :func:`scan_records` reads
 the labels and ids of a split without decoding an image.
 """
-from __future__ import annotations
 
 import dataclasses
 import os
@@ -16,8 +15,6 @@ import numpy as np
 
 from .tfhost import op_message, tf
 from .tfrecords import DataError, reader_problem
-
-__all__ = ["RecordIndex", "record_filter", "scan_records"]
 
 
 def _norm(name) -> str:

@@ -13,7 +13,6 @@ ids, empty class folders, folder links.
   a label column: a class name or integer per row, or several (multi-label);
 * :func:`tfds_source` a tensorflow-datasets split, read offline from ``data_dir`` once prepared.
 """
-from __future__ import annotations
 
 import csv
 import os
@@ -23,9 +22,6 @@ import numpy as np
 
 from .tfhost import tensorflow_on_host
 from .tfrecords import DataError
-
-__all__ = ["IMAGE_EXTENSIONS", "MissingImageError", "Source", "class_folders", "csv_source", "image_folder",
-           "tfds_source"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 

@@ -10,13 +10,10 @@ side effect, so its share drifts about as in a random split (bench/README.md). T
 ``iterative-stratification`` and scikit-multilearn (order 1), in numpy, seeded, neither a dependency; it serves a
 conversion's validation split and cross-validation folds.
 """
-from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
-
-__all__ = ["iterative_stratification"]
 
 
 def _most(wants: np.ndarray, then: np.ndarray, rng: np.random.Generator) -> int:

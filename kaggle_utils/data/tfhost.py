@@ -2,14 +2,11 @@
 
 Its own module so that every part of :mod:`kaggle_utils.data` can reach TensorFlow without importing one another.
 """
-from __future__ import annotations
 
 import os
 import re
 import threading
 import warnings
-
-__all__ = ["first_success", "host_cores", "op_message", "tensorflow_on_host", "tf"]
 
 _tf_module = None
 _tf_lock = threading.Lock()

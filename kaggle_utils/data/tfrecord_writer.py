@@ -2,7 +2,6 @@
 libjpeg, as the competition's), for the sample data, the converter and the tests. Every file is written beside its
 final name and renamed into place, so a crash never leaves a half-written shard a ``*.tfrec`` glob would take.
 """
-from __future__ import annotations
 
 import contextlib
 import itertools
@@ -14,9 +13,6 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .tfhost import tf
-
-__all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name", "target_of", "write_shards",
-           "write_split", "write_tfrecord"]
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@
 problem of a record is described, not raised (:func:`parse_record`), so the pipeline names the file and record,
 or skips and counts it.
 """
-from __future__ import annotations
 
 import glob as _glob
 import os
@@ -17,10 +16,6 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .tfhost import first_success, op_message, tf
-
-__all__ = ["BadRecordError", "DataError", "NoTFRecordsError", "RecordProblem", "UNDECODABLE", "count_data_items",
-           "count_from_name", "count_records", "list_tfrecords", "locate_competition_data", "parse_record",
-           "reader_problem", "shard_files"]
 
 TFRECORD_SUFFIXES = (".tfrec", ".tfrecord", ".tfrecords")
 KAGGLE_INPUT_ROOTS = ("/kaggle/input",)

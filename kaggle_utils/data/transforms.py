@@ -9,15 +9,12 @@ orientation is ignored**, as by TensorFlow's decoders, torchvision's ``read_imag
 antialiased, as PIL's, so an eval crop matches timm's PIL transform within a grey level; randomness is stateless,
 from the per-image seed.
 """
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 from .jpeg import DCT_METHOD
 from .tfhost import tf
-
-__all__ = ["CenterCrop", "INTERPOLATIONS", "RandomResizedCrop", "Resize", "decode_image", "resize_image"]
 
 INTERPOLATIONS = ("bilinear", "bicubic")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
