@@ -1,8 +1,6 @@
-"""Import imgaug 0.4 on NumPy 2 without changing NumPy for anyone else.
-
-imgaug 0.4.0 (2020, its last release) reads two attributes NumPy 2 removed: ``np.sctypes`` once, at import
-time, and ``np.complex`` at call time (``imgaug.parameters``). ``np.sctypes`` exists only while imgaug's modules
-execute; ``np.complex`` is given only to the imgaug modules that read it, through a NumPy namespace of their own.
+"""Import imgaug 0.4 on NumPy 2 without changing NumPy for anyone else: ``np.sctypes`` (read at import time)
+exists only while imgaug's modules execute; ``np.complex`` (read at call time by ``imgaug.parameters``) is given
+to that module alone, through a NumPy namespace of its own.
 """
 
 import importlib
@@ -13,7 +11,6 @@ import types
 import numpy as np
 
 _IMPORT_LOCK = threading.Lock()
-_MODULES_NEEDING_LEGACY_ALIASES = ("imgaug.parameters",)  # they read np.complex at call time
 
 
 class _NumpyWithLegacyAliases(types.ModuleType):
@@ -49,8 +46,7 @@ def import_imgaug_augmenters():
             finally:
                 if added:
                     del np.sctypes
-        for name in _MODULES_NEEDING_LEGACY_ALIASES:
-            module = sys.modules.get(name)
-            if module is not None and not isinstance(module.np, _NumpyWithLegacyAliases):
-                module.np = _NumpyWithLegacyAliases()
+        parameters = sys.modules["imgaug.parameters"]
+        if not isinstance(parameters.np, _NumpyWithLegacyAliases):
+            parameters.np = _NumpyWithLegacyAliases()
         return sys.modules["imgaug.augmenters"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import jpeg
 from .augment import augment_batches, per_image_ops, resolve_augment
-from .selection import check_selection, record_filter
+from .selection import record_filter
 from .sources import Source
 from .tfhost import first_success, host_cores, op_message, tf
 from .tfrecords import (UNDECODABLE, BadRecordError, DataError, RecordProblem, count_data_items, first_problem,
@@ -257,8 +257,7 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
     records = read_records(files, shuffle_seed=seed if training else None)
     num_examples = count_data_items(files)
     if select is not None:
-        check_selection(listed, select)
-        keep_record, num_examples = record_filter(files, select)
+        keep_record, num_examples = record_filter(listed, files, select)
         records = records.filter(lambda name, index, _: keep_record(name, index))
     check = jpeg.tf_check(files, warn_only=not labeled) if jpeg.check_available() and not in_workers else None
     augment_image = per_image_ops(crop, plan.per_image)
