@@ -186,7 +186,7 @@ def _parse_labels(rows, path: str, column: str, class_names):
     kinds: dict[str, str] = {}
     for line, row in rows:
         where = f"{path}, line {line}, column {column!r}"
-        found = [t.strip() for t in (row[column] or "").split() if t.strip()]
+        found = (row[column] or "").split()
         if not found:
             raise DataError(f"{where}: empty label")
         missing = [t for t in found if t in MISSING_MARKERS]
@@ -201,10 +201,8 @@ def _parse_labels(rows, path: str, column: str, class_names):
         tokens.append((where, found))
     integers = kinds and next(iter(kinds)) == "integer"
     if class_names is None:
-        if integers:
-            class_names = [str(i) for i in range(max(int(t) for _, found in tokens for t in found) + 1)]
-        else:
-            class_names = sorted({t for _, found in tokens for t in found})
+        seen = {t for _, found in tokens for t in found}
+        class_names = [str(i) for i in range(max(map(int, seen)) + 1)] if integers else sorted(seen)
     index = {name: i for i, name in enumerate(class_names)}
     labels = []
     for where, found in tokens:

@@ -15,6 +15,7 @@ import numpy as np
 
 from .tfhost import first_success, op_message, tf
 
+SPLITS = ("train", "val", "test")
 TFRECORD_SUFFIXES = (".tfrec", ".tfrecord", ".tfrecords")
 KAGGLE_INPUT_ROOTS = ("/kaggle/input",)
 _COUNT_IN_NAME = re.compile(r"-(\d+)\.[A-Za-z]+$")  # NN-512x512-798.tfrec -> 798
@@ -123,7 +124,7 @@ def locate_competition_data(image_size: int, roots: Sequence[str] = KAGGLE_INPUT
         base_depth = root.rstrip(os.sep).count(os.sep)
         for dirpath, dirnames, _ in os.walk(root):
             if os.path.basename(dirpath) == wanted:
-                splits = {s: os.path.join(dirpath, s) for s in ("train", "val", "test")}
+                splits = {s: os.path.join(dirpath, s) for s in SPLITS}
                 if all(os.path.isdir(d) for d in splits.values()):
                     return splits
             if dirpath.count(os.sep) - base_depth >= max_depth:
