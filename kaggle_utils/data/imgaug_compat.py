@@ -18,9 +18,6 @@ class _NumpyWithLegacyAliases(types.ModuleType):
 
     complex = complex
 
-    def __init__(self):
-        super().__init__("numpy")
-
     def __getattr__(self, name):
         return getattr(np, name)
 
@@ -48,5 +45,5 @@ def import_imgaug_augmenters():
                     del np.sctypes
         parameters = sys.modules["imgaug.parameters"]
         if not isinstance(parameters.np, _NumpyWithLegacyAliases):
-            parameters.np = _NumpyWithLegacyAliases()
+            parameters.np = _NumpyWithLegacyAliases("numpy")
         return sys.modules["imgaug.augmenters"]

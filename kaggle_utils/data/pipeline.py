@@ -69,17 +69,13 @@ class ProblemLog:
     def batches(self, tf_dataset, explain) -> Iterator:
         """``tf_dataset``'s batches; a recorded error is raised before a batch that lacks its record, and
         ``explain(err)`` for a TensorFlow error (a file that cannot be read)."""
-        iterator = iter(tf_dataset)
-        while True:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            except tf.errors.OpError as err:
-                raise self.first_error or explain(err) from None
-            if self.first_error is not None:
-                raise self.first_error
-            yield batch
+        try:
+            for batch in tf_dataset:
+                if self.first_error is not None:
+                    raise self.first_error
+                yield batch
+        except tf.errors.OpError as err:
+            raise self.first_error or explain(err) from None
         if self.first_error is not None:
             raise self.first_error
 

@@ -34,12 +34,6 @@ class SampleDataset:
     test_labels: dict[str, int]  # id -> class, hidden in the competition
 
 
-def _upscale(images: np.ndarray, image_size: int) -> np.ndarray:
-    """Grey [N, h, w] uint8 -> RGB [N, S, S, 3] uint8 (bilinear)."""
-    resized = tf.image.resize(images[..., np.newaxis].astype(np.float32), [image_size, image_size], "bilinear")
-    return np.repeat(np.clip(np.round(resized.numpy()), 0, 255).astype(np.uint8), 3, axis=-1)
-
-
 def _digits(image_size: int, num_examples: int | None):
     from sklearn.datasets import load_digits
 
@@ -47,8 +41,10 @@ def _digits(image_size: int, num_examples: int | None):
     count = len(digits.images) if num_examples is None else num_examples
     if not 0 < count <= len(digits.images):
         raise ValueError(f"num_examples must be in [1, {len(digits.images)}] for source='digits', got {count}")
-    grey = np.round(digits.images[:count] * (255.0 / 16.0)).astype(np.uint8)
-    return _upscale(grey, image_size), digits.target[:count].astype(np.int64), [str(d) for d in range(10)]
+    grey = np.round(digits.images[:count] * (255.0 / 16.0))[..., np.newaxis].astype(np.float32)
+    resized = tf.image.resize(grey, [image_size, image_size], "bilinear").numpy()  # bilinear, then grey -> RGB
+    images = np.repeat(np.clip(np.round(resized), 0, 255).astype(np.uint8), 3, axis=-1)
+    return images, digits.target[:count].astype(np.int64), [str(d) for d in range(10)]
 
 
 def _synthetic(image_size: int, num_examples: int | None, seed: int):

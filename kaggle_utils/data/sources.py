@@ -176,10 +176,6 @@ def _check_inside(image_dir: str, value: str, where: str) -> None:
 MISSING_MARKERS = frozenset({"nan", "NaN", "NAN", "<NA>", "None", "null", "NULL"})
 
 
-def _label_kind(token: str) -> str:
-    return "integer" if token.lstrip("-").isdigit() else "name"
-
-
 def _parse_labels(rows, path: str, column: str, class_names):
     """Per row a list of class indices; class names from the data unless given."""
     tokens = []
@@ -194,7 +190,7 @@ def _parse_labels(rows, path: str, column: str, class_names):
             raise DataError(f"{where}: label {missing[0]!r} is a missing value (pandas writes NaN as 'nan'), not a "
                             "class: fill in the label or drop the row")
         for token in found:
-            kinds.setdefault(_label_kind(token), f"line {line} ({token!r})")
+            kinds.setdefault("integer" if token.lstrip("-").isdigit() else "name", f"line {line} ({token!r})")
         if len(kinds) > 1:
             raise DataError(f"{path}, column {column!r}: mixed label kinds, class names and integers "
                             f"(integer at {kinds['integer']}, name at {kinds['name']})")
@@ -204,17 +200,15 @@ def _parse_labels(rows, path: str, column: str, class_names):
         seen = {t for _, found in tokens for t in found}
         class_names = [str(i) for i in range(max(map(int, seen)) + 1)] if integers else sorted(seen)
     index = {name: i for i, name in enumerate(class_names)}
-    labels = []
-    for where, found in tokens:
-        row_labels = []
-        for token in found:
-            label = int(token) if integers else index.get(token)
-            if label is None or not 0 <= label < len(class_names):
-                raise DataError(f"{where}: label {token!r} is not in the {len(class_names)} classes "
-                                f"({', '.join(class_names[:10])}{', ...' if len(class_names) > 10 else ''})")
-            row_labels.append(label)
-        labels.append(row_labels)
-    return labels, list(class_names)
+
+    def label_of(token: str, where: str) -> int:
+        label = int(token) if integers else index.get(token)
+        if label is None or not 0 <= label < len(class_names):
+            raise DataError(f"{where}: label {token!r} is not in the {len(class_names)} classes "
+                            f"({', '.join(class_names[:10])}{', ...' if len(class_names) > 10 else ''})")
+        return label
+
+    return [[label_of(token, where) for token in found] for where, found in tokens], list(class_names)
 
 
 def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None = None,

@@ -64,11 +64,9 @@ def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Se
 def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
     """Write serialized records with ``tf.io.TFRecordWriter``, atomically; returns the count."""
     count = 0
-    with atomic_output_path(path) as tmp:
-        with tf.io.TFRecordWriter(tmp) as writer:
-            for record in records:
-                writer.write(record)
-                count += 1
+    with atomic_output_path(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
+        for count, record in enumerate(records, 1):
+            writer.write(record)
     return count
 
 
@@ -106,12 +104,8 @@ def target_of(label=None, id=None) -> dict:
 
 def write_shards(split_dir, records: Iterable[bytes], *, per_file: int, image_size: int) -> list[str]:
     """Serialized ``records`` as shards of ``per_file`` records (the last may hold fewer), in Kaggle's names."""
-    paths, pending = [], []
-    for record in itertools.chain(records, [None]):
-        if record is not None:
-            pending.append(record)
-        if pending and (len(pending) == per_file or record is None):
-            paths.append(os.path.join(os.fspath(split_dir), shard_name(len(paths), image_size, len(pending))))
-            write_tfrecord(paths[-1], pending)
-            pending = []
+    paths, records = [], iter(records)
+    while chunk := list(itertools.islice(records, per_file)):
+        paths.append(os.path.join(os.fspath(split_dir), shard_name(len(paths), image_size, len(chunk))))
+        write_tfrecord(paths[-1], chunk)
     return paths

@@ -221,8 +221,7 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
         problems.append(tf.where(~is_jpeg, tf.strings.join(["image bytes are ", kind, "; " + _WORKERS_DECODE_JPEG_ONLY])
                                  if jpeg_only else "",
                                  tf.where(has_header, size_problem(height_width, image_size), UNDECODABLE)))
-    problem = first_problem(*problems)
-    return encoded, target, problem
+    return encoded, target, first_problem(*problems)
 
 
 def _multi_hot(indices, num_classes: int):
