@@ -146,13 +146,11 @@ def make_sample_dataset(out_dir: str | os.PathLike, source: str = "digits", *, i
     for split, start, stop, n_files in zip(SPLITS, bounds[:-1], bounds[1:], num_files):
         chosen = order[start:stop]
         folder = os.path.join(root, split)
+        target = {"labels": labels[chosen]}
         if split == "test":
-            ids = [_test_id(source, int(i)) for i in chosen]
-            test_labels = {id_: int(labels[i]) for id_, i in zip(ids, chosen)}
-            paths = write_split(folder, images[chosen], ids=ids, num_files=min(n_files, len(chosen)), quality=quality)
-        else:
-            paths = write_split(folder, images[chosen], labels=labels[chosen], num_files=min(n_files, len(chosen)),
-                                quality=quality)
+            target = {"ids": [_test_id(source, int(i)) for i in chosen]}
+            test_labels = {id_: int(labels[i]) for id_, i in zip(target["ids"], chosen)}
+        paths = write_split(folder, images[chosen], num_files=min(n_files, len(chosen)), quality=quality, **target)
         files += [os.path.relpath(p, root) for p in paths]
         split_dirs[split], counts[split] = folder, len(chosen)
 
