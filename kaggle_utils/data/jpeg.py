@@ -2,10 +2,11 @@
 
 A JPEG with garbled entropy data decodes without an error: libjpeg only warns, with no file name, and returns a
 smeared image that would be trained on. ``simplejpeg`` (optional: not on Kaggle's images) raises on exactly those
-with ``strict=True`` (bench/README.md). :func:`tf_check` decodes each record again at 1/8 scale (every coefficient
-is still read) the first time it is decoded and remembers it for the process. :func:`decode_jpeg_into` gives the
-workers the pixels of ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")``: simplejpeg (strict: the decode is the
-check), else OpenCV for RGB and greyscale, else PIL (CMYK, whose colour conversion must be libjpeg's).
+with ``strict=True`` (most single bit flips leave a valid stream: only a checksum would show them;
+bench/README.md). :func:`tf_check` decodes each record again at 1/8 scale (every coefficient is still read) the
+first time it is decoded and remembers it for the process. :func:`decode_jpeg_into` gives the workers the pixels
+of ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")``: simplejpeg (strict: the decode is the check), else OpenCV
+for RGB and greyscale, else PIL (CMYK, whose colour conversion must be libjpeg's).
 """
 
 import io
