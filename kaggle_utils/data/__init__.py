@@ -1,8 +1,7 @@
 """Input pipeline: Kaggle's flower TFRecords and other image sources -> uint8 host batches for JAX.
 
-Nothing here imports TensorFlow at import time: it is loaded on first use, with GPUs and TPUs hidden from it
-(:func:`tensorflow_on_host`), so JAX keeps the accelerator and the augmentation workers, which import this
-package, stay light.
+TensorFlow is imported on first use, with the accelerators hidden from it (:func:`tensorflow_on_host`), so the
+augmentation workers, which import this package, stay light.
 """
 from .augment import ImgaugRandAugment, augment_images, resolve_augment, show_augmented
 from .augment_workers import AugmentWorkerError, ProcessPoolAugmenter, default_worker_count

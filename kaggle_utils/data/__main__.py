@@ -1,5 +1,4 @@
 """``python -m kaggle_utils.data convert SRC --out DIR``: any image source -> competition-layout TFRecords."""
-from __future__ import annotations
 
 import argparse
 import sys

@@ -1,37 +1,26 @@
-"""Augmentation in the input pipeline: the per-image TF route and the per-batch numpy route.
+"""Augmentation in the input pipeline: per image in TF ops, or per batch in numpy.
 
-* ``"randaugment"`` or a :class:`~.randaugment_tf.RandAugment`: TensorFlow ops on one uint8 image, inside the
-  parallel decode map, compiled with XLA, drawn from the image's stateless seed.
-* ``"imgaug"`` (:class:`ImgaugRandAugment`, imgaug's ``RandAugment(n=2, m=15)``) or any numpy callable
-  ``uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]`` (imgaug, albumentations, your own), once per batch through
-  ``tf.py_function`` as in the seed tutorial: by default in worker processes that also decode the batch's JPEGs
-  (:mod:`.augment_workers`), one per core, so it scales with the cores. ``augment_workers=0`` runs it in the
-  tf.data thread instead: Python there holds the GIL, so one batch is augmented at a time, on one core, however
-  many the host has (bench/README.md). Either way ``random`` and ``np.random`` are seeded per batch from the
-  pipeline's seed, so a seeded run augments the same batches the same way.
-
-:func:`augment_images` and :func:`show_augmented` apply one choice in-process, to look at what it does.
+``"randaugment"`` / a :class:`~.randaugment_tf.RandAugment`: TF ops inside the parallel decode map, from the
+image's stateless seed. ``"imgaug"`` (:class:`ImgaugRandAugment`) or any numpy callable ``uint8 [B, H, W, 3] ->
+uint8 [B, H, W, 3]``: once per batch through ``tf.py_function``, by default in worker processes (one per core)
+that also decode the JPEGs; ``augment_workers=0`` runs it in the tf.data thread, where the GIL holds it to one
+core however many there are (bench/README.md). ``random`` and ``np.random`` are seeded per batch either way.
 """
-from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from .augment_workers import ProcessPoolAugmenter, check_augmented, default_worker_count, seed_numpy
+from .augment_workers import ProcessPoolAugmenter, apply_seeded, default_worker_count
 from .imgaug_compat import import_imgaug_augmenters
 from .randaugment_tf import RandAugment
 from .tfhost import tf
 from .tfrecords import RecordProblem
 
-__all__ = ["AugmentPlan", "ImgaugRandAugment", "augment_batches", "augment_images", "resolve_augment",
-           "show_augmented"]
-
 
 class ImgaugRandAugment:
-    """imgaug's ``RandAugment(n, m)`` as a picklable ``uint8 [B,H,W,3] -> uint8 [B,H,W,3]`` callable, drawing
-    from ``np.random`` (which the pipeline seeds per batch, in whichever process runs it)."""
+    """imgaug's ``RandAugment(n, m)`` as a picklable batch callable, drawing from ``np.random`` (seeded per batch)."""
 
     def __init__(self, n: int = 2, m: int = 15):
         self.n, self.m = n, m
@@ -68,8 +57,8 @@ class AugmentPlan:
 
 
 def resolve_augment(augment, *, workers: int | None = None) -> AugmentPlan:
-    """``load_dataset``'s ``augment`` -> where it runs (``workers``: processes for a numpy callable, default one
-    per core, 0 for the tf.data thread; a ProcessPoolAugmenter given is the caller's to close)."""
+    """``load_dataset``'s ``augment`` -> where it runs; ``workers``: processes for a numpy callable (default one per
+    core, 0: the tf.data thread). A ProcessPoolAugmenter given is the caller's to close."""
     if augment is None:
         return AugmentPlan()
     if isinstance(augment, str):
@@ -105,13 +94,9 @@ def per_image_ops(crop, augment):
 
 
 def augment_batches(batches, fn, *, seed: int, image_shape, problems, deterministic: bool = True):
-    """The per-batch step: ``fn`` on each batch's ``image`` (or on its ``jpeg`` bytes, which a
-    :class:`ProcessPoolAugmenter`'s workers decode first), through ``tf.py_function``, with a seed per batch.
-
-    The static shape is restored after the call (py_function forgets it). ``problems`` receives a JPEG a
-    worker could not decode (by its batch's ``name`` and ``index``; ``mask`` False, the batch keeps its shape)
-    and any exception of ``fn`` before TensorFlow wraps it, so the pipeline can raise the original.
-    """
+    """``fn`` on each batch's ``image`` (or its ``jpeg`` bytes, which a pool's workers decode) through
+    ``tf.py_function``, a seed per batch. ``problems`` gets a JPEG that did not decode (``mask`` False) and any
+    exception of ``fn`` before TensorFlow wraps it."""
     pool = fn if isinstance(fn, ProcessPoolAugmenter) else None
 
     def call(data, names, indices, batch_seed):
@@ -122,8 +107,7 @@ def augment_batches(batches, fn, *, seed: int, image_shape, problems, determinis
                 images, failures = pool.run(list(data) if shape else data, seed=batch_seed, image_shape=shape,
                                             take=_tensor_copy)
             else:
-                seed_numpy(batch_seed)
-                images, failures = check_augmented(fn(data.copy()), data.shape, repr(fn)), []
+                images, failures = apply_seeded(fn, data.copy(), batch_seed), []
         except BaseException as err:
             problems.record_error(err)
             raise
@@ -166,8 +150,7 @@ def augment_images(images: np.ndarray, augment="randaugment", *, seed: int = 0) 
         data = tf.data.Dataset.from_tensor_slices((images, seeds)).map(plan.per_image)
         return np.stack(list(data.as_numpy_iterator()))
     if plan.per_batch is not None:
-        seed_numpy(seed)
-        return check_augmented(plan.per_batch(images.copy()), images.shape, repr(plan.per_batch))
+        return apply_seeded(plan.per_batch, images.copy(), seed)
     return images.copy()
 
 

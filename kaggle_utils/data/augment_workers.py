@@ -1,12 +1,9 @@
-"""Worker processes that run a numpy batch augmentation, and decode its JPEGs, outside the training process.
+"""Worker processes that decode a batch's JPEGs and run a numpy augmentation outside the training process.
 
-Python under ``tf.py_function`` holds the GIL: more tf.data threads do not make a numpy augmentation faster,
-processes do (bench/README.md). The workers are spawned (never forked from a process whose TensorFlow threads hold
-locks), all when the pool is made, and share a buffer per call with the pipeline (``multiprocessing.shared_memory``),
-so the tf.data thread only copies bytes and waits without the GIL. Each call carries a seed for ``random`` and
-``np.random``: a batch is augmented the same whichever worker takes it.
+Python under ``tf.py_function`` holds the GIL, so processes, not threads, scale it (bench/README.md). The workers
+are spawned (never forked from a process whose TensorFlow threads hold locks), all when the pool is made, and share
+a buffer per call with the pipeline; each call carries its seed, so a batch comes out the same in any worker.
 """
-from __future__ import annotations
 
 import concurrent.futures
 import contextlib
@@ -30,8 +27,6 @@ from .jpeg import CorruptJpegError, decode_jpeg_into
 from .tfhost import host_cores
 from .tfrecords import UNDECODABLE
 
-__all__ = ["AugmentWorkerError", "ProcessPoolAugmenter", "check_augmented", "default_worker_count", "seed_numpy"]
-
 STARTUP_TIMEOUT = 300.0  # seconds for every worker to import the callable's module
 
 
@@ -45,24 +40,21 @@ def default_worker_count() -> int:
     return min(16, host_cores())
 
 
-def seed_numpy(seed: int) -> None:
-    """Seed ``random`` and ``np.random``, where a numpy augmentation draws from, for one batch."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-
-
-def check_augmented(out, shape, what: str) -> np.ndarray:
-    """``out`` as an array if an augmentation ``what`` returned uint8 of its input's ``shape``; else why not."""
-    out = np.asarray(out)
-    if out.dtype != np.uint8 or out.shape != tuple(shape):
-        raise AugmentWorkerError(f"{what} returned {out.dtype} {out.shape}; an augmentation must return uint8 of "
-                                 f"its input's shape {tuple(shape)}")
+def apply_seeded(fn, images: np.ndarray, seed: int | None) -> np.ndarray:
+    """``fn(images)`` with ``random`` and ``np.random`` seeded (None: as they are), refused unless uint8 of the
+    input's shape."""
+    if seed is not None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+    out = np.asarray(fn(images))
+    if out.dtype != np.uint8 or out.shape != images.shape:
+        raise AugmentWorkerError(f"{fn!r} returned {out.dtype} {out.shape}; an augmentation must return uint8 of "
+                                 f"its input's shape {images.shape}")
     return out
 
 
 def _pickle_for_worker(fn) -> bytes:
-    """``fn`` by reference to its module, or by value (cloudpickle) when it lives in ``__main__`` (a notebook
-    cell, a script), which the workers never import."""
+    """``fn`` by reference, or by value (cloudpickle) from ``__main__`` (a notebook cell, a script)."""
     module = getattr(fn, "__module__", None) or type(fn).__module__
     if module != "__main__":
         try:
@@ -81,8 +73,7 @@ def _pickle_for_worker(fn) -> bytes:
 
 @contextlib.contextmanager
 def _main_module_hidden():
-    """Spawn processes without them re-running the parent's main script: a spawned child imports the parent's
-    ``__main__`` (found by its ``__spec__`` and ``__file__``, hidden here); the callable travels by value instead."""
+    """Spawn processes without them re-running the parent's ``__main__`` (found by ``__spec__`` and ``__file__``)."""
     main = sys.modules.get("__main__")
     saved = {key: main.__dict__[key] for key in ("__spec__", "__file__") if main and key in main.__dict__}
     try:
@@ -114,15 +105,14 @@ def _start_worker(payload: bytes, barrier) -> None:
 
 
 def _end_with_parent(parent: int) -> None:
-    """Exit once the pipeline's process is gone (killed, or ended without closing the pool): a pool's worker
-    holds its own queue's write end, so nothing else would ever tell it."""
+    """Exit once the pipeline's process is gone: a worker holds its own queue's write end, so nothing else tells it."""
     while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(0)
 
 
 def _started(timeout: float) -> str | None:
-    """Held until every worker runs this: so that the pool starts them all now (see ProcessPoolAugmenter)."""
+    """Held until every worker runs it, so that the pool starts them all now."""
     _worker["barrier"].wait(timeout)
     return _worker["error"]
 
@@ -139,9 +129,7 @@ def _run(name: str, shape, jpegs: list[bytes] | None, seed: int | None) -> tuple
                 attached[name] = shared_memory.SharedMemory(name=name)
         images = np.ndarray(shape, np.uint8, buffer=attached[name].buf)
         failures = [] if jpegs is None else _decode_jpegs(jpegs, images)
-        if seed is not None:
-            seed_numpy(seed)
-        images[...] = check_augmented(_worker["fn"](images), shape, repr(_worker["fn"]))
+        images[...] = apply_seeded(_worker["fn"], images, seed)
         return None, failures
     except Exception:  # raised in the parent, with this traceback
         return traceback.format_exc(), []
@@ -189,21 +177,18 @@ def _shutdown(executor, slots: list[_Slot]) -> None:
 class ProcessPoolAugmenter:
     """Run a numpy batch augmentation ``uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]`` in worker processes.
 
-    ``pool(images, seed=None)`` returns what ``fn`` returns; :meth:`run` is the pipeline's call. Twice as many
-    calls as workers can be in flight, so a worker finds its next batch waiting. ``decode_jpegs`` (default): the
-    pipeline sends JPEG bytes, which the workers decode; False: TensorFlow decodes and the workers only run ``fn``
-    (which can pay where cores outnumber workers). ``fn`` reaches the workers by reference to its module, or by
-    value (cloudpickle) from a notebook cell or a script, which they do not re-run (no ``__main__`` guard needed).
-    Close with :meth:`close` or a ``with`` block (also done at interpreter exit).
+    ``pool(images, seed=None)`` returns what ``fn`` returns. Twice as many calls as workers can be in flight.
+    ``decode_jpegs=False``: TensorFlow decodes and the workers only run ``fn``. A ``fn`` from a notebook cell or a
+    script travels by value (no ``__main__`` guard needed). Close with :meth:`close` or ``with``.
     """
 
     def __init__(self, fn: Callable[[np.ndarray], np.ndarray], num_workers: int | None = None, *,
-                 decode_jpegs: bool = True, start_method: str = "spawn"):
+                 decode_jpegs: bool = True):
         num_workers = default_worker_count() if num_workers is None else num_workers
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 (use the function itself for 0), got {num_workers}")
         self.fn, self.num_workers, self.decode_jpegs = fn, num_workers, decode_jpegs
-        context = multiprocessing.get_context(start_method)
+        context = multiprocessing.get_context("spawn")
         self._executor = concurrent.futures.ProcessPoolExecutor(
             num_workers, mp_context=context, initializer=_start_worker,
             initargs=(_pickle_for_worker(fn), context.Barrier(num_workers)))
@@ -212,8 +197,7 @@ class ProcessPoolAugmenter:
         for slot in self._slots:
             self._free.put(slot)
         self._finalizer = weakref.finalize(self, _shutdown, self._executor, self._slots)
-        # The executor starts a worker per call while none is idle; a call held until all workers run it makes
-        # it start them all here, with __main__ hidden, rather than later from a tf.data thread.
+        # all started here, with __main__ hidden, not later from a tf.data thread: a call held until all run it
         with _main_module_hidden():
             started = [self._executor.submit(_started, STARTUP_TIMEOUT) for _ in range(num_workers)]
         try:
@@ -226,7 +210,7 @@ class ProcessPoolAugmenter:
 
     @property
     def num_slots(self) -> int:
-        """How many calls can be in flight (the pipeline makes that many at once)."""
+        """How many calls can be in flight."""
         return len(self._slots)
 
     def __repr__(self):
@@ -237,11 +221,9 @@ class ProcessPoolAugmenter:
 
     def run(self, data, *, seed: int | None = None, image_shape: tuple[int, int, int] | None = None,
             take: Callable[[np.ndarray], object] = np.copy) -> tuple[object, list[tuple[int, str]]]:
-        """``(take(augmented images), failures)`` of a uint8 batch ``data``, or of JPEG bytes ``data`` (each
-        ``image_shape``) that the worker decodes first; ``failures``: ``(index, why)`` per JPEG that did not
-        decode (its image black). ``take`` copies the result out of the shared buffer before the next call
-        may reuse it. ``seed`` None: the worker's ``np.random`` goes on from where it was.
-        """
+        """``(take(augmented), failures)`` of a uint8 batch, or of JPEG bytes (each ``image_shape``) the worker
+        decodes; ``failures``: ``(index, why)`` per JPEG that did not decode (black). ``take`` copies the result
+        out of the shared buffer."""
         if image_shape is None:
             images, jpegs = np.asarray(data), None
             if images.dtype != np.uint8 or images.ndim != 4:

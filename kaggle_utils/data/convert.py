@@ -1,16 +1,9 @@
 """Any source -> TFRecords in the competition's layout, so it runs at TFRecord speed and through the job.
 
-``python -m kaggle_utils.data convert SRC --out DIR`` writes ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec``
-(``image`` JPEG + ``class`` or, multi-label, ``labels`` + the source's ``id``; ``image`` + ``id`` for test) and
-``DIR/class_names.json`` (class names, ``multi_label``, the id / label columns, counts, and the fingerprint of
-the input and settings it was made from, :mod:`.fingerprint`, which :func:`conversion_changes` compares with the
-source as it is now). Images are decoded (any format), squashed to ``N`` x ``N`` and stored as JPEGs; crops
-happen on read. The validation split is stratified per class (iterative stratification for multi-label,
-:mod:`.stratify`), and examples are written in a random order (a tfds split keeps its own). The conversion is
-staged in ``DIR`` and swapped in whole, so a re-run never mixes old and new shards; an existing conversion is
-replaced only with ``overwrite=True``.
+``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` (images squashed to ``N`` x ``N``, as JPEGs: crops happen on read)
+and ``DIR/class_names.json`` (classes, columns, counts, and the input's :mod:`.fingerprint`). The validation split
+is stratified; the conversion is staged in ``DIR`` and swapped in whole, so a re-run never mixes old and new shards.
 """
-from __future__ import annotations
 
 import dataclasses
 import inspect
@@ -27,21 +20,16 @@ from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .stratify import iterative_stratification
 from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, target_of, write_shards
-from .tfrecords import DataError, count_from_name
+from .tfrecords import SPLITS, DataError, count_from_name
 
-__all__ = ["INFO_FILE", "SPLITS", "conversion_changes", "convert_source", "convert_test_split", "read_conversion_info",
-           "source_from_spec", "stratified_split"]
-
-SPLITS = ("train", "val", "test")
 INFO_FILE = "class_names.json"
 _READ_BATCH = 64
 
 
 def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_column: str | None = "label",
                      tfds_data_dir=None, labeled: bool = True, class_names: list[str] | None = None) -> Source:
-    """``tfds:NAME[:SPLIT]``, a ``.csv`` (images in ``image_dir``, default the CSV's folder), or a folder (class
-    folders when ``labeled``, else test images); a folder or tfds split takes ``id_column`` / ``label_column`` as
-    the submission's."""
+    """``tfds:NAME[:SPLIT]``, a ``.csv`` (images in ``image_dir``, default its folder), or a folder (class folders
+    when ``labeled``, else test images); ``id_column`` / ``label_column`` are the submission's."""
     label_column = label_column if labeled else None
     if spec.lower().endswith(".csv"):
         folder = image_dir if image_dir is not None else os.path.dirname(os.path.abspath(spec))
@@ -56,8 +44,8 @@ def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_
 
 
 def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) example numbers in random order: ``round(val_fraction * n_c)`` of class c to val, at least one
-    kept in train; multi-hot ``labels`` ``[N, C]`` by iterative stratification."""
+    """(train, val) example numbers in random order: ``round(val_fraction * n_c)`` of class c to val, one at least
+    kept in train; multi-hot ``labels`` by iterative stratification."""
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     rng = np.random.default_rng(seed)
@@ -76,8 +64,7 @@ def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> 
 
 def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size: int, shards: int, quality: int,
                  skip_errors: bool) -> list[str]:
-    """Read ``indices`` of ``source`` in order and write them as about ``shards`` files (a test image with corrupt
-    JPEG data is kept, with a warning: its submission row is needed)."""
+    """``indices`` of ``source``, in order, as about ``shards`` files."""
     dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, with_ids=True,
                           skip_errors=skip_errors)
     records = (serialize_example(encode_jpeg(batch["image"][i], quality), **target_of(
@@ -105,8 +92,8 @@ def _swap_in(staging: str, out_dir: str) -> None:
 def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: float = 0.15, shards: int = 16,
                    test: Source | None = None, seed: int = 0, quality: int = 95, overwrite: bool = False,
                    skip_errors: bool = False) -> dict:
-    """Write ``train`` (split into train/val) and ``test`` as competition-layout TFRecords (``shards`` files per
-    split at most); returns the info written."""
+    """Write ``train`` (split into train/val) and ``test`` as TFRecords, at most ``shards`` files per split, swapped
+    into ``out_dir`` whole; returns the info written."""
     if not train.labeled:
         raise DataError(f"{train.description} has no labels: give it as the test source (--test)")
     if test is not None and test.labeled:
@@ -148,8 +135,8 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
 
 
 def convert_test_split(test: Source, out_dir, *, image_size: int, quality: int = 95) -> list[str]:
-    """``test`` alone as ``out_dir/test/`` TFRecords, as :func:`convert_source` stores a run's test split: to predict
-    a source with a trained run through the same resize, JPEG and crop. An image that does not decode stops it."""
+    """``test`` alone as ``out_dir/test/`` TFRecords, stored as :func:`convert_source` does, so that a trained run
+    predicts it through the same resize, JPEG and crop."""
     if test.labeled:
         raise DataError(f"the test source {test.description} has labels: give an unlabeled folder or CSV")
     folder = os.path.join(os.fspath(out_dir), "test")
@@ -158,14 +145,14 @@ def convert_test_split(test: Source, out_dir, *, image_size: int, quality: int =
                         skip_errors=False)
 
 
-# what convert_source's output depends on besides its sources, with its defaults (one place for them: its signature)
+# what convert_source's output depends on besides its sources, with its defaults
 _DEFAULT_SETTINGS = {name: parameter.default for name, parameter in inspect.signature(convert_source).parameters.items()
                      if name in ("val_fraction", "shards", "seed", "quality", "skip_errors")}
 
 
 def conversion_changes(out_dir, train: Source, test: Source | None = None, **settings) -> list[str]:
-    """Why ``out_dir`` does not hold what ``convert_source(train, out_dir, test=test, **settings)`` would write now,
-    in words (empty if it does); settings left out take :func:`convert_source`'s defaults."""
+    """Why ``out_dir`` does not hold what ``convert_source(train, out_dir, test=test, **settings)`` would write now
+    (empty if it does)."""
     try:
         info = read_conversion_info(out_dir)
     except DataError:
@@ -175,8 +162,7 @@ def conversion_changes(out_dir, train: Source, test: Source | None = None, **set
 
 
 def read_conversion_info(out_dir) -> dict:
-    """The ``class_names.json`` a conversion wrote: class_names, multi_label, id_column, label_column, image_size,
-    counts, fingerprint (``multi_label`` absent: written before multi-label records, so single-label)."""
+    """The ``class_names.json`` a conversion wrote (``multi_label`` absent: single-label)."""
     path = os.path.join(os.fspath(out_dir), INFO_FILE)
     if not os.path.isfile(path):
         raise DataError(f"{path} does not exist: {out_dir} was not written by kaggle_utils.data convert")

@@ -1,13 +1,7 @@
-"""What a conversion was made from, so that converted records are reused only for the same input.
-
-Converted TFRecords say nothing of their source: a class folder or test image added since, an edited CSV or
-another validation fraction would be trained or predicted on as if nothing had changed. A fingerprint records,
-per source, digests of ``files`` (every file read, with its size and modification time: a ``stat`` each, cheap
-enough for every run) and ``content`` (ids, labels, class names, the id / label columns), plus the example count
-and the settings, so that a difference is put in words (:func:`fingerprint_changes`). It is JSON, stored in the
-conversion's ``class_names.json``.
+"""What a conversion was made from, so that converted records are reused only for the same input: per source,
+digests of its ``files`` (path, size, mtime: a ``stat`` each) and ``content`` (ids, labels, class names, columns),
+its example count, and the settings; JSON, in the conversion's ``class_names.json``.
 """
-from __future__ import annotations
 
 import hashlib
 import os
@@ -18,8 +12,6 @@ import numpy as np
 from .sources import Source
 from .tfhost import tf
 from .tfrecords import DataError
-
-__all__ = ["conversion_fingerprint", "fingerprint_changes", "source_fingerprint"]
 
 
 def _digest(parts: Iterator[str | bytes]) -> str:
@@ -59,7 +51,7 @@ def _content(source: Source) -> Iterator[str | bytes]:
 
 
 def source_fingerprint(source: Source) -> dict:
-    """``{"source", "examples", "files", "content"}`` of ``source`` as it is now (see the module docstring)."""
+    """``{"source", "examples", "files", "content"}`` of ``source`` as it is now."""
     return {"source": source.description, "examples": source.num_examples,
             "files": _digest(_file_stats(source)), "content": _digest(_content(source))}
 
@@ -86,11 +78,8 @@ def _source_change(role: str, old: dict | None, new: dict | None) -> str | None:
 
 
 def fingerprint_changes(old: dict | None, new: dict) -> list[str]:
-    """Why a conversion fingerprinted ``old`` is not one of the input fingerprinted ``new``; empty if it is.
-
-    Settings are named as the converter's flags (``val_fraction`` -> ``--val-fraction``), which
-    the job shares.
-    """
+    """Why a conversion fingerprinted ``old`` is not one of the input fingerprinted ``new`` (settings named as the
+    converter's flags); empty if it is."""
     if not old:
         return ["it records no fingerprint of its input (written by an older version)"]
     changes = [_source_change(role, old.get(role), new.get(role)) for role in ("train", "test")]

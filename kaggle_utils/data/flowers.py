@@ -1,17 +1,9 @@
-"""The 104 class names of the flower competition, index = class id.
-
-Kaggle's TFRecords carry only class ids; the names come from the competition's tutorial list
-(``flower_classes.json`` beside this file, shipped with the kit so notebooks need no download).
-The list is kept verbatim: two names (ids 87 and 90) carry a trailing space in the original,
-so :func:`flower_class_names` strips them for display and keeps the ids unchanged.
-"""
-from __future__ import annotations
+"""The 104 class names of the flower competition by class id, from its tutorial's list (``flower_classes.json``,
+verbatim: ids 87 and 90 end in a space, which :func:`flower_class_names` strips for display)."""
 
 import json
 from functools import lru_cache
 from pathlib import Path
-
-__all__ = ["FLOWER_NUM_CLASSES", "flower_class_names"]
 
 FLOWER_NUM_CLASSES = 104
 _NAMES_FILE = Path(__file__).with_name("flower_classes.json")

@@ -1,10 +1,7 @@
-"""Import imgaug 0.4 on NumPy 2 without changing NumPy for anyone else.
-
-imgaug 0.4.0 (2020, its last release) reads two attributes NumPy 2 removed: ``np.sctypes`` once, at import
-time, and ``np.complex`` at call time (``imgaug.parameters``). ``np.sctypes`` exists only while imgaug's modules
-execute; ``np.complex`` is given only to the imgaug modules that read it, through a NumPy namespace of their own.
+"""Import imgaug 0.4 on NumPy 2 without changing NumPy for anyone else: ``np.sctypes`` (read at import time)
+exists only while imgaug's modules execute; ``np.complex`` (read at call time by ``imgaug.parameters``) is given
+to that module alone, through a NumPy namespace of its own.
 """
-from __future__ import annotations
 
 import importlib
 import sys
@@ -13,19 +10,13 @@ import types
 
 import numpy as np
 
-__all__ = ["import_imgaug_augmenters"]
-
 _IMPORT_LOCK = threading.Lock()
-_MODULES_NEEDING_LEGACY_ALIASES = ("imgaug.parameters",)  # they read np.complex at call time
 
 
 class _NumpyWithLegacyAliases(types.ModuleType):
     """NumPy plus ``complex``, the alias NumPy 1.24 removed, for imgaug's own modules."""
 
     complex = complex
-
-    def __init__(self):
-        super().__init__("numpy")
 
     def __getattr__(self, name):
         return getattr(np, name)
@@ -52,8 +43,7 @@ def import_imgaug_augmenters():
             finally:
                 if added:
                     del np.sctypes
-        for name in _MODULES_NEEDING_LEGACY_ALIASES:
-            module = sys.modules.get(name)
-            if module is not None and not isinstance(module.np, _NumpyWithLegacyAliases):
-                module.np = _NumpyWithLegacyAliases()
+        parameters = sys.modules["imgaug.parameters"]
+        if not isinstance(parameters.np, _NumpyWithLegacyAliases):
+            parameters.np = _NumpyWithLegacyAliases("numpy")
         return sys.modules["imgaug.augmenters"]

@@ -1,24 +1,13 @@
 """JPEGs outside TensorFlow's decoder: corrupt data found and named, and the workers' decode to TF's exact pixels.
 
-**Corrupt data.** A JPEG whose header is intact but whose entropy-coded data are garbled (a bad disk block, a
-half-rewritten file) decodes without an error: libjpeg recovers, warns ("Corrupt JPEG data: premature end of
-data segment", "bad Huffman code") with no file name, and returns a partly grey or smeared image that would be
-trained on. TensorFlow, OpenCV and torchvision only print the warning; Pillow drops it. ``simplejpeg`` (its
-wheels bundle libjpeg-turbo) raises on exactly those files with ``strict=True`` and never on a clean one
-(bench/README.md). It is not on Kaggle's images, so the check is optional: without it :func:`check_available`
-says once that corrupt JPEGs go undetected and how to turn the check on. In tf.data, :func:`tf_check` decodes
-the entropy data again at 1/8 scale (every coefficient is still Huffman-decoded, where the warnings arise) and
-remembers the records that passed for the life of the process: a record is checked the first time it is
-decoded, later epochs only look it up. A change that leaves a valid entropy stream (most single bit flips)
-decodes without a warning: only a checksum would show it.
-
-**The workers' decode** (:func:`decode_jpeg_into`): the augmentation workers decode their batches' JPEGs, to
-the pixels of ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")`` (libjpeg's accurate DCT, the one PIL and
-OpenCV use; TF's default differs by up to 5 levels and is no faster): with ``simplejpeg``, strict (the decode is
-the check), else with OpenCV for RGB and greyscale JPEGs, else (CMYK, whose colour conversion must be libjpeg's)
-with PIL; ``tests/test_data_jpeg.py`` checks each against TensorFlow.
+A JPEG with garbled entropy data decodes without an error: libjpeg only warns, with no file name, and returns a
+smeared image that would be trained on. ``simplejpeg`` (optional: not on Kaggle's images) raises on exactly those
+with ``strict=True`` (most single bit flips leave a valid stream: only a checksum would show them;
+bench/README.md). :func:`tf_check` decodes each record again at 1/8 scale (every coefficient is still read) the
+first time it is decoded and remembers it for the process. :func:`decode_jpeg_into` gives the workers the pixels
+of ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")``: simplejpeg (strict: the decode is the check), else OpenCV
+for RGB and greyscale, else PIL (CMYK, whose colour conversion must be libjpeg's).
 """
-from __future__ import annotations
 
 import io
 import os
@@ -28,9 +17,6 @@ import warnings
 import numpy as np
 
 from .tfhost import tf
-
-__all__ = ["CheckedRecords", "CorruptJpegError", "DCT_METHOD", "check_available", "decode_jpeg_into", "jpeg_problem",
-           "strict_decoder", "tf_check"]
 
 DCT_METHOD = "INTEGER_ACCURATE"  # for tf.io.decode_jpeg; the only method PIL and OpenCV also have
 NOT_CHECKED_NOTICE = (
@@ -90,8 +76,7 @@ def corrupt_problem(libjpeg_message: str) -> str:
 
 
 def jpeg_problem(data: bytes) -> str:
-    """``""`` for a JPEG whose data decode cleanly (or bytes whose header does not parse: the decoders name
-    those); else what is wrong. Needs :func:`strict_decoder`."""
+    """What is wrong with a JPEG's data, or ``""`` (also for a header that does not parse: the decoders name it)."""
     decoder = strict_decoder()
     try:
         colorspace = decoder.decode_jpeg_header(data)[2]
@@ -106,9 +91,8 @@ def jpeg_problem(data: bytes) -> str:
 
 
 class CheckedRecords:
-    """The records that passed :func:`jpeg_problem`, in a TensorFlow hash table (a look-up is a graph op: no
-    Python, no GIL). Keys are ``<file>|<its size, mtime, inode when the pipeline was made>|<index>``, so a file
-    rewritten in place is checked again; a bad record is not kept, so it is reported every time it is read."""
+    """The records that passed :func:`jpeg_problem`, in a TensorFlow hash table (a graph op: no GIL), keyed by
+    ``<file>|<size, mtime, inode>|<index>`` so that a file rewritten in place is checked again."""
 
     def __init__(self):
         self._passed = tf.lookup.experimental.MutableHashTable(tf.string, tf.bool, default_value=False)
@@ -152,8 +136,8 @@ _checked: CheckedRecords | None = None  # shared by every pipeline of the proces
 
 
 def tf_check(files=(), *, warn_only: bool = False):
-    """:meth:`CheckedRecords.tf_check` of the process's records. ``warn_only``: a corrupt JPEG is named in a
-    RuntimeWarning and passes (a test image: the submission needs its row). Needs :func:`check_available`."""
+    """:meth:`CheckedRecords.tf_check` of the process's records; ``warn_only``: a corrupt JPEG is named in a
+    RuntimeWarning and passes (a test image: the submission needs its row)."""
     global _checked
     with _lock:
         _checked = _checked or CheckedRecords()
@@ -177,12 +161,8 @@ def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:
 
 # ---------- Decoding in the augmentation workers
 def decode_jpeg_into(data: bytes, out: np.ndarray) -> None:
-    """Decode ``data`` into ``out`` (uint8 ``[H, W, 3]``) as ``tf.io.decode_jpeg(channels=3)`` would.
-
-    ``ValueError`` saying what is wrong for anything but a complete JPEG of ``out``'s size, and its subclass
-    :class:`CorruptJpegError` for corrupt data (where ``simplejpeg`` is installed). EXIF orientation is
-    ignored, as TensorFlow ignores it.
-    """
+    """Decode ``data`` into ``out`` (uint8 ``[H, W, 3]``) as ``tf.io.decode_jpeg(channels=3)`` would (EXIF ignored);
+    ``ValueError`` for anything but a complete JPEG of that size, :class:`CorruptJpegError` for corrupt data."""
     from PIL import Image  # here: only the workers decode
 
     if _decode_strictly_into(data, out):

@@ -1,23 +1,13 @@
 """Data -> host batches: one tf.data pipeline, read -> parse -> decode -> crop -> augment -> batch.
 
-:func:`load_dataset` reads TFRecords (:mod:`.tfrecords`), :func:`load_source` any other :class:`~.sources.Source`;
-both give a :class:`HostDataset` of dicts of numpy arrays::
-
-    {"image": uint8 [B, H, W, 3], "label": int32 [B] (float32 [B, C] multi-hot) | "id": bytes [B], "mask": bool [B]}
-
-Images stay uint8 (normalised on the device: a quarter of float32's bytes to send). A training read is this JAX
-process's share, shuffled, repeated, in full batches; any other read is the whole split in order, its last batch
-padded to full size (static shapes) with ``mask`` False on the padding.
-
-Parallel and exact: every map runs AUTOTUNE calls on a pool of as many threads as the process may use cores,
-keeping its elements in order (``deterministic=True``), and every random draw comes from a seed given by the
-element's place in the stream (per image for crops and TF RandAugment, per batch for numpy augmentations, in worker
-processes too), never from the thread or worker that ran it. A seed gives the same batches on 1 core or 64, and a
-resumed run reads what the interrupted one would have, without TensorFlow's op determinism (one thread per map).
-A bad record raises a :class:`~.tfrecords.BadRecordError` naming ``<file>, record <i>`` and what is wrong, or
-with ``skip_errors`` is left out and counted.
+:func:`load_dataset` (TFRecords) and :func:`load_source` (a :class:`~.sources.Source`) give a :class:`HostDataset`
+of ``{"image": uint8 [B, H, W, 3], "label": int32 [B] | float32 [B, C] | "id": bytes [B], "mask": bool [B]}``
+(uint8: normalised on the device, a quarter of float32's bytes to send). A training read is this JAX process's
+share, shuffled, repeated, in full batches; any other read is the whole split in order, its last batch padded
+(static shapes) with ``mask`` False. Parallel and exact: every map keeps its order (``deterministic=True``) and
+every random draw comes from a seed given by the element's place in the stream, never by the thread or worker
+that ran it, so a seed gives the same batches on 1 core or 64 without TensorFlow's op determinism.
 """
-from __future__ import annotations
 
 import math
 import threading
@@ -29,14 +19,12 @@ import numpy as np
 
 from . import jpeg
 from .augment import augment_batches, per_image_ops, resolve_augment
-from .selection import check_selection, record_filter
+from .selection import record_filter
 from .sources import Source
 from .tfhost import first_success, host_cores, op_message, tf
 from .tfrecords import (UNDECODABLE, BadRecordError, DataError, RecordProblem, count_data_items, first_problem,
                         list_tfrecords, parse_record, reader_problem, record_spec, shard_files, size_problem)
 from .transforms import Resize, decode_image
-
-__all__ = ["HostDataset", "check_tfrecords", "load_dataset", "load_source", "scan_labels"]
 
 SHUFFLE_BUFFER = 2048  # serialized records (~50-150 kB each at 512x512), not decoded images
 _MAX_SKIPPED_KEPT = 100
@@ -44,10 +32,7 @@ _MAX_SKIPPED_KEPT = 100
 
 class ProblemLog:
     """Bad records met by the pipeline's threads: the first kept to raise (``skip=False``), or all counted.
-
-    Not raised inside the ``tf.py_function``: TensorFlow would wrap it in an anonymous op error and log its
-    traceback; the dataset's iterator raises it instead.
-    """
+    Raised by the iterator, not inside ``tf.py_function``, where TensorFlow would wrap it in an anonymous error."""
 
     def __init__(self, skip: bool):
         self.skip, self.num_skipped, self.skipped = skip, 0, []
@@ -82,35 +67,27 @@ class ProblemLog:
                        lambda: tf.reshape(tf.py_function(report, [name, index, problem], tf.bool), []))
 
     def batches(self, tf_dataset, explain) -> Iterator:
-        """Iterate ``tf_dataset``, raising a recorded error before a batch that lacks its record is delivered, and
+        """``tf_dataset``'s batches; a recorded error is raised before a batch that lacks its record, and
         ``explain(err)`` for a TensorFlow error (a file that cannot be read)."""
-        iterator = iter(tf_dataset)
-        while True:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            except tf.errors.OpError as err:
-                raise self.first_error or explain(err) from None
-            if self.first_error is not None:
-                raise self.first_error
-            yield batch
+        try:
+            for batch in tf_dataset:
+                if self.first_error is not None:
+                    raise self.first_error
+                yield batch
+        except tf.errors.OpError as err:
+            raise self.first_error or explain(err) from None
         if self.first_error is not None:
             raise self.first_error
 
 
 class HostDataset:
-    """Iterable of host batches; iterating again starts a new epoch.
-
-    ``filenames`` (this process's files; a source's description), ``num_examples`` (their count, from the file
-    names), ``batch_size`` (per process), ``steps_per_epoch``, ``num_skipped`` and ``skipped_records`` (with
-    ``skip_errors``), ``source`` (what :func:`load_source` read), ``tf_dataset`` (the unpadded batches).
-    """
+    """Iterable of host batches (iterating again starts a new epoch); ``filenames`` are this process's files (a
+    source's description), ``num_examples`` their count (from the file names), ``batch_size`` per process."""
 
     def __init__(self, tf_dataset, *, filenames, num_examples, batch_size, training, problems: ProblemLog, explain,
-                 closers=(), source: Source | None = None):
+                 closers=()):
         self.tf_dataset, self.filenames, self.num_examples = tf_dataset, list(filenames), num_examples
-        self.batch_size, self.training, self.source = batch_size, training, source
+        self.batch_size, self.training = batch_size, training
         self._problems, self._explain, self._closers = problems, explain, list(closers)
         self._epochs = weakref.WeakSet()  # epochs being read, ended before close() stops the workers they call
 
@@ -183,20 +160,17 @@ def read_records(files: list[str], *, shuffle_seed: int | None = None):
 
 
 def source_records(source: Source, indices: np.ndarray, *, shuffle_seed: int | None = None):
-    """``(name, index, payload)`` of ``indices``: payload a file path, or a tfds record's image bytes. Files are
-    shuffled whole (cheap); tfds records in a buffer, read in file order so that an index keeps its label."""
+    """``(name, index, payload)`` of ``indices``: a file path, or a tfds record's image bytes (read in file order,
+    so that an index keeps its label, and shuffled in a buffer)."""
     if source.tfds is None:
         records = tf.data.Dataset.from_tensor_slices(indices.astype(np.int64))
         if shuffle_seed is not None:
             records = records.shuffle(len(indices), seed=shuffle_seed, reshuffle_each_iteration=True)
         paths = tf.constant(source.paths)
         return records.map(lambda i: (tf.gather(paths, i), i, tf.gather(paths, i)))
-    import tensorflow_datasets as tfds  # only for a tfds source: a slow import
-
-    builder, split, key = source.tfds["builder"], source.tfds["split"], source.tfds["image_key"]
-    records = builder.as_dataset(split=split, shuffle_files=False, decoders={key: tfds.decode.SkipDecoding()})
     wanted, name = tf.constant(np.isin(np.arange(source.num_examples), indices)), tf.constant(source.description)
-    records = records.enumerate().filter(lambda i, _: tf.gather(wanted, i)).map(lambda i, ex: (name, i, ex[key]))
+    records = source.tfds["records"].enumerate().filter(lambda i, _: tf.gather(wanted, i))
+    records = records.map(lambda i, ex: (name, i, ex["image"]))
     if shuffle_seed is not None:
         records = records.shuffle(SHUFFLE_BUFFER, seed=shuffle_seed, reshuffle_each_iteration=True)
     return records
@@ -238,7 +212,7 @@ def _host_dataset(records, to_example, *, training: bool, seed: int, batch_size:
 
 
 def _start(batch_size: int, seed: int | None, augment, augment_workers: int | None, skip_errors: bool):
-    """(seed, plan, problems) of a read: a fresh seed for None (every draw of the read from one seed)."""
+    """(seed, plan, problems) of a read; a fresh seed for None."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     seed = int(np.random.SeedSequence().generate_state(1)[0]) if seed is None else int(seed)
@@ -261,26 +235,16 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
                  multi_label_classes: int | None = None, training: bool = False, seed: int | None = None, crop=None,
                  augment=None, augment_workers: int | None = None, skip_errors: bool = False, select=None,
                  with_records: bool = False, deterministic: bool = True) -> HostDataset:
-    """TFRecords -> :class:`HostDataset` of host batches; see the module docstring.
+    """TFRecords (files, a directory, a glob, or a list of those) -> :class:`HostDataset`; see the module docstring.
 
-    Args:
-      files: files, a directory, a glob, or a list of those (:func:`~.tfrecords.list_tfrecords`).
-      image_size: the stored images' side; a record of another size is a bad record.
-      batch_size: per JAX process.
-      labeled: ``image`` + ``class`` -> ``label`` (train, val), or ``image`` + ``id`` (a test split: a JPEG with
-        corrupt data is then kept as decoded, with a warning naming it, since the submission needs its row).
-      multi_label_classes: multi-label records (``labels``) -> ``label`` float32 multi-hot of this many classes.
-      training: this process's files (:func:`~.tfrecords.shard_files`), shuffled, repeated, in full batches.
-      seed: of the shuffles and every augmentation (None: a fresh one).
-      crop: ``(image, seed) -> image`` after decoding (:mod:`.transforms`: RandomResizedCrop, CenterCrop, Resize).
-      augment: per image ("randaugment", a RandAugment) or per batch ("imgaug", a numpy callable, a
-        ProcessPoolAugmenter): :mod:`.augment`; ``augment_workers`` processes run a numpy callable (default one
-        per core; 0: the tf.data thread).
-      skip_errors: leave bad records out, counted (``num_skipped``, ``skipped_records``), instead of raising.
-      select: ``(file, index)`` of the records to read (a cross-validation fold): others are left out unparsed.
-      with_records: batches also carry ``record``, ``b"<file>#<index>"``.
-      deterministic: False lets each map hand out elements as they finish (faster where they take uneven
-        time; the order, and with it the batches of a seed, then vary).
+    ``image_size``: the stored side (another size is a bad record). ``labeled``: ``class`` -> ``label``, else
+    ``id`` (a test split: a corrupt JPEG is kept with a warning, the submission needs its row);
+    ``multi_label_classes``: ``labels`` -> a float32 multi-hot ``label``. ``training``: this process's files,
+    shuffled, repeated, full batches. ``seed``: of the shuffles and augmentations (None: a fresh one). ``crop``:
+    :mod:`.transforms`; ``augment``, ``augment_workers``: :mod:`.augment`. ``skip_errors``: bad records left out
+    and counted. ``select``: the ``(file, index)`` of a CV fold's records. ``with_records``: batches carry
+    ``record``, ``b"<file>#<index>"``. ``deterministic=False``: maps hand out elements as they finish (the order,
+    and with it the batches of a seed, then vary).
     """
     seed, plan, problems = _start(batch_size, seed, augment, augment_workers, skip_errors)
     listed = list_tfrecords(files)
@@ -289,8 +253,7 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
     records = read_records(files, shuffle_seed=seed if training else None)
     num_examples = count_data_items(files)
     if select is not None:
-        check_selection(listed, select)
-        keep_record, num_examples = record_filter(files, select)
+        keep_record, num_examples = record_filter(listed, files, select)
         records = records.filter(lambda name, index, _: keep_record(name, index))
     check = jpeg.tf_check(files, warn_only=not labeled) if jpeg.check_available() and not in_workers else None
     augment_image = per_image_ops(crop, plan.per_image)
@@ -318,12 +281,8 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
 
 def scan_labels(files, *, image_size: int, multi_label_classes: int | None = None,
                 skip_errors: bool = False) -> np.ndarray:
-    """Every label of ``files`` in order, parsed in parallel, no image decoded: int32 ``[N]``, or float32
-    multi-hot ``[N, C]`` (``multi_label_classes=C``).
-
-    Every record is checked as far as it can be without decoding (features, types, classes, a JPEG's size
-    from its header); an image whose data do not decode is found where it is first decoded (the first epoch).
-    """
+    """Every label of ``files`` in order, int32 ``[N]`` or float32 ``[N, C]``, parsed in parallel: each record is
+    checked as far as its JPEG header goes; data that do not decode are found by the first epoch."""
     files, problems = list_tfrecords(files), ProblemLog(skip_errors)
 
     def target(name, index, serialized):
@@ -358,16 +317,10 @@ def check_tfrecords(files, *, image_size: int, labeled: bool = True,
 # ---------- Sources other than TFRecords
 def load_source(source: Source, *, batch_size: int, image_size: int | None = None, crop=None, training: bool = False,
                 seed: int | None = None, augment=None, augment_workers: int | None = None, skip_errors: bool = False,
-                with_ids: bool = False, indices=None, deterministic: bool = True) -> HostDataset:
-    """A :class:`~.sources.Source` -> host batches, as :func:`load_dataset` gives; ``with_ids`` adds ``id`` to
-    labeled batches too (e.g. out-of-fold predictions).
-
-    Each file is read and decoded in the parallel map (any format and mode, :mod:`.transforms`), then
-    ``crop`` (default ``Resize(image_size)``: the whole image squashed to a square) and ``augment``.
-    ``indices`` (example numbers) replaces the process's share (every n-th example of a training read, all
-    otherwise) and, outside training, is read in that order (a tfds split in its own order). An image of a
-    test source (no labels) with corrupt JPEG data is kept as decoded, with a warning naming it.
-    """
+                with_ids: bool = False, indices=None) -> HostDataset:
+    """A :class:`~.sources.Source` -> host batches, as :func:`load_dataset`; ``crop`` defaults to
+    ``Resize(image_size)``; ``with_ids`` adds ``id`` to labeled batches. ``indices`` replaces the process's share
+    and, outside training, is read in that order (a tfds split in its own)."""
     if crop is None and image_size is None:
         raise ValueError("give image_size= (images are resized to it) or crop=")
     if crop is not None and image_size is not None and image_size != crop.size:
@@ -395,6 +348,6 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
 
     return _host_dataset(source_records(source, indices, shuffle_seed=seed if training else None), to_example,
                          training=training, seed=seed, batch_size=batch_size, plan=plan, problems=problems,
-                         image_size=crop.size, deterministic=deterministic, filenames=[source.description],
-                         num_examples=len(indices), source=source,
+                         image_size=crop.size, deterministic=True, filenames=[source.description],
+                         num_examples=len(indices),
                          explain=lambda err: DataError(f"reading {source.description} failed: {op_message(err)}"))

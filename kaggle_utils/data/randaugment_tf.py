@@ -1,11 +1,8 @@
 """RandAugment in TensorFlow ops, per image inside the pipeline's parallel decode map, compiled with XLA.
 
-For each of ``num_ops`` slots a ``tf.switch_case`` runs exactly one drawn operation (Keras' RandAugment layer
-computes all of them for every slot, which is why it crawls in tf.data). Ops and magnitudes follow imgaug's
-RandAugment (``m`` in [0, 30]), so ``"randaugment"`` and ``"imgaug"`` augment about equally hard;
-:mod:`kaggle_utils.device_augment` has the same ops in JAX, equal to these.
+Each of ``num_ops`` slots runs one drawn op in a ``tf.switch_case`` (Keras' layer computes them all). Ops and
+magnitudes follow imgaug's RandAugment (``m`` in [0, 30]); :mod:`kaggle_utils.device_augment` has them in JAX.
 """
-from __future__ import annotations
 
 import math
 from typing import Callable, Sequence
@@ -13,8 +10,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .tfhost import tf
-
-__all__ = ["FILL_VALUE", "MAX_MAGNITUDE", "RANDAUGMENT_OPS", "RandAugment"]
 
 MAX_MAGNITUDE = 30  # imgaug's RandAugment scale: m=30 is the strongest setting
 FILL_VALUE = 128  # grey for pixels that geometric ops move in from outside the image
@@ -74,13 +69,8 @@ def autocontrast(image, level):
 
 
 def equalize(image, level):
-    """PIL's per-channel histogram equalisation, all three channels in one histogram.
-
-    Above ``EQUALIZE_FULL_HISTOGRAM_PIXELS`` the histogram is taken over every second pixel
-    in each direction (65536 samples per channel at 512x512): the scatter-add behind a
-    histogram is the slowest step in XLA on CPU, and a quarter of the pixels gives the same
-    mapping up to sampling noise. Smaller images are equalised exactly as PIL does.
-    """
+    """PIL's per-channel histogram equalisation; above ``EQUALIZE_FULL_HISTOGRAM_PIXELS`` the histogram samples
+    every second pixel each way (its scatter-add is XLA's slowest step on CPU; the mapping is the same up to noise)."""
     offsets = tf.constant([0, 256, 512])
     values = tf.reshape(tf.cast(image, tf.int32) + offsets, [-1])
     stride = 2 if image.shape[0] * image.shape[1] > EQUALIZE_FULL_HISTOGRAM_PIXELS else 1
@@ -93,9 +83,8 @@ def equalize(image, level):
     lut = (tf.cumsum(histogram, axis=1) + safe_step // 2) // safe_step
     lut = tf.clip_by_value(tf.concat([tf.zeros([3, 1], tf.int32), lut[:, :-1]], axis=1), 0, 255)
     lut = tf.where(step[:, tf.newaxis] > 0, lut, tf.range(256)[tf.newaxis])  # a flat channel stays as it is
-    # XLA fuses the table's computation (reductions over the histogram) into the gather below and
-    # redoes it for every pixel. A dot is not fused into its consumers, so a product with the
-    # identity (exact: integers below 2^24) makes it build the table once (timings: bench/README.md).
+    # a product with the identity (exact below 2^24), which XLA does not fuse into the gather, builds the table once
+    # instead of once per pixel (bench/README.md)
     lut = tf.cast(tf.matmul(tf.cast(lut, tf.float32), tf.eye(256)), tf.int32)
     return tf.reshape(tf.cast(tf.gather(tf.reshape(lut, [-1]), values), tf.uint8), tf.shape(image))
 
@@ -139,12 +128,8 @@ def brightness(image, level):
 
 
 def sharpness(image, level):
-    """Blend with PIL's 3x3 smoothing filter [[1,1,1],[1,5,1],[1,1,1]]/13; border pixels unchanged.
-
-    blend = x + (1 - factor) * (smooth - x), and smooth - x = (sum of the 8 neighbours - 8x) / 13.
-    Rows are flattened to [H, 3W] so that neighbours are plain offsets of 3 along one axis, and
-    the sums are integers (XLA vectorises these, not the float version; bench/README.md).
-    """
+    """Blend with PIL's 3x3 smoothing filter [[1,1,1],[1,5,1],[1,1,1]]/13, border unchanged: x + (1 - factor) *
+    (neighbours - 8x) / 13, in integers over rows flattened to [H, 3W] (XLA vectorises these; bench/README.md)."""
     height, width = image.shape[0], image.shape[1]
     x = tf.reshape(tf.cast(image, tf.int32), [height, 3 * width])
     rows = x[:, :-6] + x[:, 3:-3] + x[:, 6:]
@@ -181,12 +166,9 @@ RANDAUGMENT_OPS: dict[str, Callable] = {
 
 
 class RandAugment:
-    """RandAugment(n, m) in TensorFlow ops: ``image uint8 [H, W, 3] (static shape), seed [2] -> uint8 [H, W, 3]``.
-
-    Per image and slot: one op drawn from ``ops``, a magnitude (``m``, or uniform in ``m=(low, high)``) on imgaug's
-    0..30 scale and a random sign for ops with a direction; ``flip=True`` first mirrors half the images, as imgaug
-    does. All draws are stateless, from ``seed``. ``jit_compile=True`` compiles the per-image function with XLA
-    (once per size), which fuses the elementwise chains: faster than TF's kernels on CPU (bench/README.md).
+    """RandAugment(n, m): ``image uint8 [H, W, 3] (static shape), seed [2] -> uint8 [H, W, 3]``; per slot one op
+    of ``ops``, a magnitude (``m``, or uniform in ``(low, high)``) on imgaug's 0..30 scale and a random sign;
+    ``flip`` first mirrors half the images, as imgaug. ``jit_compile``: XLA, faster on CPU (bench/README.md).
     """
 
     def __init__(self, num_ops: int = 2, magnitude: float | tuple[float, float] = 15, *,

@@ -1,17 +1,11 @@
-"""Sample data in the competition's exact layout, made from what is installed (no download), for CPU runs, CI
-and a laptop: the same TFRecords, file names, feature keys and test ids as the flower competition's.
-
-* ``source="digits"`` (default): scikit-learn's 1797 real 8x8 handwritten digits, upscaled to RGB JPEGs, so a
-  model really learns something on a CPU;
-* ``source="synthetic"``: 104 classes of coloured shapes, the competition's class count at any image size.
-
-The test labels the competition keeps hidden go to ``out_dir/test_labels.csv`` (``id,label``), so a sample
-submission can be scored; ``sample_manifest.json`` makes a repeated call with the same arguments a no-op.
+"""Sample data in the flower competition's exact layout (TFRecords, file names, features, test ids), made from
+what is installed: scikit-learn's 1797 real 8x8 digits upscaled (``"digits"``, so a model learns on a CPU), or
+104 classes of coloured shapes (``"synthetic"``). The hidden test labels go to ``test_labels.csv``.
 """
-from __future__ import annotations
 
 import colorsys
 import csv
+import glob
 import hashlib
 import json
 import os
@@ -21,11 +15,8 @@ import numpy as np
 
 from .tfrecord_writer import atomic_output_path, write_split
 from .tfhost import tf
-from .tfrecords import list_tfrecords
+from .tfrecords import SPLITS, TFRECORD_SUFFIXES
 
-__all__ = ["SampleDataset", "make_sample_dataset", "SPLITS"]
-
-SPLITS = ("train", "val", "test")
 SYNTHETIC_NUM_CLASSES = 104
 MANIFEST = "sample_manifest.json"
 TEST_LABELS = "test_labels.csv"
@@ -43,12 +34,6 @@ class SampleDataset:
     test_labels: dict[str, int]  # id -> class, hidden in the competition
 
 
-def _upscale(images: np.ndarray, image_size: int) -> np.ndarray:
-    """Grey [N, h, w] uint8 -> RGB [N, S, S, 3] uint8 (bilinear)."""
-    resized = tf.image.resize(images[..., np.newaxis].astype(np.float32), [image_size, image_size], "bilinear")
-    return np.repeat(np.clip(np.round(resized.numpy()), 0, 255).astype(np.uint8), 3, axis=-1)
-
-
 def _digits(image_size: int, num_examples: int | None):
     from sklearn.datasets import load_digits
 
@@ -56,8 +41,10 @@ def _digits(image_size: int, num_examples: int | None):
     count = len(digits.images) if num_examples is None else num_examples
     if not 0 < count <= len(digits.images):
         raise ValueError(f"num_examples must be in [1, {len(digits.images)}] for source='digits', got {count}")
-    grey = np.round(digits.images[:count] * (255.0 / 16.0)).astype(np.uint8)
-    return _upscale(grey, image_size), digits.target[:count].astype(np.int64), [str(d) for d in range(10)]
+    grey = np.round(digits.images[:count] * (255.0 / 16.0))[..., np.newaxis].astype(np.float32)
+    resized = tf.image.resize(grey, [image_size, image_size], "bilinear").numpy()  # bilinear, then grey -> RGB
+    images = np.repeat(np.clip(np.round(resized), 0, 255).astype(np.uint8), 3, axis=-1)
+    return images, digits.target[:count].astype(np.int64), [str(d) for d in range(10)]
 
 
 def _synthetic(image_size: int, num_examples: int | None, seed: int):
@@ -108,28 +95,20 @@ def _split_sizes(count: int, fractions) -> list[int]:
 
 
 def _load_existing(root: str, params: dict) -> SampleDataset | None:
-    path = os.path.join(root, MANIFEST)
-    if not os.path.exists(path):
+    try:
+        with open(os.path.join(root, MANIFEST)) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
         return None
-    with open(path) as f:
-        manifest = json.load(f)
-    if manifest.get("params") != params:
-        return None
-    if not all(os.path.exists(os.path.join(root, p)) for p in manifest["files"]):
+    if manifest.get("params") != params or not all(os.path.exists(os.path.join(root, p)) for p in manifest["files"]):
         return None
     split_dirs = {split: os.path.join(root, split) for split in SPLITS}  # the folder may have moved
     return SampleDataset(**{**manifest["dataset"], "root": root, "split_dirs": split_dirs})
 
 
 def _clear_or_refuse(root: str, overwrite: bool) -> None:
-    existing = []
-    for split in SPLITS:
-        folder = os.path.join(root, split)
-        if os.path.isdir(folder):
-            try:
-                existing += list_tfrecords(folder)
-            except FileNotFoundError:
-                pass
+    existing = sorted(path for split in SPLITS for suffix in TFRECORD_SUFFIXES
+                      for path in glob.glob(os.path.join(root, split, "*" + suffix)))
     if existing and not overwrite:
         raise FileExistsError(
             f"{root} already holds {len(existing)} TFRecord file(s) written with other settings (e.g. "
@@ -142,12 +121,8 @@ def make_sample_dataset(out_dir: str | os.PathLike, source: str = "digits", *, i
                         num_examples: int | None = None, split_fractions=(0.70, 0.15, 0.15),
                         num_files: tuple[int, int, int] = (4, 2, 2), seed: int = 0, quality: int = 95,
                         overwrite: bool = False) -> SampleDataset:
-    """Write a sample dataset in the flower competition's layout and return where/what it is.
-
-    ``num_examples``: all 1797 digits by default (about 1258/270/269 after the 70/15/15
-    split), 416 synthetic images (4 per class). Examples are shuffled with ``seed`` before
-    splitting. Calling again with the same arguments reuses the files.
-    """
+    """Write a sample dataset (default: all 1797 digits, or 4 synthetic images per class), shuffled with ``seed``
+    and split; a call with the same arguments reuses the files."""
     if source not in ("digits", "synthetic"):
         raise ValueError(f"source must be 'digits' or 'synthetic', got {source!r}")
     if image_size < 8:
@@ -171,13 +146,11 @@ def make_sample_dataset(out_dir: str | os.PathLike, source: str = "digits", *, i
     for split, start, stop, n_files in zip(SPLITS, bounds[:-1], bounds[1:], num_files):
         chosen = order[start:stop]
         folder = os.path.join(root, split)
+        target = {"labels": labels[chosen]}
         if split == "test":
-            ids = [_test_id(source, int(i)) for i in chosen]
-            test_labels = {id_: int(labels[i]) for id_, i in zip(ids, chosen)}
-            paths = write_split(folder, images[chosen], ids=ids, num_files=min(n_files, len(chosen)), quality=quality)
-        else:
-            paths = write_split(folder, images[chosen], labels=labels[chosen], num_files=min(n_files, len(chosen)),
-                                quality=quality)
+            target = {"ids": [_test_id(source, int(i)) for i in chosen]}
+            test_labels = {id_: int(labels[i]) for id_, i in zip(target["ids"], chosen)}
+        paths = write_split(folder, images[chosen], num_files=min(n_files, len(chosen)), quality=quality, **target)
         files += [os.path.relpath(p, root) for p in paths]
         split_dirs[split], counts[split] = folder, len(chosen)
 

@@ -1,12 +1,6 @@
-"""Reading some records of TFRecord files by (file, index), without rewriting them; and listing a split's labels.
-
-Cross-validation trains and validates each fold on records of the same files; rewriting them per fold would cost a
-copy of the data per fold (Kaggle's disk is small), so ``load_dataset(files, select=[(file, index), ...])`` drops
-the others inside tf.data, after reading and before parsing. Records are named by (file, index) because not every
-labelled record has an ``id`` (the kit's sample writes ids into test records only). :func:`scan_records` reads
-the labels and ids of a split without decoding an image.
+"""Some records of TFRecord files, by (file, index), for CV folds without a copy of the data per fold (not every
+labelled record has an ``id``); and a split's labels and ids (:func:`scan_records`), no image decoded.
 """
-from __future__ import annotations
 
 import dataclasses
 import os
@@ -17,19 +11,19 @@ import numpy as np
 from .tfhost import op_message, tf
 from .tfrecords import DataError, reader_problem
 
-__all__ = ["RecordIndex", "record_filter", "scan_records"]
-
 
 def _norm(name) -> str:
     return os.path.abspath(os.fspath(name))
 
 
-def record_filter(files: list[str], select: Iterable[tuple[str, int]]):
-    """``(predicate(filename, index) -> bool tensor, how many selected records lie in files)``.
-
-    ``files`` are the names the reader uses (this process's shard); a selected record of a
-    file outside it is another process's and is not counted here.
-    """
+def record_filter(listed: list[str], files: list[str], select: Iterable[tuple[str, int]]):
+    """``(predicate(filename, index) -> bool tensor, how many selected records lie in files)``: ``files`` are this
+    process's shard of ``listed``; a selection naming a file not listed is refused (a typo would read nothing)."""
+    select = list(select)
+    known = {_norm(f) for f in listed}
+    unknown = sorted({os.fspath(f) for f, _ in select if _norm(f) not in known})
+    if unknown:
+        raise ValueError(f"select names {len(unknown)} file(s) not among the files read, e.g. {unknown[0]}")
     by_path = {_norm(f): f for f in files}
     keys = sorted({f"{by_path[_norm(f)]}#{int(i)}" for f, i in select if _norm(f) in by_path})
     if not keys:
@@ -41,14 +35,6 @@ def record_filter(files: list[str], select: Iterable[tuple[str, int]]):
         return table.lookup(tf.strings.join([filename, "#", tf.strings.as_string(index)])) > 0
 
     return keep, len(keys)
-
-
-def check_selection(files: list[str], select: Iterable[tuple[str, int]]) -> None:
-    """Refuses a selection naming a file the reader was not given (a typo would silently read nothing)."""
-    known = {_norm(f) for f in files}
-    unknown = sorted({os.fspath(f) for f, _ in select if _norm(f) not in known})
-    if unknown:
-        raise ValueError(f"select names {len(unknown)} file(s) not among the files read, e.g. {unknown[0]}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +68,7 @@ class RecordIndex:
 
 
 def scan_records(files: list[str]) -> RecordIndex:
-    """Labels (``class``, or a multi-label record's ``labels``) and ids of every record of ``files`` (sorted),
-    parsed in batches, no image decoded."""
+    """Labels (``class``, or a multi-label record's ``labels``) and ids of every record of ``files`` (sorted)."""
     spec = {"class": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
             "id": tf.io.FixedLenFeature([], tf.string, default_value=""),
             "labels": tf.io.VarLenFeature(tf.int64)}

@@ -1,19 +1,9 @@
 """Image-classification data that is not in TFRecords: class folders, CSV + images, tensorflow-datasets.
 
-A :class:`Source` is what a run needs before it reads a pixel: the examples (files or tfds records), their ids,
-labels (``int32 [N]``) or multi-hot targets (``float32 [N, C]``), class names, and the competition CSV's id and
-label columns (for the submission); :func:`~.pipeline.load_source` reads one. Everything that can be checked
-without decoding is checked when the source is made, with a :class:`DataError` naming the file, CSV line (the
-header is line 1) and column: missing columns, missing image files, unknown labels, mixed label kinds, duplicate
-ids, empty class folders, folder links.
-
-* :func:`class_folders` ``DIR/<class>/...``: classes the sorted folder names, ids the paths without extension;
-* :func:`image_folder` ``DIR/*`` without labels (a test set): ids the file names without extension;
-* :func:`csv_source` an id column naming files in ``image_dir`` (with or without extension) and, for training,
-  a label column: a class name or integer per row, or several (multi-label);
-* :func:`tfds_source` a tensorflow-datasets split, read offline from ``data_dir`` once prepared.
+A :class:`Source` is what a run needs before it reads a pixel (:func:`~.pipeline.load_source` reads one).
+Everything that can be checked without decoding is checked when it is made, with a :class:`DataError` naming
+the file, CSV line (the header is line 1) and column.
 """
-from __future__ import annotations
 
 import csv
 import os
@@ -24,23 +14,15 @@ import numpy as np
 from .tfhost import tensorflow_on_host
 from .tfrecords import DataError
 
-__all__ = ["IMAGE_EXTENSIONS", "MissingImageError", "Source", "class_folders", "csv_source", "image_folder",
-           "tfds_source"]
-
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 
 
 @dataclass(frozen=True, eq=False)
 class Source:
-    """Examples, ids and labels of one split; ``paths`` for files, ``tfds`` for a tensorflow-datasets split.
-
-    ``labels`` is None for unlabeled data (a test set), int32 ``[N]`` class indices, or, when
-    ``multi_label``, float32 ``[N, C]`` multi-hot targets. ``names`` say where each example
-    comes from (its file), for error messages. ``id_column`` / ``label_column`` are the
-    competition's own column names, for the submission.
-    """
+    """Ids and labels of one split's examples: files (``paths``) or a tfds split (``tfds``). ``labels``: None (a
+    test set), int32 ``[N]``, or float32 ``[N, C]`` multi-hot (``multi_label``); ``id_column`` / ``label_column``:
+    the competition's column names, for the submission."""
     description: str
-    names: list[str]
     ids: list[str]
     labels: np.ndarray | None
     class_names: list[str] | None
@@ -48,11 +30,11 @@ class Source:
     label_column: str | None = "label"
     multi_label: bool = False
     paths: list[str] | None = None
-    tfds: dict | None = field(default=None, repr=False)  # builder, split, image_key
+    tfds: dict | None = field(default=None, repr=False)  # builder, records (images not decoded)
 
     def __post_init__(self):
-        if len(self.ids) != len(self.names) or (self.labels is not None and len(self.labels) != len(self.ids)):
-            raise ValueError(f"{self.description}: ids, names and labels differ in length")
+        if self.labels is not None and len(self.labels) != len(self.ids):
+            raise ValueError(f"{self.description}: ids and labels differ in length")
         if not self.ids:
             raise DataError(f"{self.description}: no images found")
 
@@ -84,11 +66,9 @@ class Source:
 
 
 # ---------- Folders
-def _images_in(folder: str, extensions, *, nested: bool = False) -> list[str]:
-    """The images in ``folder``; ``nested``: in its sub-folders too, as torchvision's ImageFolder reads a class
-    folder (hidden folders left out), so that no image of the class is silently dropped. A link to a folder
-    inside it is refused: it can lead out of the source (``dir -> ..`` read a whole disk's images) or loop."""
-    wanted = tuple(e.lower() for e in extensions)
+def _images_in(folder: str, *, nested: bool = False) -> list[str]:
+    """The images in ``folder``; ``nested``: in its sub-folders too (hidden ones left out), as torchvision's
+    ImageFolder. A link to a folder is refused: it can lead out of the source (``dir -> ..``) or loop."""
     found = []
     for here, folders, files in os.walk(folder):
         folders[:] = [d for d in folders if not d.startswith(".")] if nested else []
@@ -99,7 +79,7 @@ def _images_in(folder: str, extensions, *, nested: bool = False) -> list[str]:
                                 "taken from inside it only (a link can lead out of the source, or loop); copy or link "
                                 "the images themselves instead")
         found += [os.path.join(here, f) for f in files
-                  if f.lower().endswith(wanted) and os.path.isfile(os.path.join(here, f))]
+                  if f.lower().endswith(IMAGE_EXTENSIONS) and os.path.isfile(os.path.join(here, f))]
     return sorted(found)
 
 
@@ -118,7 +98,7 @@ def _check_unique(ids: list[str], where: list[str], what: str) -> None:
         first[id_] = place
 
 
-def class_folders(root, *, extensions=IMAGE_EXTENSIONS) -> Source:
+def class_folders(root) -> Source:
     """``root/<class>/<image>``: one sub-folder per class (images in its sub-folders included), class names
     sorted; an empty class folder is an error."""
     root = _check_folder(root)
@@ -131,24 +111,24 @@ def class_folders(root, *, extensions=IMAGE_EXTENSIONS) -> Source:
         if os.path.commonpath([real, os.path.realpath(root)]) == real:
             raise DataError(f"class folder {os.path.join(root, name)} is a link to {real}, which holds the source "
                             "itself (a loop)")
-        found = _images_in(os.path.join(root, name), extensions, nested=True)
+        found = _images_in(os.path.join(root, name), nested=True)
         if not found:
-            raise DataError(f"class folder {os.path.join(root, name)!r} holds no images ({', '.join(extensions)})")
+            raise DataError(f"class folder {os.path.join(root, name)!r} holds no images "
+                            f"({', '.join(IMAGE_EXTENSIONS)})")
         paths += found
         labels += [label] * len(found)
     ids = [os.path.splitext(os.path.relpath(p, root))[0].replace(os.sep, "/") for p in paths]
-    return Source(f"class folders {root}", names=paths, ids=ids, labels=np.asarray(labels, np.int32),
-                  class_names=classes, paths=paths)
+    return Source(f"class folders {root}", ids=ids, labels=np.asarray(labels, np.int32), class_names=classes,
+                  paths=paths)
 
 
-def image_folder(root, *, extensions=IMAGE_EXTENSIONS, id_column: str = "id",
-                 class_names: list[str] | None = None) -> Source:
+def image_folder(root, *, id_column: str = "id", class_names: list[str] | None = None) -> Source:
     """``root/<image>`` without labels (a test set); ids are the file names without extension."""
     root = _check_folder(root)
-    paths = _images_in(root, extensions)
+    paths = _images_in(root)
     ids = [os.path.splitext(os.path.basename(p))[0] for p in paths]
     _check_unique(ids, paths, root)
-    return Source(f"image folder {root}", names=paths, ids=ids, labels=None, class_names=class_names,
+    return Source(f"image folder {root}", ids=ids, labels=None, class_names=class_names,
                   id_column=id_column, label_column=None, paths=paths)
 
 
@@ -169,14 +149,14 @@ class MissingImageError(DataError):
     """A CSV row whose image file is not in the image folder (often: the wrong folder given)."""
 
 
-def _find_image(image_dir: str, value: str, extensions, where: str) -> str:
-    """The file a CSV id names: ``image_dir/value`` as is, or with one of ``extensions`` when it has none."""
+def _find_image(image_dir: str, value: str, where: str) -> str:
+    """The file a CSV id names: ``image_dir/value`` as is, or with an image extension when it has none."""
     base = os.path.join(image_dir, value)
-    if value.lower().endswith(tuple(extensions)):
+    if value.lower().endswith(IMAGE_EXTENSIONS):
         candidates, tried = [base], ""
     else:
-        candidates = [base + e for e in extensions] + [base + e.upper() for e in extensions]
-        tried = f" with any of the extensions {', '.join(extensions)} (or upper case)"
+        candidates = [base + e for e in IMAGE_EXTENSIONS] + [base + e.upper() for e in IMAGE_EXTENSIONS]
+        tried = f" with any of the extensions {', '.join(IMAGE_EXTENSIONS)} (or upper case)"
     for path in candidates:
         if os.path.isfile(path):
             return path
@@ -196,17 +176,13 @@ def _check_inside(image_dir: str, value: str, where: str) -> None:
 MISSING_MARKERS = frozenset({"nan", "NaN", "NAN", "<NA>", "None", "null", "NULL"})
 
 
-def _label_kind(token: str) -> str:
-    return "integer" if token.lstrip("-").isdigit() else "name"
-
-
-def _parse_labels(rows, path: str, column: str, class_names, separator):
+def _parse_labels(rows, path: str, column: str, class_names):
     """Per row a list of class indices; class names from the data unless given."""
     tokens = []
     kinds: dict[str, str] = {}
     for line, row in rows:
         where = f"{path}, line {line}, column {column!r}"
-        found = [t.strip() for t in (row[column] or "").strip().split(separator) if t.strip()]
+        found = (row[column] or "").split()
         if not found:
             raise DataError(f"{where}: empty label")
         missing = [t for t in found if t in MISSING_MARKERS]
@@ -214,42 +190,33 @@ def _parse_labels(rows, path: str, column: str, class_names, separator):
             raise DataError(f"{where}: label {missing[0]!r} is a missing value (pandas writes NaN as 'nan'), not a "
                             "class: fill in the label or drop the row")
         for token in found:
-            kinds.setdefault(_label_kind(token), f"line {line} ({token!r})")
+            kinds.setdefault("integer" if token.lstrip("-").isdigit() else "name", f"line {line} ({token!r})")
         if len(kinds) > 1:
             raise DataError(f"{path}, column {column!r}: mixed label kinds, class names and integers "
                             f"(integer at {kinds['integer']}, name at {kinds['name']})")
         tokens.append((where, found))
     integers = kinds and next(iter(kinds)) == "integer"
     if class_names is None:
-        if integers:
-            class_names = [str(i) for i in range(max(int(t) for _, found in tokens for t in found) + 1)]
-        else:
-            class_names = sorted({t for _, found in tokens for t in found})
+        seen = {t for _, found in tokens for t in found}
+        class_names = [str(i) for i in range(max(map(int, seen)) + 1)] if integers else sorted(seen)
     index = {name: i for i, name in enumerate(class_names)}
-    labels = []
-    for where, found in tokens:
-        row_labels = []
-        for token in found:
-            label = int(token) if integers else index.get(token)
-            if label is None or not 0 <= label < len(class_names):
-                raise DataError(f"{where}: label {token!r} is not in the {len(class_names)} classes "
-                                f"({', '.join(class_names[:10])}{', ...' if len(class_names) > 10 else ''})")
-            row_labels.append(label)
-        labels.append(row_labels)
-    return labels, list(class_names)
+
+    def label_of(token: str, where: str) -> int:
+        label = int(token) if integers else index.get(token)
+        if label is None or not 0 <= label < len(class_names):
+            raise DataError(f"{where}: label {token!r} is not in the {len(class_names)} classes "
+                            f"({', '.join(class_names[:10])}{', ...' if len(class_names) > 10 else ''})")
+        return label
+
+    return [[label_of(token, where) for token in found] for where, found in tokens], list(class_names)
 
 
 def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None = None,
-               class_names: list[str] | None = None, multi_label: bool | None = None,
-               extensions=IMAGE_EXTENSIONS, label_separator: str | None = None) -> Source:
-    """A CSV of ids (file names, with or without extension, relative to ``image_dir``) and labels.
-
-    ``label_column=None``: unlabeled (a test CSV). Labels are class names or integer indices
-    (not both); ``class_names`` fixes the class list (else: sorted names found, or
-    ``0..max``). A row with several labels (split on whitespace, or ``label_separator``)
-    makes the source multi-label (or pass ``multi_label=True``): ``labels`` are then multi-hot
-    float32 ``[N, C]``; ``multi_label=False`` makes such a row an error.
-    """
+               class_names: list[str] | None = None, multi_label: bool | None = None) -> Source:
+    """A CSV of ids (file names, with or without extension, in ``image_dir``) and, unless ``label_column=None``,
+    labels: class names or integers (not both); ``class_names`` fixes the classes (else the sorted names found,
+    or ``0..max``). A row with several labels (split on whitespace) makes the source multi-label, float32
+    ``[N, C]`` (also ``multi_label=True``); ``multi_label=False`` refuses such a row."""
     csv_path, image_dir = os.fspath(csv_path), _check_folder(image_dir)
     columns = [id_column] + ([label_column] if label_column else [])
     rows = _read_csv(csv_path, columns)
@@ -260,12 +227,12 @@ def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None 
         if not value:
             raise DataError(f"{where}: empty id")
         _check_inside(image_dir, value, where)
-        paths.append(_find_image(image_dir, value, extensions, where))
+        paths.append(_find_image(image_dir, value, where))
         ids.append(value)
     _check_unique(ids, [f"line {line}" for line, _ in rows], f"{csv_path}, column {id_column!r}")
     labels = None
     if label_column is not None:
-        per_row, class_names = _parse_labels(rows, csv_path, label_column, class_names, label_separator)
+        per_row, class_names = _parse_labels(rows, csv_path, label_column, class_names)
         several = [line for (line, _), found in zip(rows, per_row) if len(found) > 1]
         if multi_label is False and several:
             raise DataError(f"{csv_path}, line {several[0]}, column {label_column!r}: several labels in a "
@@ -277,18 +244,14 @@ def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None 
                 labels[i, found] = 1.0
         else:
             labels = np.asarray([found[0] for found in per_row], np.int32)
-    return Source(f"CSV {csv_path}", names=paths, ids=ids, labels=labels, class_names=class_names,
+    return Source(f"CSV {csv_path}", ids=ids, labels=labels, class_names=class_names,
                   id_column=id_column, label_column=label_column, multi_label=bool(multi_label), paths=paths)
 
 
 # ---------- tensorflow-datasets
-def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: str = "image",
-                label_key: str | None = "label", download: bool = False) -> Source:
-    """A tfds split, offline from ``data_dir`` (prepared before, or ``download=True``).
-
-    The labels are read in one pass over the records without decoding the images. Ids are
-    ``<split>-<record index>`` (tfds splits have no common id feature).
-    """
+def tfds_source(name: str, split: str = "train", *, data_dir=None, label_key: str | None = "label") -> Source:
+    """A tfds split, prepared before in ``data_dir``, read offline; labels read without decoding the images; ids
+    ``<split>-<record index>`` (tfds splits have no common id feature)."""
     tensorflow_on_host()  # first: tensorflow_datasets imports TensorFlow, which must not see the accelerators
     import tensorflow_datasets as tfds  # only for a tfds source: a slow import
 
@@ -296,15 +259,13 @@ def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: st
         builder = tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))
     except Exception as err:  # tfds raises DatasetNotFoundError and others
         raise DataError(f"tfds dataset {name!r}: {err}") from None
-    if download:
-        builder.download_and_prepare()
-    elif not builder.is_prepared():
+    if not builder.is_prepared():
         raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir}: prepare it once where the "
                         f"internet is on (tfds.builder({name!r}, data_dir=...).download_and_prepare()) and attach "
                         "that folder")
     features = builder.info.features
-    if image_key not in features:
-        raise DataError(f"tfds dataset {name!r} has no feature {image_key!r} (features: {', '.join(features)})")
+    if "image" not in features:
+        raise DataError(f"tfds dataset {name!r} has no feature 'image' (features: {', '.join(features)})")
     class_names, labels = None, None
     if label_key is not None:
         if label_key not in features or not hasattr(features[label_key], "names"):
@@ -312,8 +273,7 @@ def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: st
                             f"(features: {', '.join(features)})")
         class_names = list(features[label_key].names)
     try:
-        records = builder.as_dataset(split=split, shuffle_files=False,
-                                     decoders={image_key: tfds.decode.SkipDecoding()})
+        records = builder.as_dataset(split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()})
     except Exception as err:
         raise DataError(f"tfds dataset {name!r}: split {split!r}: {err}") from None
     if label_key is not None:
@@ -322,6 +282,5 @@ def tfds_source(name: str, split: str = "train", *, data_dir=None, image_key: st
     else:
         count = int(records.reduce(np.int64(0), lambda n, _: n + 1))
     description = f"tfds:{name}/{split}"
-    return Source(description, names=[description] * count, ids=[f"{split}-{i}" for i in range(count)],
-                  labels=labels, class_names=class_names, label_column=label_key,
-                  tfds={"builder": builder, "split": split, "image_key": image_key})
+    return Source(description, ids=[f"{split}-{i}" for i in range(count)], labels=labels, class_names=class_names,
+                  label_column=label_key, tfds={"builder": builder, "records": records})

@@ -1,22 +1,14 @@
-"""Iterative stratification of multi-label data (Sechidis, Tsoumakas and Vlahavas, ECML PKDD 2011).
+"""Iterative stratification of multi-label data (Sechidis, Tsoumakas and Vlahavas, ECML PKDD 2011), for a
+conversion's validation split and CV folds: scikit-multilearn's algorithm (order 1), in numpy, seeded.
 
-A multi-label example belongs to several classes, so class-by-class stratification has nothing to deal. The
-iterative rule keeps every class's share in every subset close to the subset's share, rarest classes first:
-each subset ``j`` wants ``p_j * n_c`` examples of class ``c``; the class with the fewest examples not yet placed
-(ties at random) has each of its examples placed in the subset that wants that class most (ties: the subset that
-wants most examples, then at random), lowering that subset's wants for every class of the example; until all are
-placed (examples with no class go where most examples are wanted). A class on most images is placed mostly as a
-side effect, so its share drifts about as in a random split (bench/README.md). The algorithm of
-``iterative-stratification`` and scikit-multilearn (order 1), in numpy, seeded, neither a dependency; it serves a
-conversion's validation split and cross-validation folds.
+Each subset ``j`` wants ``p_j * n_c`` examples of class ``c``; the class with the fewest examples left (ties at
+random) has each placed where that class is most wanted (ties: most examples wanted, then at random), lowering
+that subset's wants for every class of the example; examples with no class go where most examples are wanted.
 """
-from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
-
-__all__ = ["iterative_stratification"]
 
 
 def _most(wants: np.ndarray, then: np.ndarray, rng: np.random.Generator) -> int:
@@ -28,13 +20,8 @@ def _most(wants: np.ndarray, then: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def iterative_stratification(labels: np.ndarray, proportions: Sequence[float], seed: int = 0) -> np.ndarray:
-    """The subset (0..len(proportions)-1) of each example of multi-hot ``labels`` ``[N, C]``; see the module docstring.
-
-    ``proportions``: each subset's share of the examples (normalised to sum 1), e.g. ``[1] * k``
-    for k folds or ``[1 - f, f]`` for a train / validation split. Examples are visited in an
-    order drawn from ``seed``, which also breaks every tie: the result is a function of
-    (labels, proportions, seed).
-    """
+    """The subset (0..len(proportions)-1) of each example of multi-hot ``labels`` ``[N, C]``; ``proportions``: each
+    subset's share (normalised), e.g. ``[1] * k`` for k folds; ``seed`` orders the examples and breaks every tie."""
     present = np.asarray(labels) > 0.5
     if present.ndim != 2:
         raise ValueError(f"labels must be multi-hot [N, C], got shape {present.shape}")

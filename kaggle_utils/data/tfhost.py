@@ -1,27 +1,17 @@
-"""TensorFlow for the input pipeline: imported on first use, kept off the accelerators, on this process's cores.
-
-Its own module so that every part of :mod:`kaggle_utils.data` can reach TensorFlow without importing one another.
-"""
-from __future__ import annotations
+"""TensorFlow for the input pipeline: imported on first use, kept off the accelerators, on this process's cores."""
 
 import os
 import re
 import threading
 import warnings
 
-__all__ = ["first_success", "host_cores", "op_message", "tensorflow_on_host", "tf"]
-
 _tf_module = None
 _tf_lock = threading.Lock()
 
 
 def tensorflow_on_host():
-    """Import TensorFlow with GPUs and TPUs hidden from it, once per process.
-
-    JAX and TensorFlow must not both claim the accelerator (TF would take memory the model needs);
-    the pipeline needs CPUs only. If TF was initialised elsewhere with an accelerator visible, that
-    can no longer change: a warning says so.
-    """
+    """Import TensorFlow with GPUs and TPUs hidden from it (it would take memory the model needs), once per process;
+    a warning where TF was initialised elsewhere with an accelerator visible."""
     global _tf_module
     with _tf_lock:
         if _tf_module is None:
@@ -68,10 +58,7 @@ def op_message(err) -> str:
 
 
 def first_success(fn, value, fallback):
-    """``(fn(value), True)``, or ``(fallback, False)`` where ``fn`` raises: a try/except inside tf.data.
-
-    tf.data has none, but ``ignore_errors`` on a one-element dataset is one: the element either comes
-    out computed or is dropped, and the fallback behind it comes out instead (tens of µs per call).
-    """
+    """``(fn(value), True)``, or ``(fallback, False)`` where ``fn`` raises: a try/except inside tf.data, made of
+    ``ignore_errors`` on a one-element dataset with the fallback behind it."""
     tried = tf.data.Dataset.from_tensors(value).map(lambda v: (fn(v), True)).ignore_errors()
     return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()

@@ -1,8 +1,6 @@
-"""Writing TFRecords in the competition's layout, ``NN-SxS-COUNT.tfrec`` shards of JPEG records (TensorFlow's
-libjpeg, as the competition's), for the sample data, the converter and the tests. Every file is written beside its
-final name and renamed into place, so a crash never leaves a half-written shard a ``*.tfrec`` glob would take.
+"""Writing TFRecords in the competition's layout, ``NN-SxS-COUNT.tfrec`` shards of JPEG records, each written
+beside its final name and renamed into place (a crash leaves no half-written shard for a ``*.tfrec`` glob).
 """
-from __future__ import annotations
 
 import contextlib
 import itertools
@@ -14,9 +12,6 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .tfhost import tf
-
-__all__ = ["atomic_output_path", "encode_jpeg", "serialize_example", "shard_name", "target_of", "write_shards",
-           "write_split", "write_tfrecord"]
 
 
 @contextlib.contextmanager
@@ -47,8 +42,8 @@ def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
 
 def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Sequence[int] | None = None,
                       id: bytes | str | None = None) -> bytes:
-    """One ``tf.train.Example`` in the competition's format: image + class (+ id, as the competition's train
-    records carry one), image + labels (a multi-label example's class indices, + id), or image + id (test records)."""
+    """One ``tf.train.Example`` in the competition's format: image + class or labels (multi-label) (+ id), or
+    image + id (test records)."""
     if label is not None and labels is not None:
         raise ValueError("give label= (single-label) or labels= (multi-label), not both")
     if label is None and labels is None and id is None:
@@ -69,11 +64,9 @@ def serialize_example(image_jpeg: bytes, *, label: int | None = None, labels: Se
 def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
     """Write serialized records with ``tf.io.TFRecordWriter``, atomically; returns the count."""
     count = 0
-    with atomic_output_path(path) as tmp:
-        with tf.io.TFRecordWriter(tmp) as writer:
-            for record in records:
-                writer.write(record)
-                count += 1
+    with atomic_output_path(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
+        for count, record in enumerate(records, 1):
+            writer.write(record)
     return count
 
 
@@ -84,12 +77,8 @@ def shard_name(index: int, image_size: int, count: int) -> str:
 
 def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Sequence[int] | np.ndarray | None = None,
                 ids: Sequence[bytes | str] | None = None, num_files: int = 1, quality: int = 95) -> list[str]:
-    """Write square uint8 images [N, S, S, 3] as ``num_files`` Kaggle-layout shards.
-
-    ``labels``: class indices ``[N]``, or multi-hot rows ``[N, C]`` (written as multi-label
-    records, each row's nonzero classes). Like the competition, all files but the last hold
-    ``ceil(N / num_files)`` records.
-    """
+    """Square uint8 images [N, S, S, 3] as ``num_files`` shards (all but the last of ``ceil(N / num_files)``);
+    ``labels``: class indices ``[N]`` or multi-hot rows ``[N, C]`` (multi-label records)."""
     images = np.asarray(images)
     if images.ndim != 4 or images.shape[1] != images.shape[2] or images.shape[3] != 3:
         raise ValueError(f"write_split needs square uint8 images [N, S, S, 3], got {images.shape}")
@@ -115,12 +104,8 @@ def target_of(label=None, id=None) -> dict:
 
 def write_shards(split_dir, records: Iterable[bytes], *, per_file: int, image_size: int) -> list[str]:
     """Serialized ``records`` as shards of ``per_file`` records (the last may hold fewer), in Kaggle's names."""
-    paths, pending = [], []
-    for record in itertools.chain(records, [None]):
-        if record is not None:
-            pending.append(record)
-        if pending and (len(pending) == per_file or record is None):
-            paths.append(os.path.join(os.fspath(split_dir), shard_name(len(paths), image_size, len(pending))))
-            write_tfrecord(paths[-1], pending)
-            pending = []
+    paths, records = [], iter(records)
+    while chunk := list(itertools.islice(records, per_file)):
+        paths.append(os.path.join(os.fspath(split_dir), shard_name(len(paths), image_size, len(chunk))))
+        write_tfrecord(paths[-1], chunk)
     return paths

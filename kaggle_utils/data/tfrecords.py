@@ -1,12 +1,9 @@
 """Kaggle's flower TFRecords: finding, counting and sharding the files, and parsing one record.
 
-``{train,val,test}/NN-SxS-COUNT.tfrec``: ``image`` (JPEG bytes) with ``class`` (int64) for train/val, with ``id``
-(bytes) for test. Multi-label records (the kit's own, ``"multi_label": true`` in a conversion's
-``class_names.json``) carry ``labels``, the int64 indices of the classes present, in place of ``class``. Every
-problem of a record is described, not raised (:func:`parse_record`), so the pipeline names the file and record,
-or skips and counts it.
+``{train,val,test}/NN-SxS-COUNT.tfrec``: ``image`` (JPEG bytes) with ``class`` (int64), or ``labels`` (the kit's
+multi-label records: the classes present), or ``id`` (bytes, test). A record's problems are described, not raised,
+so that the pipeline names the file and record, or skips and counts it.
 """
-from __future__ import annotations
 
 import glob as _glob
 import os
@@ -18,10 +15,7 @@ import numpy as np
 
 from .tfhost import first_success, op_message, tf
 
-__all__ = ["BadRecordError", "DataError", "NoTFRecordsError", "RecordProblem", "UNDECODABLE", "count_data_items",
-           "count_from_name", "count_records", "list_tfrecords", "locate_competition_data", "parse_record",
-           "reader_problem", "shard_files"]
-
+SPLITS = ("train", "val", "test")
 TFRECORD_SUFFIXES = (".tfrec", ".tfrecord", ".tfrecords")
 KAGGLE_INPUT_ROOTS = ("/kaggle/input",)
 _COUNT_IN_NAME = re.compile(r"-(\d+)\.[A-Za-z]+$")  # NN-512x512-798.tfrec -> 798
@@ -32,17 +26,14 @@ _WORKERS_DECODE_JPEG_ONLY = (
 
 
 class DataError(ValueError):
-    """Bad input data: the message names the file (and record) and what is wrong.
-
-    ``skippable``: whether ``skip_errors`` (``--skip-errors``) gets past it, so that a command line offers
-    that flag only where it is the fix.
-    """
+    """Bad input data: the message names the file (and record) and what is wrong; ``skippable``: whether
+    ``skip_errors`` gets past it (a command line offers ``--skip-errors`` only where it is the fix)."""
 
     skippable = False
 
 
 class BadRecordError(DataError):
-    """One record or image that does not decode (or is corrupt): ``skip_errors`` leaves such records out."""
+    """One record or image that does not decode (or is corrupt)."""
 
     skippable = True
 
@@ -127,14 +118,13 @@ def shard_files(filenames: Sequence[str], process_index: int, process_count: int
 
 def locate_competition_data(image_size: int, roots: Sequence[str] = KAGGLE_INPUT_ROOTS,
                             max_depth: int = 5) -> dict[str, str] | None:
-    """Find ``tfrecords-jpeg-SxS/{train,val,test}`` under ``roots`` (Kaggle has mounted the competition at
-    several places over time); None when absent."""
+    """``tfrecords-jpeg-SxS/{train,val,test}`` under ``roots`` (Kaggle has mounted it at several places); or None."""
     wanted = f"tfrecords-jpeg-{image_size}x{image_size}"
     for root in roots:
         base_depth = root.rstrip(os.sep).count(os.sep)
         for dirpath, dirnames, _ in os.walk(root):
             if os.path.basename(dirpath) == wanted:
-                splits = {s: os.path.join(dirpath, s) for s in ("train", "val", "test")}
+                splits = {s: os.path.join(dirpath, s) for s in SPLITS}
                 if all(os.path.isdir(d) for d in splits.values()):
                     return splits
             if dirpath.count(os.sep) - base_depth >= max_depth:
@@ -144,8 +134,8 @@ def locate_competition_data(image_size: int, roots: Sequence[str] = KAGGLE_INPUT
 
 
 def reader_problem(files: Sequence[str], spec: dict | None = None) -> RecordProblem | None:
-    """The first record of ``files`` that cannot be read (or parsed with ``spec``), read one by one, eagerly:
-    what explains a TensorFlow error that names no file. None if every record reads."""
+    """The first record of ``files`` that cannot be read (or parsed with ``spec``), read eagerly: what explains a
+    TensorFlow error that names no file; None if every record reads."""
     for filename in files:
         index = 0
         try:
@@ -177,7 +167,7 @@ def malformed(spec: dict) -> str:
     return f"record is not a tf.train.Example with the expected feature types ({types})"
 
 
-def _count_problem(tf, name: str, count, what: str):
+def _count_problem(name: str, count, what: str):
     return tf.where(tf.equal(count, 1), "", tf.where(tf.equal(count, 0), f"missing feature '{name}'",
                                                      tf.strings.format("feature '{}' has {} values, expected one "
                                                                        + what, (name, count))))
@@ -201,10 +191,8 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
                  header: bool = True, jpeg_only: bool = False):
     """One serialized record -> ``(image bytes, target, problem)`` in a tf.data map, decoding nothing.
 
-    ``target``: the int32 class, the float32 multi-hot row ``[C]`` (``multi_label_classes=C``) or the id;
-    ``problem``: ``""`` or what is wrong (a malformed record, a missing or repeated feature, a class outside
-    ``[0, C)``; with ``header``, a JPEG header that does not parse or gives another size: left to the decode where
-    one follows; with ``jpeg_only``, for the workers, bytes that are no JPEG).
+    ``target``: the int32 class, a float32 multi-hot ``[C]`` (``multi_label_classes=C``) or the id; ``problem``:
+    ``""`` or what is wrong; ``header``: check the JPEG header and size too; ``jpeg_only``: refuse non-JPEG bytes.
     """
     multi = labeled and multi_label_classes is not None
     spec = record_spec(labeled, multi)
@@ -222,8 +210,8 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
     else:
         target = tf.concat([values[:1], tf.constant([-1 if labeled else b""], dtype)], 0)[0]
         target = tf.cast(target, tf.int32) if labeled else target
-        target_problem = _count_problem(tf, key, tf.size(values), "value")
-    problems = [tf.where(parsed, "", malformed(spec)), _count_problem(tf, "image", tf.size(images), "image"),
+        target_problem = _count_problem(key, tf.size(values), "value")
+    problems = [tf.where(parsed, "", malformed(spec)), _count_problem("image", tf.size(images), "image"),
                 target_problem]
     if header or jpeg_only:
         is_jpeg = tf.equal(tf.strings.substr(encoded, 0, 2), b"\xff\xd8")
@@ -233,8 +221,7 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
         problems.append(tf.where(~is_jpeg, tf.strings.join(["image bytes are ", kind, "; " + _WORKERS_DECODE_JPEG_ONLY])
                                  if jpeg_only else "",
                                  tf.where(has_header, size_problem(height_width, image_size), UNDECODABLE)))
-    problem = first_problem(*problems)
-    return encoded, target, problem
+    return encoded, target, first_problem(*problems)
 
 
 def _multi_hot(indices, num_classes: int):

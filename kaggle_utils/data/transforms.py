@@ -1,15 +1,9 @@
 """Image transforms in TensorFlow ops, for the parallel tf.data map: decode any file, resize, crop.
 
-:func:`decode_image`: JPEG, PNG, GIF, BMP, WebP of any mode -> RGB uint8 (greyscale repeated, alpha dropped,
-palettes expanded, CMYK by libjpeg, 16-bit PNGs rounded to 8 bits, JPEGs with the accurate DCT). **EXIF
-orientation is ignored**, as by TensorFlow's decoders, torchvision's ``read_image`` and PIL's ``Image.open``
-(timm's loader): in training and prediction alike. Resolution, each ``(image, seed) -> uint8 [size, size, 3]``:
-:class:`Resize` (squash to a square, the sources' default), :class:`RandomResizedCrop` (training) and
-:class:`CenterCrop` (evaluation, timm's ``crop_pct``; its size may differ from training's: FixRes). Resizes are
-antialiased, as PIL's, so an eval crop matches timm's PIL transform within a grey level; randomness is stateless,
-from the per-image seed.
+:func:`decode_image` ignores EXIF orientation, as TF, torchvision's ``read_image`` and PIL's ``Image.open`` do.
+Each transform is ``(image, seed) -> uint8 [size, size, 3]``, randomness stateless from the per-image seed;
+resizes are antialiased as PIL's, so an eval crop matches timm's PIL transform within a grey level.
 """
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass
@@ -17,15 +11,14 @@ from dataclasses import dataclass
 from .jpeg import DCT_METHOD
 from .tfhost import tf
 
-__all__ = ["CenterCrop", "INTERPOLATIONS", "RandomResizedCrop", "Resize", "decode_image", "resize_image"]
-
 INTERPOLATIONS = ("bilinear", "bicubic")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _RRC_ATTEMPTS = 10  # torchvision / timm try 10 random boxes before falling back to a centre crop
 
 
 def decode_image(encoded):
-    """Encoded image bytes (scalar string) -> uint8 [H, W, 3]; raises on bytes that are no image."""
+    """JPEG, PNG (16-bit rounded), GIF, BMP or WebP bytes of any mode -> uint8 [H, W, 3]; raises on bytes that are
+    no image."""
 
     def decode_png16():  # every PNG, so 16-bit ones keep their full range until the rounding
         wide = tf.io.decode_png(encoded, channels=3, dtype=tf.uint16)
@@ -48,11 +41,8 @@ def _check_size_and_interpolation(transform) -> None:
 
 
 def resize_image(image, height, width, interpolation: str = "bilinear"):
-    """uint8 [H, W, 3] -> uint8 [height, width, 3], rounded to the nearest level; antialiased where it shrinks.
-
-    Enlarging, antialiasing changes nothing (to within 1e-4) but TensorFlow's antialiased kernel takes ~2.5x as
-    long, and most random-resized crops are enlarged (bench/README.md).
-    """
+    """uint8 [H, W, 3] -> uint8 [height, width, 3], rounded; antialiased only where it shrinks (enlarging, it
+    changes nothing but costs ~2.5x, bench/README.md)."""
     size = tf.stack([height, width])
     resized = tf.cond(tf.reduce_any(size < tf.shape(image)[:2]),
                       lambda: tf.image.resize(image, size, method=interpolation, antialias=True),
@@ -79,12 +69,8 @@ class Resize:
 
 @dataclass(frozen=True)
 class CenterCrop:
-    """timm's eval transform: shorter side -> ``floor(size / crop_pct)``, then the centre ``size`` x ``size``.
-
-    The longer side becomes ``int(scaled * long / short)`` and the crop's corner
-    ``round((side - size) / 2)``, both as torchvision computes them, so the pixels line up
-    with timm's ``transforms_factory`` for the same ``crop_pct`` (``pretrained_cfg``).
-    """
+    """timm's eval transform: shorter side -> ``floor(size / crop_pct)``, then the centre ``size`` x ``size``,
+    rounded as torchvision does so that the pixels line up with timm's for the same ``crop_pct``."""
     size: int
     crop_pct: float = 0.875
     interpolation: str = "bilinear"
@@ -109,13 +95,8 @@ class CenterCrop:
 
 @dataclass(frozen=True)
 class RandomResizedCrop:
-    """Training crop: a random box of ``scale`` x the area and aspect ratio in ``ratio``, resized, maybe flipped.
-
-    Inception's crop as torchvision/timm implement it: up to 10 boxes are drawn (area uniform
-    in ``scale``, log-aspect uniform in ``log(ratio)``), the first that fits is cut at a
-    uniform position; if none fits, the centre box with the aspect ratio clamped to ``ratio``.
-    Then a left-right flip with probability ``hflip``.
-    """
+    """Training crop as torchvision/timm's: the first of 10 random boxes (area in ``scale``, log-aspect uniform in
+    ``log(ratio)``) that fits, else the centre box with the ratio clamped; resized, flipped with ``hflip``."""
     size: int
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
