@@ -4,8 +4,6 @@ A Kaggle session can be killed at any moment, so every write goes to a temporary
 host, so :func:`remove_stale_temp_files` knows a dead writer's) renamed into place: a reader sees the old file
 or the new one. Reads name every key that does not fit (a silently partial load trains for hours).
 """
-from __future__ import annotations
-
 import hashlib
 import json
 import os

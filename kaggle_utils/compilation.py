@@ -5,8 +5,6 @@ for a large EfficientNet); with the cache in a kept folder (``/kaggle/working`` 
 those compiles become reads. :func:`seconds` sums JAX's own compile events, so the loop reports
 compile time apart from step time.
 """
-from __future__ import annotations
-
 import os
 import threading
 from pathlib import Path

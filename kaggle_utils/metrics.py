@@ -6,8 +6,6 @@ was batched. ``confusion_counts`` runs inside the jitted step, the rest on the h
 scikit-learn's ``f1_score(average="macro")`` (the competition's): classes absent as label and
 prediction are left out, a class with no true positive scores 0.
 """
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np

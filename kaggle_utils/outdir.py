@@ -6,8 +6,6 @@ checked on the same host (pid and start time: a reused pid is not the holder); a
 cannot be checked, so the message says how to remove it. :func:`prepare` decides what an existing
 run folder allows: ``--resume`` of the same config, ``--overwrite`` (the kit's own files only), or nothing.
 """
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -7,8 +7,6 @@ leading axis of local devices ``[n_local, B / n_local, ...]`` (the seed tutorial
 numpy on the host (the caller needs them beside the predictions); images stay uint8 until the step
 normalises them, a quarter of float32's transfer.
 """
-from __future__ import annotations
-
 import collections
 import itertools
 from typing import Iterable, Iterator, Mapping

@@ -6,8 +6,6 @@ small range needs the loss scaled. The scale is dynamic, as PyTorch's ``GradScal
 ``GROWTH_INTERVAL`` finite steps, x0.5 and the step skipped (parameters, optimizer state, EMA and BN
 statistics kept; ``TrainState.step`` counts the batch) when a gradient is inf or NaN.
 """
-from __future__ import annotations
-
 import dataclasses
 from typing import Any
 

@@ -7,8 +7,6 @@ terms. Smoke mode (a tiny model, few steps) is on by itself on a CPU without the
 Every probe takes ``root`` (``$KAGGLE_UTILS_ROOT``, default ``/kaggle``), so tests build fake Kaggle
 trees. Imports neither TensorFlow nor torch.
 """
-from __future__ import annotations
-
 import argparse
 import glob
 import json

@@ -4,8 +4,6 @@ The engine and surgery both name a leaf by its ``/``-joined path (``params/block
 select leaves by regular expressions searched in those paths (one matching nothing is an error: a typo
 would otherwise select nothing unnoticed), initialise variables and freeze some.
 """
-from __future__ import annotations
-
 import difflib
 import functools
 import re
@@ -141,8 +139,8 @@ def resolve_mask(params: Any, frozen: Patterns | Any | Callable) -> Any:
     return frozen(params) if callable(frozen) else frozen
 
 
-def freeze_optimizer(tx: optax.GradientTransformation, frozen: Patterns | Any | Callable
-                     ) -> optax.GradientTransformation:
+def freeze_optimizer(tx: "optax.GradientTransformation", frozen: Patterns | Any | Callable
+                     ) -> "optax.GradientTransformation":
     """``tx`` for the trainable leaves; frozen leaves get a zero update and no optimizer state.
 
     ``frozen``: patterns, a bool mask like the params, or a function of the params returning one. One

@@ -5,8 +5,6 @@ both (figures in bench/README.md). XLA reads ``XLA_FLAGS`` when JAX starts its C
 :func:`apply` runs on the first import of ``kaggle_utils``; a user's own setting wins, only measured
 jaxlib releases get it (XLA aborts on an unknown flag), and ``KAGGLE_UTILS_XLA_CPU_TUNING=0`` opts out.
 """
-from __future__ import annotations
-
 import os
 import sys
 import warnings

@@ -4,8 +4,6 @@ The Flax tree mirrors timm's module names, so converting is renaming plus layout
 ``blocks.3.11.conv_pw.weight`` -> ``params/blocks_3_11/conv_pw/kernel`` (OIHW -> HWIO), BatchNorm's
 tensors -> ``params/{scale,bias}`` and ``batch_stats/{mean,var}``, Linear ``(out, in)`` -> ``(in, out)``.
 """
-from __future__ import annotations
-
 import re
 from typing import Any, Mapping
 

@@ -4,8 +4,6 @@ Verification runs timm and Flax on one input in full fp32; the files are written
 agree, so a weights file that exists has been checked. Checkpoints are read without unpickling
 arbitrary objects (``torch.load(weights_only=True)`` or safetensors).
 """
-from __future__ import annotations
-
 import dataclasses
 import platform
 import tempfile

@@ -8,8 +8,6 @@ into the targets as ``mixup_target``. Each row mixes with its partner in the bat
 real rows only (``mask``): padding never mixes, and with an odd count the middle row is its own
 partner. Randomness comes only from the key: one per step and per replica.
 """
-from __future__ import annotations
-
 import dataclasses
 
 import jax

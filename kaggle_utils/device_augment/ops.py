@@ -6,8 +6,6 @@ blends round identically and the geometric ops pick the same pixels. Jittable wi
 ``level``. The five geometric ops are one affine warp each (:data:`WARP_MATRICES`), so a policy runs
 a single warp for whichever of them it drew.
 """
-from __future__ import annotations
-
 import math
 from typing import Callable
 

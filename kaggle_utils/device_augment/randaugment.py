@@ -8,8 +8,6 @@ Under ``vmap`` a ``lax.switch`` with a per-image index computes every branch, so
 ops share one branch (one warp per slot, not five); ``sequential=True`` (``lax.map``: each image runs
 only its branch, one at a time) is worth it on a CPU, rarely on an accelerator.
 """
-from __future__ import annotations
-
 import dataclasses
 import numbers
 from typing import Callable, Sequence

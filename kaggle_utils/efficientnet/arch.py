@@ -5,8 +5,6 @@ few scalars (width/depth multipliers, stem and head widths, activation, padding,
 :func:`build_blocks` resolves them into one :class:`BlockConfig` per block with timm's
 ``EfficientNetBuilder`` arithmetic, so the modules in ``blocks.py`` never compute a channel count.
 """
-from __future__ import annotations
-
 import dataclasses
 import math
 import re

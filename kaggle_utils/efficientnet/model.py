@@ -3,8 +3,6 @@
 As in the seed tutorial, a forward with ``batch_stats`` mutable trains (batch statistics, dropout,
 drop path), anything else evaluates; ``train=`` overrides it.
 """
-from __future__ import annotations
-
 import dataclasses
 import json
 from pathlib import Path

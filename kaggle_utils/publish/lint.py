@@ -5,8 +5,6 @@ The first cell runs before the kit is importable, so it is copied text, and copi
 search list finds no kit on Kaggle): the README and every notebook that names ``kaggle_utils`` must
 hold ``runtime.BOOTSTRAP`` verbatim.
 """
-from __future__ import annotations
-
 import json
 import textwrap
 from dataclasses import dataclass

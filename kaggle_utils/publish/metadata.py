@@ -1,7 +1,5 @@
 """What Kaggle reads: slugs, titles, ``kernel-metadata.json`` and ``dataset-metadata.json`` of the
 notebooks, the kit and the weights, and the notebook keys that pin an image."""
-from __future__ import annotations
-
 import html
 import json
 import re

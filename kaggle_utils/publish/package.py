@@ -1,7 +1,5 @@
 """``package``: the upload folders (one per notebook, the kit, the weights), each input checked before
 the first write, each folder moved into place when complete."""
-from __future__ import annotations
-
 import json
 import shutil
 import tempfile

@@ -4,8 +4,6 @@ matplotlib's object interface on an Agg canvas, never ``pyplot``: a run in a not
 backend or open a window. matplotlib is imported when a picture is drawn (a second at import; a kit without
 it still trains, and the caller says so in one line).
 """
-from __future__ import annotations
-
 import io
 import math
 from pathlib import Path

@@ -3,8 +3,6 @@
 ``val_counts.json``): no model, no data. The same lines describe a finished run, a resumed one, or one
 reported later.
 """
-from __future__ import annotations
-
 import json
 import math
 import re

@@ -1,6 +1,4 @@
 """What a ``tune`` study found, from ``OUT/tune.json``: the block the command ends with, ``importance.png``."""
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

@@ -3,8 +3,6 @@
 A class's precision, recall, F1 and the class it is taken for all follow from the best checkpoint's
 validation counts (a confusion matrix, or a multi-label task's TP / FP / FN), stored once by the run.
 """
-from __future__ import annotations
-
 import csv
 import io
 import json

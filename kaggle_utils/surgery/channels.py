@@ -1,6 +1,4 @@
 """Input channels: an RGB model's stem changed for grey or multi-band images, as timm does."""
-from __future__ import annotations
-
 import dataclasses
 import math
 

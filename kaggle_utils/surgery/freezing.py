@@ -4,8 +4,6 @@ The mask and the optimizer wrapper are the engine's too (:mod:`kaggle_utils.vari
 what only a user's model needs: BatchNorm of the frozen part in inference mode, :func:`freeze` (all of
 it, with a report) and :func:`carry_optimizer_state` for unfreezing.
 """
-from __future__ import annotations
-
 import dataclasses
 import inspect
 from typing import Any, Callable, NamedTuple

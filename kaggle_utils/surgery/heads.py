@@ -1,6 +1,4 @@
 """A classifier head on any backbone, optionally padded to a TPU-friendly width."""
-from __future__ import annotations
-
 from typing import Any, Callable
 
 import jax

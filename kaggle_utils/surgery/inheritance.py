@@ -1,7 +1,5 @@
 """Inheritance: a changed model starts from a trained one by taking every leaf that still fits; the other
 operations (rewire, heads, carrying optimizer state over) are built on it."""
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, Sequence
 

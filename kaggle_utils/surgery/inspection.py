@@ -1,6 +1,4 @@
 """Looking inside a model: intermediate features, parameter counts, FLOPs; and casting its variables."""
-from __future__ import annotations
-
 import dataclasses
 import re
 from typing import Any

@@ -1,6 +1,4 @@
 """Variants of a model: other fields, another block layout, another classifier, its variables inherited."""
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, NamedTuple
 

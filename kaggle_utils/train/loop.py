@@ -8,8 +8,6 @@ each evaluation and every ``checkpoint_every`` steps the state is pulled to the 
 background thread (:class:`~.run_dir.RunFolder`). Nothing diverged is saved (:class:`TrainingDiverged`).
 ``hooks`` run user code at the points of a run (:class:`Hook`, or functions called after each evaluation).
 """
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import math

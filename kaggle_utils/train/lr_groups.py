@@ -15,8 +15,6 @@ EfficientNet's parts are its stages (timm's ``coarse=True``), not its blocks: pe
 ``tf_efficientnetv2_s`` (40 blocks) would learn at ``0.75 ** 41 ~ 7e-6`` of the rate, and D would mean
 something different for every variant.
 """
-from __future__ import annotations
-
 import math
 import re
 from typing import Any, Mapping, NamedTuple, Sequence

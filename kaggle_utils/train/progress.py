@@ -2,8 +2,6 @@
 a terminal, none in a notebook without ``ipywidgets`` (nbmake), where ``tqdm.auto``'s text fallback would
 leave carriage-return fragments in the saved output and the loop's line per evaluation is the progress.
 """
-from __future__ import annotations
-
 import functools
 
 __all__ = ["progress_bar"]

@@ -6,8 +6,6 @@ Process 0 writes each file atomically beside a manifest (:mod:`kaggle_utils.chec
 in a background thread, in an order a kill cannot break: ``best`` before ``last`` (a resume redoes that
 interval), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
 """
-from __future__ import annotations
-
 import csv
 import io
 import json

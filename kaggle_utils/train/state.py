@@ -5,8 +5,6 @@ lose small updates: one of the seed tutorial's mistakes). ``rng`` never changes:
 ``(rng, step, replica)``, so a resumed run draws the keys the uninterrupted one would. ``ema_params`` and
 ``loss_scale`` (fp16's dynamic scale, :mod:`kaggle_utils.precision`) are ``None`` unless wanted.
 """
-from __future__ import annotations
-
 from typing import Any
 
 import jax

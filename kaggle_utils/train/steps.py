@@ -10,8 +10,6 @@ padding never counts and, with synchronised BatchNorm, a step on 8 devices equal
 same global batch. What is optimised and measured is the :class:`~kaggle_utils.train.tasks.Task`; device
 augmentation and mixing get a per-step, per-replica key.
 """
-from __future__ import annotations
-
 import dataclasses
 import functools
 from typing import Any, Callable

@@ -7,8 +7,6 @@ is not the split's F1) and ``finish`` on the host (accuracy, top-5, macro F1, us
 Built in: :class:`SoftmaxClassification` (the default), :class:`FocalClassification`,
 :class:`MultiLabelClassification` (sigmoid BCE, one decision per class).
 """
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Callable, ClassVar, Mapping

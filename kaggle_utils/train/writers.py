@@ -5,8 +5,6 @@ every log step (``train/loss``, ``lr``, ``grad_norm``, ...), after every evaluat
 ``train_epoch/loss``, ``epoch``, ...) and at the end (``best/val_f1``, ...), with host floats: a writer
 never forces a device sync.
 """
-from __future__ import annotations
-
 import csv
 import math
 import netrc
