@@ -73,13 +73,14 @@ def _umask() -> int:
     return mask
 
 
-def _writer_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        return True
+        pass
     return True
 
 
@@ -95,7 +96,7 @@ def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STA
         if match is None or not entry.is_file():
             continue
         if match["host"] == _HOST_TAG:
-            stale = not _writer_alive(int(match["pid"]))
+            stale = not pid_alive(int(match["pid"]))
         else:
             stale = time.time() - entry.stat().st_mtime > max_age_s
         if stale:

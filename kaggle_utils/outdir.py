@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from .checkpoint import pid_alive
 from .config import ConfigError, TrainConfig, differences, flag_of, resume_may_change
 
 LOCK_NAME = ".kaggle_utils.lock"
@@ -36,13 +37,7 @@ def _start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int, started: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return started is None or _start_time(pid) in (None, started)
+    return pid_alive(pid) and (started is None or _start_time(pid) in (None, started))
 
 
 def check_writable(out: str | os.PathLike, flag: str = "--out") -> Path:

@@ -1,12 +1,7 @@
-"""Mixup and CutMix with timm's semantics, on the device inside the jitted train step.
+"""Mixup and CutMix with ``timm.data.Mixup``'s semantics, on the device inside the jitted train step.
 
-:func:`mix` follows ``timm.data.Mixup``: per batch or per element (``mode``), mix with probability
-``prob``; with both on, CutMix instead of Mixup with probability ``switch_prob``; lambda from
-``Beta(alpha, alpha)``; a CutMix box of side ``sqrt(1 - lambda)`` clipped to the image, lambda
-corrected to its area (``correct_lam``), or a box of ``cutmix_minmax`` ratios; label smoothing folded
-into the targets as ``mixup_target``. Each row mixes with its partner in the batch reversed over the
-real rows only (``mask``): padding never mixes, and with an odd count the middle row is its own
-partner. Randomness comes only from the key: one per step and per replica.
+Each row mixes with its partner in the batch reversed over the real rows only (``mask``): padding never
+mixes, and with an odd count the middle row is its own partner. Randomness comes only from the key.
 """
 import dataclasses
 
