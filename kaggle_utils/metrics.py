@@ -1,10 +1,7 @@
 """Classification metrics from confusion counts: accuracy, per-class and macro F1.
 
-Everything derives from one ``[C, C]`` count matrix (rows: true class, columns: predicted), whose
-counts add up exactly across batches, devices and hosts, so a split's macro F1 is exact however it
-was batched. ``confusion_counts`` runs inside the jitted step, the rest on the host. Macro F1 is
-scikit-learn's ``f1_score(average="macro")`` (the competition's): classes absent as label and
-prediction are left out, a class with no true positive scores 0.
+One ``[C, C]`` count matrix (rows: true class) adds up exactly across batches, devices and hosts, so a split's
+macro F1 is exact however it was batched. Macro F1 is scikit-learn's ``f1_score(average="macro")``.
 """
 import jax
 import jax.numpy as jnp

@@ -1,10 +1,8 @@
 """An output folder belongs to one run: a lock while it runs, and never two runs' files mixed.
 
-The first run holds ``.kaggle_utils.lock`` (pid, host, process start time) while it runs; a second
-is refused with the holder named. A crashed run's lock is stale when its process is gone, which is
-checked on the same host (pid and start time: a reused pid is not the holder); another host's lock
-cannot be checked, so the message says how to remove it. :func:`prepare` decides what an existing
-run folder allows: ``--resume`` of the same config, ``--overwrite`` (the kit's own files only), or nothing.
+A crashed run's lock is stale when its process is gone (pid and start time, so a reused pid is not the
+holder); another host's lock cannot be checked, so the refusal says how to remove it. :func:`prepare`
+allows ``--resume`` of the same config, ``--overwrite`` (the kit's own files only), or nothing.
 """
 import contextlib
 import json

@@ -1,11 +1,8 @@
 """The notebooks' first cell: what machine is this, where are the inputs, what to train.
 
-The same notebook runs unchanged on a Kaggle TPU or GPU, a CPU session and CI. Its first cell
-(:data:`BOOTSTRAP`) puts the kit on ``sys.path`` and calls :func:`setup`: a :class:`Runtime` with the
-machine, the inputs found and ``RT.config``, the ``TrainConfig`` this machine trains, in the job's
-terms. Smoke mode (a tiny model, few steps) is on by itself on a CPU without the competition data.
-Every probe takes ``root`` (``$KAGGLE_UTILS_ROOT``, default ``/kaggle``), so tests build fake Kaggle
-trees. Imports neither TensorFlow nor torch.
+The same notebook runs unchanged on a Kaggle TPU or GPU, a CPU session and CI: :data:`BOOTSTRAP` puts the kit
+on ``sys.path`` and :func:`setup` returns a :class:`Runtime` whose ``config`` this machine trains (smoke mode
+on a CPU without the competition data). Probes take ``root`` (``$KAGGLE_UTILS_ROOT``), so tests fake Kaggle.
 """
 import argparse
 import glob

@@ -3,6 +3,7 @@ a terminal, none in a notebook without ``ipywidgets`` (nbmake), where ``tqdm.aut
 leave carriage-return fragments in the saved output and the loop's line per evaluation is the progress.
 """
 import functools
+import importlib.util
 
 __all__ = ["progress_bar"]
 
@@ -23,9 +24,7 @@ def _bar_class():
         from tqdm.std import tqdm
 
         return tqdm
-    try:
-        import ipywidgets  # noqa: F401  (tqdm.notebook needs it to draw)
-    except ImportError:
+    if importlib.util.find_spec("ipywidgets") is None:  # tqdm.notebook needs it to draw
         return None
     from tqdm.notebook import tqdm
 

@@ -1,11 +1,8 @@
 """Tasks: what a step optimises and what a split is scored by, kept out of the step itself.
 
-A task turns a batch's ``label`` into float targets ``[B, C]`` (labels, multi-hot rows, mixed targets),
-gives a per-example loss, and scores a split in two halves: ``metric_sums`` inside the jitted step (*sums*
-over real examples, which add up exactly across batches, devices and hosts: a mean of per-batch F1 scores
-is not the split's F1) and ``finish`` on the host (accuracy, top-5, macro F1, user metrics of the sums).
-Built in: :class:`SoftmaxClassification` (the default), :class:`FocalClassification`,
-:class:`MultiLabelClassification` (sigmoid BCE, one decision per class).
+A task gives float targets ``[B, C]``, a per-example loss, and scores a split in two halves: ``metric_sums``
+in the jitted step (*sums* over real examples, exact across batches, devices and hosts: a mean of per-batch
+F1 scores is not the split's F1) and ``finish`` on the host.
 """
 import dataclasses
 import math
