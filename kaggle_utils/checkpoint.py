@@ -4,7 +4,9 @@ A Kaggle session can be killed at any moment, so every write goes to a temporary
 host, so :func:`remove_stale_temp_files` knows a dead writer's) renamed into place: a reader sees the old file
 or the new one. Reads name every key that does not fit (a silently partial load trains for hours).
 """
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -14,7 +16,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -22,8 +24,9 @@ from flax import serialization
 
 from .variable_trees import flatten
 
-__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_text", "check_digest",
-           "check_format", "check_tree", "load", "manifest_path", "remove_stale_temp_files", "save"]
+__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_csv", "atomic_write_text",
+           "check_digest", "check_format", "check_tree", "load", "manifest_path", "pid_alive",
+           "remove_stale_temp_files", "save"]
 
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 # .<name>.<pid>.<host tag>.<mkstemp's 8 random characters>.tmp
@@ -57,6 +60,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Iterable[Mapping]) -> None:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
 
 
 def _umask() -> int:

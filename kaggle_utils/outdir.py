@@ -95,8 +95,9 @@ def owned(out: str | os.PathLike) -> Iterator[Path]:
                   f"({_holder_text(other)})")
             lock.unlink(missing_ok=True)
             continue
-        raise OutDirError(f"--out {out} is in use by another run ({_holder_text(other) if other else 'unreadable lock'})"
-                          f": wait for it to end or choose another folder; if that run is gone, delete {lock}")
+        holder = _holder_text(other) if other else "unreadable lock"
+        raise OutDirError(f"--out {out} is in use by another run ({holder}): wait for it to end or choose another "
+                          f"folder; if that run is gone, delete {lock}")
     try:
         yield out
     finally:

@@ -144,7 +144,7 @@ def _time_lines(report: dict, wall_s: float | None) -> list[str]:
     parts = [total]
     if "compile_s" in report and report["compile_s"] is not None:
         parts.append(f"compile {_duration(report['compile_s'])}")
-    if report.get("checkpoint_s") is not None:  # pulling the state, waiting for a previous write: the rest is a thread's
+    if report.get("checkpoint_s") is not None:  # the training thread's part; the writes are a background thread's
         parts.append(f"checkpoints {report['checkpoint_s']:.1f} s of the training thread")
     if seconds:
         unit = "epoch" if len({row["epoch"] for row in history}) == len(history) else "evaluation interval"

@@ -6,8 +6,6 @@ Process 0 writes each file atomically beside a manifest (:mod:`kaggle_utils.chec
 in a background thread, in an order a kill cannot break: ``best`` before ``last`` (a resume redoes that
 interval), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
 """
-import csv
-import io
 import json
 import math
 import os
@@ -35,7 +33,7 @@ def _clean(row: dict | None) -> dict | None:
 
 
 class RunFolder:
-    """The folder :func:`~kaggle_utils.train.fit` writes: what it saves at a save point, in order, off the loop's thread.
+    """The folder :func:`~kaggle_utils.train.fit` writes: what it saves at a save point, in order, off its thread.
 
     ``manifest`` goes into each checkpoint's JSON, ``report`` into ``metrics.json``. Every process may read
     (resume); only ``write=True`` (process 0) writes.
@@ -84,11 +82,7 @@ class RunFolder:
         report = {"monitor": self.monitor, "best": _clean(best), "stop_reason": stop_reason,
                   "history": [_clean(row) for row in history], **self.report, **extra}
         checkpoint.atomic_write_text(self.path / "metrics.json", json.dumps(report, indent=2, allow_nan=False) + "\n")
-        text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=list(self.columns), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(history)
-        checkpoint.atomic_write_text(self.path / "history.csv", text.getvalue())
+        checkpoint.atomic_write_csv(self.path / "history.csv", self.columns, history)
 
 
 def previous_checkpoints(out_dir: Path) -> list[Path]:
