@@ -322,9 +322,8 @@ def setup(*, model: str | None = None, image_size: int | None = None, smoke: boo
           root: str | os.PathLike | None = None, quiet: bool = False) -> Runtime:
     """:func:`detect`, then the compilation cache, TensorFlow off the accelerator, ``out_dir`` and the report.
 
-    On a TPU or GPU, TensorFlow (when installed) is imported here with the accelerators hidden
-    from it, after JAX has claimed them, so a later ``import tensorflow`` gets that host-only
-    instance. On a CPU it is left unimported (it costs seconds).
+    On a TPU or GPU, TensorFlow is imported here, after JAX claimed the accelerators, hidden from them, so a
+    later ``import tensorflow`` gets that host-only instance; on a CPU it is left unimported (seconds).
     """
     runtime = detect(model=model, image_size=image_size, smoke=smoke, root=root)
     compilation.enable_cache(runtime.out_dir / "jax_cache")  # kept with the outputs: a restart compiles nothing

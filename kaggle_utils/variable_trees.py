@@ -1,8 +1,7 @@
 """Variable trees: what the training engine and model surgery both need, and nothing of either.
 
-The engine and surgery both name a leaf by its ``/``-joined path (``params/blocks_0_0/conv/kernel``),
-select leaves by regular expressions searched in those paths (one matching nothing is an error: a typo
-would otherwise select nothing unnoticed), initialise variables and freeze some.
+A leaf is named by its ``/``-joined path (``params/blocks_0_0/conv/kernel``) and selected by regular
+expressions; one matching nothing is an error (a typo would otherwise select nothing unnoticed).
 """
 import difflib
 import functools

@@ -1,8 +1,7 @@
 """The pictures: ``curves.png`` (loss, scores, learning rate by step, from ``metrics.json``) and ``lr_find.png``.
 
-matplotlib's object interface on an Agg canvas, never ``pyplot``: a run in a notebook must not switch its
-backend or open a window. matplotlib is imported when a picture is drawn (a second at import; a kit without
-it still trains, and the caller says so in one line).
+matplotlib's Agg canvas, never ``pyplot`` (a notebook's backend stays); imported when a picture is drawn,
+so a kit without it still trains.
 """
 import io
 import math

@@ -1,7 +1,5 @@
-"""A run or CV folder in words and pictures: the end of a run, the blocks a run and a prediction end with, and
-``python -m kaggle_utils report OUT``, everything rebuilt from the files a run wrote (``metrics.json``,
-``val_counts.json``): no model, no data. The same lines describe a finished run, a resumed one, or one
-reported later.
+"""A run or CV folder in words and pictures (the end of a run or a prediction, ``report OUT``), rebuilt from the
+files a run wrote, with no model and no data: the same lines for a finished, resumed or later-reported run.
 """
 import json
 import math

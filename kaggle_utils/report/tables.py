@@ -1,7 +1,5 @@
-"""``per_class.csv`` and the counts it is made from (``val_counts.json``), with no model and no data.
-
-A class's precision, recall, F1 and the class it is taken for all follow from the best checkpoint's
-validation counts (a confusion matrix, or a multi-label task's TP / FP / FN), stored once by the run.
+"""``per_class.csv`` and the counts it is made from (``val_counts.json``: the best evaluation's confusion matrix,
+or a multi-label task's TP / FP / FN, stored once by the run), with no model and no data.
 """
 import json
 from pathlib import Path

@@ -1,10 +1,8 @@
-"""The files of a run folder: ``last.msgpack`` (state, history, the training sums since the last row: all a
-resume needs; with ``keep > 1`` the previous ones stay as ``ckpt-STEP`` hard links), ``best.msgpack`` (the
-best evaluation's variables), ``metrics.json`` and ``history.csv``; reading them back.
+"""The files of a run folder: ``last.msgpack`` (all a resume needs; with ``keep > 1`` the previous ones stay as
+``ckpt-STEP`` hard links), ``best.msgpack``, ``metrics.json``, ``history.csv``; reading them back.
 
-Process 0 writes each file atomically beside a manifest (:mod:`kaggle_utils.checkpoint`), from host copies,
-in a background thread, in an order a kill cannot break: ``best`` before ``last`` (a resume redoes that
-interval), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
+Process 0 writes them in a background thread in an order a kill cannot break: ``best`` before ``last`` (a
+resume redoes that interval), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
 """
 import json
 import math

@@ -191,9 +191,8 @@ class FocalClassification(SoftmaxClassification):
 class MultiLabelClassification(Task):
     """Several labels per image (multi-hot ``label`` rows): sigmoid BCE, one decision per class (``threshold``).
 
-    The loss is the mean over classes (timm's ``BinaryCrossEntropy``), so its scale does not
-    grow with the class count. Metrics: exact-match accuracy, macro F1 over the classes that
-    occur (scikit-learn's rule) and micro F1.
+    The loss is the mean over classes (timm's ``BinaryCrossEntropy``): its scale does not grow with the class
+    count. Metrics: exact-match accuracy, macro F1 (scikit-learn's rule), micro F1.
     """
 
     threshold: float = 0.5
