@@ -64,10 +64,8 @@ class RuntimeSetupError(RuntimeError):
 
 
 def defaults(platform: str, *, smoke: bool = False) -> TrainConfig:
-    """The :data:`PLATFORM_DEFAULTS` row of ``"tpu"`` / ``"gpu"`` / ``"cpu"`` (or smoke) as a TrainConfig.
-
-    The precision is left to ``--precision auto``: it depends on the device (a T4 and an A100 are both "gpu").
-    """
+    """The :data:`PLATFORM_DEFAULTS` row of ``"tpu"`` / ``"gpu"`` / ``"cpu"`` (or smoke) as a TrainConfig; the
+    precision is left to ``--precision auto`` (a T4 and an A100 are both "gpu")."""
     if platform not in ("tpu", "gpu", "cpu"):
         raise ValueError(f"unknown platform {platform!r}: expected one of cpu, gpu, tpu")
     return TrainConfig().replace(**PLATFORM_DEFAULTS["smoke" if smoke else platform])
@@ -118,11 +116,8 @@ def _nearest_first(preferred: int) -> list[int]:
 
 
 def find_competition_data(image_size: int, root: str | os.PathLike | None = None) -> tuple[Path, int] | None:
-    """``(folder with train/ val/ test/, image size)`` of the flower competition, or None.
-
-    Takes ``image_size`` when Kaggle ships it, else the nearest size that is there. Searches
-    ``$KAGGLE_UTILS_DATA`` when set (and then insists on finding the data there), else ``root/input``.
-    """
+    """``(folder with train/ val/ test/, image size)`` of the flower competition (``image_size`` or the nearest
+    size there), or None; searches ``$KAGGLE_UTILS_DATA`` when set (then it must be there), else ``root/input``."""
     requested = os.environ.get(DATA_ENV)
     search = [requested] if requested else [str(kaggle_root(root) / "input")]
     sizes = [image_size] if image_size not in FLOWER_SIZES else []
@@ -146,11 +141,8 @@ def _ported_model(msgpack: Path) -> str | None:
 
 
 def find_weights(model: str | None = None, root: str | os.PathLike | None = None) -> list[Path]:
-    """Ported weights (``NAME.msgpack`` with weights_port's ``NAME.json`` manifest), of ``model`` if given.
-
-    ``$KAGGLE_UTILS_WEIGHTS`` (a file or a folder) replaces the search of ``root/input``; when
-    it is set, finding nothing there is an error rather than a silent None later.
-    """
+    """Ported weights (``NAME.msgpack`` with weights_port's ``NAME.json`` manifest), of ``model`` if given, in
+    ``root/input`` or ``$KAGGLE_UTILS_WEIGHTS`` (a file or a folder, where finding nothing is an error)."""
     requested = os.environ.get(WEIGHTS_ENV)
     if requested:
         base = Path(requested)
@@ -288,11 +280,8 @@ def _smoke(smoke: bool | None, platform: str, data_found: bool) -> tuple[bool, s
 
 def detect(*, model: str | None = None, image_size: int | None = None, smoke: bool | None = None,
            root: str | os.PathLike | None = None) -> Runtime:
-    """Looks at the machine and the inputs; no side effects (no TensorFlow, no printing).
-
-    ``model`` / ``image_size`` override the platform's defaults (the image size then picks which
-    competition folder is used); ``smoke`` overrides both ``$KAGGLE_UTILS_SMOKE`` and the automatic choice.
-    """
+    """Looks at the machine and the inputs, with no side effects. ``model`` / ``image_size`` override the platform's
+    defaults (and pick the competition folder); ``smoke`` overrides ``$KAGGLE_UTILS_SMOKE`` and the automatic choice."""
     root = kaggle_root(root)
     platform = current_platform()
     devices = jax.devices()

@@ -140,11 +140,8 @@ def resolve_mask(params: Any, frozen: Patterns | Any | Callable) -> Any:
 
 def freeze_optimizer(tx: "optax.GradientTransformation", frozen: Patterns | Any | Callable
                      ) -> "optax.GradientTransformation":
-    """``tx`` for the trainable leaves; frozen leaves get a zero update and no optimizer state.
-
-    ``frozen``: patterns, a bool mask like the params, or a function of the params returning one. One
-    ``multi_transform`` layout for the engine and ``surgery.freeze``, so either state fits
-    ``surgery.carry_optimizer_state``.
+    """``tx`` for the trainable leaves; ``frozen`` leaves (patterns, a mask, or a function of the params giving one)
+    get a zero update and no state. One layout for the engine and ``surgery.freeze``, so either state carries over.
     """
     import optax  # here: the model and checkpoint code import this module and no optimizer library
 

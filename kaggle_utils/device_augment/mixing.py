@@ -131,11 +131,8 @@ def _box(key: jax.Array, height: int, width: int, lam: jax.Array, config: MixCon
 
 def mix(key: jax.Array, images: jax.Array, labels: jax.Array, mask: jax.Array | None,
         config: MixConfig) -> tuple[jax.Array, jax.Array]:
-    """Mix one replica's float images ``[B, H, W, C]`` and their labels: ``(images, soft targets [B, C])``.
-
-    ``labels``: integer ``[B]`` or float (soft / multi-hot) ``[B, num_classes]``; ``mask``: bool ``[B]``,
-    False for padding rows (None: all real).
-    """
+    """Mix one replica's float images ``[B, H, W, C]`` and their labels (integer ``[B]`` or float ``[B, C]``):
+    ``(images, soft targets [B, C])``. ``mask``: bool ``[B]``, False for padding rows (None: all real)."""
     if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
         raise ValueError(f"mix takes float images [B, H, W, C] (normalised), got {images.dtype} {images.shape}")
     batch, height, width = images.shape[:3]

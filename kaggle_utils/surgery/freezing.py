@@ -17,11 +17,8 @@ from .inheritance import InheritReport, inherit
 
 def carry_optimizer_state(opt_state: Any, tx: optax.GradientTransformation, params: Any
                           ) -> tuple[Any, InheritReport]:
-    """The state of ``tx`` (e.g. with fewer leaves frozen) taking over all that fits from ``opt_state``.
-
-    Optimizer state is per leaf, so unfreezing initialises only the newly trained leaves' state (the
-    report's ``new``); the moments of the parts already training and the step count carry over.
-    """
+    """The state of ``tx`` (e.g. with fewer leaves frozen) taking over all that fits from ``opt_state``: only the
+    newly trained leaves start fresh (the report's ``new``); the other moments and the step count carry over."""
     return inherit(opt_state, tx.init(params))
 
 

@@ -31,11 +31,8 @@ def _clean(row: dict | None) -> dict | None:
 
 
 class RunFolder:
-    """The folder :func:`~kaggle_utils.train.fit` writes: what it saves at a save point, in order, off its thread.
-
-    ``manifest`` goes into each checkpoint's JSON, ``report`` into ``metrics.json``. Every process may read
-    (resume); only ``write=True`` (process 0) writes.
-    """
+    """The folder :func:`~kaggle_utils.train.fit` writes, off its thread: ``manifest`` goes into each checkpoint's
+    JSON, ``report`` into ``metrics.json``. Every process may read (resume); only ``write=True`` writes."""
 
     def __init__(self, path, columns: Sequence[str], *, monitor: str, keep: int, manifest: dict | None = None,
                  report: dict | None = None, write: bool = True):
@@ -45,10 +42,8 @@ class RunFolder:
 
     def save(self, state, history: list[dict], pending: dict | None, *, epoch: int, best: dict | None = None,
              reports: dict | None = None) -> None:
-        """Queues ``best`` (its row, when it just improved), ``last``, then the reports (their fields, if given).
-
-        Waits for the previous save first; ``state`` and ``pending`` are host trees the loop no longer changes.
-        """
+        """Queues ``best`` (its row, when it just improved), ``last``, then the reports (their fields, if given),
+        after the previous save; ``state`` and ``pending`` are host trees the loop no longer changes."""
         if self.write:
             self.writes.submit(self._save, state, list(history), pending, epoch, best, reports)
 
