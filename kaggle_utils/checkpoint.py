@@ -4,9 +4,9 @@ A Kaggle session can be killed at any moment, so every write goes to a temporary
 host, so :func:`remove_stale_temp_files` knows a dead writer's) renamed into place: a reader sees the old file
 or the new one. Reads name every key that does not fit (a silently partial load trains for hours).
 """
-from __future__ import annotations
-
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -24,8 +24,9 @@ from flax import serialization
 
 from .variable_trees import flatten
 
-__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_text", "check_digest",
-           "check_format", "check_tree", "load", "manifest_path", "remove_stale_temp_files", "save"]
+__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_csv", "atomic_write_text",
+           "check_digest", "check_format", "check_tree", "load", "manifest_path", "pid_alive",
+           "remove_stale_temp_files", "save"]
 
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 # .<name>.<pid>.<host tag>.<mkstemp's 8 random characters>.tmp
@@ -61,6 +62,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Iterable[Mapping]) -> None:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
+
+
 def _umask() -> int:
     """The process umask; read from /proc where possible, since setting it to read it races with threads."""
     try:
@@ -75,13 +84,14 @@ def _umask() -> int:
     return mask
 
 
-def _writer_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        return True
+        pass
     return True
 
 
@@ -97,7 +107,7 @@ def remove_stale_temp_files(folder: str | os.PathLike, *, max_age_s: float = STA
         if match is None or not entry.is_file():
             continue
         if match["host"] == _HOST_TAG:
-            stale = not _writer_alive(int(match["pid"]))
+            stale = not pid_alive(int(match["pid"]))
         else:
             stale = time.time() - entry.stat().st_mtime > max_age_s
         if stale:

@@ -1,12 +1,8 @@
 """Compile once: JAX's persistent compilation cache in a folder a user keeps, and the seconds compiling took.
 
-A restarted Kaggle session, the next fold or a second run compiles the same programs again (minutes
-for a large EfficientNet); with the cache in a kept folder (``/kaggle/working`` survives as output)
-those compiles become reads. :func:`seconds` sums JAX's own compile events, so the loop reports
-compile time apart from step time.
+A restarted session, the next fold or a second run would compile the same programs again (minutes for a
+large EfficientNet); :func:`seconds` sums JAX's compile events, so the loop reports compiling apart.
 """
-from __future__ import annotations
-
 import os
 import threading
 from pathlib import Path

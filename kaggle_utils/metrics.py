@@ -1,13 +1,8 @@
 """Classification metrics from confusion counts: accuracy, per-class and macro F1.
 
-Everything derives from one ``[C, C]`` count matrix (rows: true class, columns: predicted), whose
-counts add up exactly across batches, devices and hosts, so a split's macro F1 is exact however it
-was batched. ``confusion_counts`` runs inside the jitted step, the rest on the host. Macro F1 is
-scikit-learn's ``f1_score(average="macro")`` (the competition's): classes absent as label and
-prediction are left out, a class with no true positive scores 0.
+One ``[C, C]`` count matrix (rows: true class) adds up exactly across batches, devices and hosts, so a split's
+macro F1 is exact however it was batched. Macro F1 is scikit-learn's ``f1_score(average="macro")``.
 """
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,22 +35,24 @@ def accuracy(confusion) -> float:
     return float(np.trace(confusion) / total) if total else float("nan")
 
 
+def class_scores(tp, fp, fn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-class precision TP / (TP + FP), recall TP / (TP + FN) and F1 2 TP / (2 TP + FP + FN); 0 where the
+    denominator is 0 (scikit-learn's ``zero_division=0``), so a class never predicted reads as 0, not as missing."""
+    tp, fp, fn = (np.asarray(v, np.float64) for v in (tp, fp, fn))
+    ratio = lambda num, den: np.divide(num, den, out=np.zeros_like(num), where=den > 0)  # noqa: E731
+    return ratio(tp, tp + fp), ratio(tp, tp + fn), ratio(2 * tp, 2 * tp + fp + fn)
+
+
+def confusion_scores(confusion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`class_scores` of each class of a ``[C, C]`` confusion matrix."""
+    confusion = np.asarray(confusion, np.float64)
+    tp = np.diag(confusion)
+    return class_scores(tp, confusion.sum(0) - tp, confusion.sum(1) - tp)
+
+
 def per_class_f1(confusion) -> np.ndarray:
-    """F1 of each class, 2 TP / (2 TP + FP + FN); 0 where the class never occurs."""
-    confusion = np.asarray(confusion, np.float64)
-    tp = np.diag(confusion)
-    denom = confusion.sum(0) + confusion.sum(1)  # (TP + FP) + (TP + FN)
-    return np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
-
-
-def precision_recall(confusion) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class precision TP / (TP + FP) and recall TP / (TP + FN); 0 where the denominator is 0
-    (scikit-learn's ``zero_division=0``), so a class never predicted reads as 0, not as missing."""
-    confusion = np.asarray(confusion, np.float64)
-    tp = np.diag(confusion)
-    predicted, actual = confusion.sum(0), confusion.sum(1)
-    return (np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0),
-            np.divide(tp, actual, out=np.zeros_like(tp), where=actual > 0))
+    """F1 of each class; 0 where the class never occurs."""
+    return confusion_scores(confusion)[2]
 
 
 def macro_f1(confusion) -> float:
@@ -68,9 +65,7 @@ def macro_f1(confusion) -> float:
 def multilabel_f1(tp, fp, fn) -> tuple[float, float]:
     """(macro F1 over the classes present as a label or a prediction, micro F1) of per-class multi-label counts."""
     tp, fp, fn = (np.asarray(v, np.float64) for v in (tp, fp, fn))
-    denom = 2 * tp + fp + fn
-    present = denom > 0
-    per_class = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=present)
-    macro = float(per_class[present].mean()) if present.any() else float("nan")
-    total = denom.sum()
+    present = 2 * tp + fp + fn > 0
+    macro = float(class_scores(tp, fp, fn)[2][present].mean()) if present.any() else float("nan")
+    total = (2 * tp + fp + fn).sum()
     return macro, float(2 * tp.sum() / total) if total else float("nan")

@@ -1,13 +1,9 @@
 """An output folder belongs to one run: a lock while it runs, and never two runs' files mixed.
 
-The first run holds ``.kaggle_utils.lock`` (pid, host, process start time) while it runs; a second
-is refused with the holder named. A crashed run's lock is stale when its process is gone, which is
-checked on the same host (pid and start time: a reused pid is not the holder); another host's lock
-cannot be checked, so the message says how to remove it. :func:`prepare` decides what an existing
-run folder allows: ``--resume`` of the same config, ``--overwrite`` (the kit's own files only), or nothing.
+A crashed run's lock is stale when its process is gone (pid and start time, so a reused pid is not the
+holder); another host's lock cannot be checked, so the refusal says how to remove it. :func:`prepare`
+allows ``--resume`` of the same config, ``--overwrite`` (the kit's own files only), or nothing.
 """
-from __future__ import annotations
-
 import contextlib
 import json
 import os
@@ -17,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from .checkpoint import pid_alive
 from .config import ConfigError, TrainConfig, differences, flag_of, resume_may_change
 
 LOCK_NAME = ".kaggle_utils.lock"
@@ -38,13 +35,7 @@ def _start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int, started: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return started is None or _start_time(pid) in (None, started)
+    return pid_alive(pid) and (started is None or _start_time(pid) in (None, started))
 
 
 def check_writable(out: str | os.PathLike, flag: str = "--out") -> Path:
@@ -104,8 +95,9 @@ def owned(out: str | os.PathLike) -> Iterator[Path]:
                   f"({_holder_text(other)})")
             lock.unlink(missing_ok=True)
             continue
-        raise OutDirError(f"--out {out} is in use by another run ({_holder_text(other) if other else 'unreadable lock'})"
-                          f": wait for it to end or choose another folder; if that run is gone, delete {lock}")
+        holder = _holder_text(other) if other else "unreadable lock"
+        raise OutDirError(f"--out {out} is in use by another run ({holder}): wait for it to end or choose another "
+                          f"folder; if that run is gone, delete {lock}")
     try:
         yield out
     finally:

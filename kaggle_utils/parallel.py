@@ -1,14 +1,9 @@
-"""What the steps and the input feed share: the mesh, its axis name, and host batches -> device arrays.
+"""What the steps and the input feed share: the mesh, its axis ``"data"``, and host batches -> device arrays.
 
-The steps reduce over the axis ``"data"`` of the mesh made here. A host batch (a dict of numpy arrays:
-``image`` uint8, ``label``, ``mask``, ``id``) goes on the devices in one of two layouts: ``"pmap"``, a
-leading axis of local devices ``[n_local, B / n_local, ...]`` (the seed tutorial's ``shard``), or
-``"jit"``, one global ``jax.Array`` split over ``"data"``, built from each process's own rows. Ids stay
-numpy on the host (the caller needs them beside the predictions); images stay uint8 until the step
-normalises them, a quarter of float32's transfer.
+Two layouts: ``"pmap"``, a leading axis of local devices ``[n_local, B / n_local, ...]`` (the seed
+tutorial's ``shard``), or ``"jit"``, one global ``jax.Array`` split over ``"data"`` from each process's own
+rows. Ids stay numpy on the host; images stay uint8 until the step normalises them (a quarter of the transfer).
 """
-from __future__ import annotations
-
 import collections
 import itertools
 from typing import Iterable, Iterator, Mapping

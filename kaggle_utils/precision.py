@@ -1,13 +1,9 @@
 """The precision a run computes in, chosen from the device, and fp16's dynamic loss scaling.
 
-``fp32`` on CPUs; ``bf16`` compute (fp32 weights, optimizer state, BN statistics and loss) on TPUs
-and GPUs of compute capability 8.0+; ``fp16`` on GPUs with fp16 but no bf16 units (T4, V100), whose
-small range needs the loss scaled. The scale is dynamic, as PyTorch's ``GradScaler``: x2 after
-``GROWTH_INTERVAL`` finite steps, x0.5 and the step skipped (parameters, optimizer state, EMA and BN
-statistics kept; ``TrainState.step`` counts the batch) when a gradient is inf or NaN.
+``fp32`` on CPUs; ``bf16`` compute (fp32 weights, optimizer state, BN statistics, loss) on TPUs and GPUs of
+compute capability 8.0+; ``fp16`` on GPUs without bf16 units (T4, V100), with a dynamic loss scale as
+PyTorch's ``GradScaler`` (a step with an inf or NaN gradient is skipped, ``TrainState.step`` still counts it).
 """
-from __future__ import annotations
-
 import dataclasses
 from typing import Any
 

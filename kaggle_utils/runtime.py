@@ -1,14 +1,9 @@
 """The notebooks' first cell: what machine is this, where are the inputs, what to train.
 
-The same notebook runs unchanged on a Kaggle TPU or GPU, a CPU session and CI. Its first cell
-(:data:`BOOTSTRAP`) puts the kit on ``sys.path`` and calls :func:`setup`: a :class:`Runtime` with the
-machine, the inputs found and ``RT.config``, the ``TrainConfig`` this machine trains, in the job's
-terms. Smoke mode (a tiny model, few steps) is on by itself on a CPU without the competition data.
-Every probe takes ``root`` (``$KAGGLE_UTILS_ROOT``, default ``/kaggle``), so tests build fake Kaggle
-trees. Imports neither TensorFlow nor torch.
+The same notebook runs unchanged on a Kaggle TPU or GPU, a CPU session and CI: :data:`BOOTSTRAP` puts the kit
+on ``sys.path`` and :func:`setup` returns a :class:`Runtime` whose ``config`` this machine trains (smoke mode
+on a CPU without the competition data). Probes take ``root`` (``$KAGGLE_UTILS_ROOT``), so tests fake Kaggle.
 """
-from __future__ import annotations
-
 import argparse
 import glob
 import json
@@ -69,10 +64,8 @@ class RuntimeSetupError(RuntimeError):
 
 
 def defaults(platform: str, *, smoke: bool = False) -> TrainConfig:
-    """The :data:`PLATFORM_DEFAULTS` row of ``"tpu"`` / ``"gpu"`` / ``"cpu"`` (or smoke) as a TrainConfig.
-
-    The precision is left to ``--precision auto``: it depends on the device (a T4 and an A100 are both "gpu").
-    """
+    """The :data:`PLATFORM_DEFAULTS` row of ``"tpu"`` / ``"gpu"`` / ``"cpu"`` (or smoke) as a TrainConfig; the
+    precision is left to ``--precision auto`` (a T4 and an A100 are both "gpu")."""
     if platform not in ("tpu", "gpu", "cpu"):
         raise ValueError(f"unknown platform {platform!r}: expected one of cpu, gpu, tpu")
     return TrainConfig().replace(**PLATFORM_DEFAULTS["smoke" if smoke else platform])
@@ -123,11 +116,8 @@ def _nearest_first(preferred: int) -> list[int]:
 
 
 def find_competition_data(image_size: int, root: str | os.PathLike | None = None) -> tuple[Path, int] | None:
-    """``(folder with train/ val/ test/, image size)`` of the flower competition, or None.
-
-    Takes ``image_size`` when Kaggle ships it, else the nearest size that is there. Searches
-    ``$KAGGLE_UTILS_DATA`` when set (and then insists on finding the data there), else ``root/input``.
-    """
+    """``(folder with train/ val/ test/, image size)`` of the flower competition (``image_size`` or the nearest
+    size there), or None; searches ``$KAGGLE_UTILS_DATA`` when set (then it must be there), else ``root/input``."""
     requested = os.environ.get(DATA_ENV)
     search = [requested] if requested else [str(kaggle_root(root) / "input")]
     sizes = [image_size] if image_size not in FLOWER_SIZES else []
@@ -151,11 +141,8 @@ def _ported_model(msgpack: Path) -> str | None:
 
 
 def find_weights(model: str | None = None, root: str | os.PathLike | None = None) -> list[Path]:
-    """Ported weights (``NAME.msgpack`` with weights_port's ``NAME.json`` manifest), of ``model`` if given.
-
-    ``$KAGGLE_UTILS_WEIGHTS`` (a file or a folder) replaces the search of ``root/input``; when
-    it is set, finding nothing there is an error rather than a silent None later.
-    """
+    """Ported weights (``NAME.msgpack`` with weights_port's ``NAME.json`` manifest), of ``model`` if given, in
+    ``root/input`` or ``$KAGGLE_UTILS_WEIGHTS`` (a file or a folder, where finding nothing is an error)."""
     requested = os.environ.get(WEIGHTS_ENV)
     if requested:
         base = Path(requested)
@@ -293,11 +280,8 @@ def _smoke(smoke: bool | None, platform: str, data_found: bool) -> tuple[bool, s
 
 def detect(*, model: str | None = None, image_size: int | None = None, smoke: bool | None = None,
            root: str | os.PathLike | None = None) -> Runtime:
-    """Looks at the machine and the inputs; no side effects (no TensorFlow, no printing).
-
-    ``model`` / ``image_size`` override the platform's defaults (the image size then picks which
-    competition folder is used); ``smoke`` overrides both ``$KAGGLE_UTILS_SMOKE`` and the automatic choice.
-    """
+    """Looks at the machine and the inputs, with no side effects. ``model`` / ``image_size`` override the platform's
+    defaults (and pick the competition folder); ``smoke`` overrides ``$KAGGLE_UTILS_SMOKE`` and the automatic choice."""
     root = kaggle_root(root)
     platform = current_platform()
     devices = jax.devices()
@@ -327,9 +311,8 @@ def setup(*, model: str | None = None, image_size: int | None = None, smoke: boo
           root: str | os.PathLike | None = None, quiet: bool = False) -> Runtime:
     """:func:`detect`, then the compilation cache, TensorFlow off the accelerator, ``out_dir`` and the report.
 
-    On a TPU or GPU, TensorFlow (when installed) is imported here with the accelerators hidden
-    from it, after JAX has claimed them, so a later ``import tensorflow`` gets that host-only
-    instance. On a CPU it is left unimported (it costs seconds).
+    On a TPU or GPU, TensorFlow is imported here, after JAX claimed the accelerators, hidden from them, so a
+    later ``import tensorflow`` gets that host-only instance; on a CPU it is left unimported (seconds).
     """
     runtime = detect(model=model, image_size=image_size, smoke=smoke, root=root)
     compilation.enable_cache(runtime.out_dir / "jax_cache")  # kept with the outputs: a restart compiles nothing

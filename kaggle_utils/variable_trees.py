@@ -1,11 +1,8 @@
 """Variable trees: what the training engine and model surgery both need, and nothing of either.
 
-The engine and surgery both name a leaf by its ``/``-joined path (``params/blocks_0_0/conv/kernel``),
-select leaves by regular expressions searched in those paths (one matching nothing is an error: a typo
-would otherwise select nothing unnoticed), initialise variables and freeze some.
+A leaf is named by its ``/``-joined path (``params/blocks_0_0/conv/kernel``) and selected by regular
+expressions; one matching nothing is an error (a typo would otherwise select nothing unnoticed).
 """
-from __future__ import annotations
-
 import difflib
 import functools
 import re
@@ -141,13 +138,10 @@ def resolve_mask(params: Any, frozen: Patterns | Any | Callable) -> Any:
     return frozen(params) if callable(frozen) else frozen
 
 
-def freeze_optimizer(tx: optax.GradientTransformation, frozen: Patterns | Any | Callable
-                     ) -> optax.GradientTransformation:
-    """``tx`` for the trainable leaves; frozen leaves get a zero update and no optimizer state.
-
-    ``frozen``: patterns, a bool mask like the params, or a function of the params returning one. One
-    ``multi_transform`` layout for the engine and ``surgery.freeze``, so either state fits
-    ``surgery.carry_optimizer_state``.
+def freeze_optimizer(tx: "optax.GradientTransformation", frozen: Patterns | Any | Callable
+                     ) -> "optax.GradientTransformation":
+    """``tx`` for the trainable leaves; ``frozen`` leaves (patterns, a mask, or a function of the params giving one)
+    get a zero update and no state. One layout for the engine and ``surgery.freeze``, so either state carries over.
     """
     import optax  # here: the model and checkpoint code import this module and no optimizer library
 

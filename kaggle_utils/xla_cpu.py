@@ -1,12 +1,10 @@
-"""The XLA:CPU compiler option under which the kit's EfficientNet is fast on CPU.
+"""The XLA:CPU compiler option under which the kit's EfficientNet is fast on CPU (bench/README.md).
 
-YNNPACK keeps XLA:CPU's reductions only: its convolutions often run on one core where XLA's use
-both (figures in bench/README.md). XLA reads ``XLA_FLAGS`` when JAX starts its CPU backend, so
-:func:`apply` runs on the first import of ``kaggle_utils``; a user's own setting wins, only measured
-jaxlib releases get it (XLA aborts on an unknown flag), and ``KAGGLE_UTILS_XLA_CPU_TUNING=0`` opts out.
+YNNPACK keeps XLA:CPU's reductions only: its convolutions often run on one core where XLA's use both. XLA
+reads ``XLA_FLAGS`` when JAX starts its CPU backend, so :func:`apply` runs on the first import of
+``kaggle_utils``; a user's setting wins, only measured jaxlib releases get it (XLA aborts on an unknown flag),
+and ``KAGGLE_UTILS_XLA_CPU_TUNING=0`` opts out.
 """
-from __future__ import annotations
-
 import os
 import sys
 import warnings

@@ -1,6 +1,4 @@
 """``python -m weights_port NAME --out FILE.msgpack [--checkpoint FILE] [--num-classes N] [--random]``"""
-from __future__ import annotations
-
 import argparse
 import sys
 

@@ -4,8 +4,6 @@ The Flax tree mirrors timm's module names, so converting is renaming plus layout
 ``blocks.3.11.conv_pw.weight`` -> ``params/blocks_3_11/conv_pw/kernel`` (OIHW -> HWIO), BatchNorm's
 tensors -> ``params/{scale,bias}`` and ``batch_stats/{mean,var}``, Linear ``(out, in)`` -> ``(in, out)``.
 """
-from __future__ import annotations
-
 import re
 from typing import Any, Mapping
 
@@ -84,12 +82,9 @@ def _state_dict_of(model_or_state_dict) -> Mapping[str, Any]:
 
 
 def convert_timm(model_or_state_dict, name: str, *, num_classes: int | None = None) -> dict:
-    """Converts a timm EfficientNet (module or state_dict) into ``{"params", "batch_stats"}``.
-
-    ``num_classes`` defaults to the checkpoint's classifier (21843 for ImageNet-21k weights). The tree is
-    checked against ``create_model(name, num_classes=...)``: a missing, unexpected or mis-shaped key is a
-    :class:`ConversionError`.
-    """
+    """Converts a timm EfficientNet (module or state_dict) into ``{"params", "batch_stats"}``, checked against
+    ``create_model(name, num_classes=...)`` (default: the checkpoint's classifier): a key that does not fit is a
+    :class:`ConversionError`."""
     name = resolve_name(name)
     state_dict = _state_dict_of(model_or_state_dict)
     variables = convert_state_dict(state_dict)

@@ -1,11 +1,8 @@
 """Port a timm EfficientNet to a Flax msgpack: load, convert, verify numerically, then write.
 
-Verification runs timm and Flax on one input in full fp32; the files are written only if the logits
-agree, so a weights file that exists has been checked. Checkpoints are read without unpickling
-arbitrary objects (``torch.load(weights_only=True)`` or safetensors).
+The files are written only if timm's and Flax's fp32 logits agree, so a weights file that exists has been
+checked. Checkpoints are read without unpickling code (``torch.load(weights_only=True)`` or safetensors).
 """
-from __future__ import annotations
-
 import dataclasses
 import platform
 import tempfile

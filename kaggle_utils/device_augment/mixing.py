@@ -1,15 +1,8 @@
-"""Mixup and CutMix with timm's semantics, on the device inside the jitted train step.
+"""Mixup and CutMix with ``timm.data.Mixup``'s semantics, on the device inside the jitted train step.
 
-:func:`mix` follows ``timm.data.Mixup``: per batch or per element (``mode``), mix with probability
-``prob``; with both on, CutMix instead of Mixup with probability ``switch_prob``; lambda from
-``Beta(alpha, alpha)``; a CutMix box of side ``sqrt(1 - lambda)`` clipped to the image, lambda
-corrected to its area (``correct_lam``), or a box of ``cutmix_minmax`` ratios; label smoothing folded
-into the targets as ``mixup_target``. Each row mixes with its partner in the batch reversed over the
-real rows only (``mask``): padding never mixes, and with an odd count the middle row is its own
-partner. Randomness comes only from the key: one per step and per replica.
+Each row mixes with its partner in the batch reversed over the real rows only (``mask``): padding never
+mixes, and with an odd count the middle row is its own partner. Randomness comes only from the key.
 """
-from __future__ import annotations
-
 import dataclasses
 
 import jax
@@ -138,11 +131,8 @@ def _box(key: jax.Array, height: int, width: int, lam: jax.Array, config: MixCon
 
 def mix(key: jax.Array, images: jax.Array, labels: jax.Array, mask: jax.Array | None,
         config: MixConfig) -> tuple[jax.Array, jax.Array]:
-    """Mix one replica's float images ``[B, H, W, C]`` and their labels: ``(images, soft targets [B, C])``.
-
-    ``labels``: integer ``[B]`` or float (soft / multi-hot) ``[B, num_classes]``; ``mask``: bool ``[B]``,
-    False for padding rows (None: all real).
-    """
+    """Mix one replica's float images ``[B, H, W, C]`` and their labels (integer ``[B]`` or float ``[B, C]``):
+    ``(images, soft targets [B, C])``. ``mask``: bool ``[B]``, False for padding rows (None: all real)."""
     if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
         raise ValueError(f"mix takes float images [B, H, W, C] (normalised), got {images.dtype} {images.shape}")
     batch, height, width = images.shape[:3]

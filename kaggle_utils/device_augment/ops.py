@@ -1,13 +1,8 @@
-"""RandAugment's operations in JAX: ``uint8 [H, W, 3] image, level -> uint8 [H, W, 3]``.
+"""RandAugment's operations in JAX: ``uint8 [H, W, 3] image, level in [-1, 1] -> uint8 [H, W, 3]``.
 
-The TF-native ops of :mod:`kaggle_utils.data.randaugment_tf` (``level`` in [-1, 1], the sign a
-direction where there is one), written step for step in the same order so the integer ops and float
-blends round identically and the geometric ops pick the same pixels. Jittable with a traced
-``level``. The five geometric ops are one affine warp each (:data:`WARP_MATRICES`), so a policy runs
-a single warp for whichever of them it drew.
+The TF-native ops of :mod:`kaggle_utils.data.randaugment_tf` step for step, so they round identically and
+pick the same pixels; jittable with a traced ``level``. The geometric ops are one affine warp each.
 """
-from __future__ import annotations
-
 import math
 from typing import Callable
 

@@ -1,15 +1,9 @@
-"""RandAugment on the accelerator: per-image random ops inside the jitted train step.
+"""RandAugment on the accelerator: the TF-native :class:`kaggle_utils.data.RandAugment`'s policy from a JAX key.
 
-The TF-native :class:`kaggle_utils.data.RandAugment`'s policy drawn from a JAX key: per image an
-optional left-right flip, then for each of ``num_ops`` slots an op drawn from ``ops``, a magnitude
-(``m``, or uniform in ``(low, high)``) on imgaug's 0..30 scale and a random sign.
-
-Under ``vmap`` a ``lax.switch`` with a per-image index computes every branch, so the five geometric
-ops share one branch (one warp per slot, not five); ``sequential=True`` (``lax.map``: each image runs
-only its branch, one at a time) is worth it on a CPU, rarely on an accelerator.
+Under ``vmap`` a ``lax.switch`` with a per-image index computes every branch, so the five geometric ops
+share one branch (one warp per slot, not five); ``sequential=True`` (``lax.map``: each image runs only its
+branch) is worth it on a CPU, rarely on an accelerator.
 """
-from __future__ import annotations
-
 import dataclasses
 import numbers
 from typing import Callable, Sequence

@@ -1,8 +1,6 @@
-"""EfficientNet / EfficientNetV2 / Lite in Flax, numerically equal to timm.
+"""EfficientNet / EfficientNetV2 / Lite in Flax, numerically equal to timm; imports only jax, flax and numpy.
 
-``arch`` holds the block strings, the builder and the registry of names, ``layers`` the
-padding/BN/conv rules, ``blocks`` the four block types, ``model`` the network and weight loading.
-Imports only jax, flax and numpy.
+``arch``: block strings, builder, registry; ``layers``: padding/BN/conv rules; ``blocks``; ``model``.
 """
 from .arch import BlockConfig, ModelSpec, build_blocks, get_spec, list_models, pretrained_cfg, resolve_name
 from .layers import LayerCfg, conv2d

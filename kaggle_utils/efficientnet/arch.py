@@ -1,12 +1,8 @@
 """Architecture definitions: timm's block strings, one decoder, one builder, a variant table.
 
-Every variant is data: stages in timm's block-string format (``ir_r2_k3_s2_e6_c24_se0.25``) plus a
-few scalars (width/depth multipliers, stem and head widths, activation, padding, BN epsilon).
-:func:`build_blocks` resolves them into one :class:`BlockConfig` per block with timm's
-``EfficientNetBuilder`` arithmetic, so the modules in ``blocks.py`` never compute a channel count.
+Every variant is data (block strings such as ``ir_r2_k3_s2_e6_c24_se0.25`` and a few scalars);
+:func:`build_blocks` resolves each block's sizes with timm's ``EfficientNetBuilder`` arithmetic.
 """
-from __future__ import annotations
-
 import dataclasses
 import math
 import re

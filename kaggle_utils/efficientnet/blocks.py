@@ -1,8 +1,6 @@
 """The four EfficientNet blocks, named like timm's modules (``conv_pw``, ``bn1``, ``se/conv_reduce``, ...:
 timm's state-dict names, so ``weights_port`` maps weights by a few generic rules). Every size comes
 resolved in a :class:`~kaggle_utils.efficientnet.arch.BlockConfig`."""
-from __future__ import annotations
-
 import jax.numpy as jnp
 from flax import linen as nn
 

@@ -4,8 +4,6 @@ Not Flax's own: timm's ``tf_*`` variants pad as TensorFlow's "SAME" (asymmetric 
 others symmetrically; PyTorch's BatchNorm keeps the *unbiased* running variance (in fp32 here); and
 the lowering of a convolution is chosen per platform (:func:`conv2d`).
 """
-from __future__ import annotations
-
 import dataclasses
 import functools
 import math

@@ -3,8 +3,6 @@
 As in the seed tutorial, a forward with ``batch_stats`` mutable trains (batch statistics, dropout,
 drop path), anything else evaluates; ``train=`` overrides it.
 """
-from __future__ import annotations
-
 import dataclasses
 import json
 from pathlib import Path
@@ -138,11 +136,8 @@ def create_model(name: str, *, num_classes: int = 1000, dtype: Any = jnp.float32
 
 
 def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64) -> dict:
-    """Loads ported weights into ``model``'s variable tree, checking variant and every shape.
-
-    A file's ``classifier`` is dropped when ``model`` has none (a backbone); any other difference (another
-    variant, another ``num_classes``) is a :class:`~kaggle_utils.checkpoint.CheckpointError` naming the keys.
-    """
+    """Ported weights in ``model``'s variable tree; the file's ``classifier`` is dropped for a backbone, any other
+    difference (variant, ``num_classes``) is a :class:`~kaggle_utils.checkpoint.CheckpointError` naming the keys."""
     path = Path(path)
     manifest_file = checkpoint.manifest_path(path)
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else None

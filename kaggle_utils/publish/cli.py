@@ -1,6 +1,4 @@
 """The command line: ``python -m kaggle_utils.publish package|lint``."""
-from __future__ import annotations
-
 import argparse
 import sys
 

@@ -1,12 +1,10 @@
-"""The metadata lint: the traps that make a Kaggle push "succeed" and then do something else (the package
-docstring lists them), and the bootstrap cell's copies.
+"""The metadata lint: the traps that make a Kaggle push "succeed" and then do something else.
 
-The first cell runs before the kit is importable, so it is copied text, and copies drift (an old
-search list finds no kit on Kaggle): the README and every notebook that names ``kaggle_utils`` must
-hold ``runtime.BOOTSTRAP`` verbatim.
+A title whose slug is not the id's, a pinned ``docker_image`` with ``enable_tpu``, ``enable_internet`` left
+out or on with a competition, ``c/`` / ``d/`` / URL source prefixes, a missing ``code_file``, a misspelt
+key; and the bootstrap cell: it runs before the kit is importable, so it is copied text, and copies drift,
+so the README and every notebook naming ``kaggle_utils`` must hold ``runtime.BOOTSTRAP`` verbatim.
 """
-from __future__ import annotations
-
 import json
 import textwrap
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """What Kaggle reads: slugs, titles, ``kernel-metadata.json`` and ``dataset-metadata.json`` of the
 notebooks, the kit and the weights, and the notebook keys that pin an image."""
-from __future__ import annotations
-
 import html
 import json
 import re
@@ -54,11 +52,8 @@ def fold_ascii(text: str) -> str:
 
 
 def slugify(text: str) -> str:
-    """The slug Kaggle derives from a title (its CLI uses python-slugify's defaults).
-
-    python-slugify also transliterates non-Latin scripts (unidecode); this drops them instead,
-    which is why :func:`lint` asks for titles without such letters.
-    """
+    """The slug Kaggle derives from a title (python-slugify's defaults), but non-Latin letters are dropped, not
+    transliterated: why :func:`lint` asks for titles without them."""
     text = re.sub(r"'+", "-", text)  # quotes separate words
     text = fold_ascii(html.unescape(fold_ascii(text))).lower()  # accents fold, HTML entities decode
     text = re.sub(r"'+", "", text)  # a quote an entity decoded to joins
@@ -110,11 +105,8 @@ def dataset_metadata_for_kit(user: str = DEFAULT_USER) -> dict:
 
 
 def dataset_metadata_for_weights(manifests: dict[str, dict], user: str = DEFAULT_USER) -> dict:
-    """Metadata of the weights dataset: ``manifests`` maps each file name to its manifest.
-
-    The license is the weights' own (timm records it) when all files agree on one Kaggle knows;
-    otherwise ``other`` and the description lists each file's license.
-    """
+    """Metadata of the weights dataset (``manifests``: file name -> manifest). Its license is the weights' own when
+    all files agree on one Kaggle knows, else ``other`` (the description lists each file's)."""
     licenses = {str(m.get("pretrained_cfg", {}).get("license") or "unknown").lower() for m in manifests.values()}
     known = {_KAGGLE_LICENSES.get(lic) for lic in licenses}
     license_name = known.pop() if len(known) == 1 and None not in known else "other"
@@ -136,11 +128,8 @@ def dataset_metadata_for_weights(manifests: dict[str, dict], user: str = DEFAULT
 
 
 def strip_pinned_image(notebook: dict) -> list[str]:
-    """Removes ``metadata.kaggle.{dockerImageVersionId,accelerator}`` in place; returns what it removed.
-
-    A notebook downloaded from Kaggle carries the image it last ran on; pushed with it, the
-    kernel is pinned to that (CPU) image even with ``enable_tpu``.
-    """
+    """Removes ``metadata.kaggle.{dockerImageVersionId,accelerator}`` in place (pushed with them, the kernel keeps
+    the image it last ran on, even with ``enable_tpu``); returns what it removed."""
     kaggle_meta = notebook.get("metadata", {}).get("kaggle")
     if not isinstance(kaggle_meta, dict):
         return []

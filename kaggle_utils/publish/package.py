@@ -1,7 +1,5 @@
 """``package``: the upload folders (one per notebook, the kit, the weights), each input checked before
 the first write, each folder moved into place when complete."""
-from __future__ import annotations
-
 import json
 import shutil
 import tempfile
@@ -94,11 +92,8 @@ def _plan(out: Path, notebooks: list[Path], weights: dict, overwrite: bool) -> d
 
 def package(out: str | Path, *, user: str = DEFAULT_USER, notebooks_dir: str | Path | None = None,
             weights: Sequence[str | Path] = (), overwrite: bool = False, repo: str | Path = REPO) -> PackageResult:
-    """Builds the upload folders under ``out`` (see the package docstring), then lints them.
-
-    Every input is checked before the first write; each folder is built beside its target and
-    moved into place when complete. Existing target folders are replaced only with ``overwrite``.
-    """
+    """Builds the upload folders under ``out``, then lints them. Every input is checked before the first write;
+    each folder is built beside its target and moved into place when complete (replacing one: ``overwrite``)."""
     repo, out = Path(repo), Path(out)
     if not OWNER_PATTERN.fullmatch(user):
         raise PackagingError(f"--user {user!r} is not a Kaggle user name (letters, digits, '-' and '_')")

@@ -1,11 +1,8 @@
 """The pictures: ``curves.png`` (loss, scores, learning rate by step, from ``metrics.json``) and ``lr_find.png``.
 
-matplotlib's object interface on an Agg canvas, never ``pyplot``: a run in a notebook must not switch its
-backend or open a window. matplotlib is imported when a picture is drawn (a second at import; a kit without
-it still trains, and the caller says so in one line).
+matplotlib's Agg canvas, never ``pyplot`` (a notebook's backend stays); imported when a picture is drawn,
+so a kit without it still trains.
 """
-from __future__ import annotations
-
 import io
 import math
 from pathlib import Path
@@ -18,7 +15,7 @@ __all__ = ["CURVES_FILE", "LR_FIND_PLOT", "write_curves", "write_lr_find_plot"]
 CURVES_FILE, LR_FIND_PLOT = "curves.png", "lr_find.png"
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     """A matplotlib figure on an Agg canvas (no pyplot: see the module's docstring)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # drawing only: see the module's docstring
     from matplotlib.figure import Figure
@@ -44,7 +41,7 @@ def write_curves(out: str | Path, report: dict, *, title: str | None = None) -> 
     history = report.get("history") or []
     steps = [row["step"] for row in history]
     style = "o-" if len(history) < 30 else "-"
-    figure = _figure(15, 4.2)
+    figure = new_figure(15, 4.2)
     loss_ax, score_ax, lr_ax = figure.subplots(1, 3)
     for column in ("train_loss", "val_loss"):
         if history and column in history[0]:
@@ -81,7 +78,7 @@ def save_png(figure, path: Path) -> Path:
 
 def write_lr_find_plot(out: str | Path, finding) -> Path:
     """``OUT/lr_find.png`` of a :class:`kaggle_utils.run.LrFinding`: raw and smoothed loss, the minimum, the pick."""
-    figure = _figure(7, 4.2)
+    figure = new_figure(7, 4.2)
     ax = figure.subplots()
     ax.plot(finding.lrs, finding.losses, color="C0", alpha=0.3, linewidth=1, label="loss")
     ax.plot(finding.lrs, finding.smoothed, color="C0", label="smoothed loss")

@@ -1,10 +1,6 @@
-"""A run or CV folder in words and pictures: the end of a run, the blocks a run and a prediction end with, and
-``python -m kaggle_utils report OUT``, everything rebuilt from the files a run wrote (``metrics.json``,
-``val_counts.json``): no model, no data. The same lines describe a finished run, a resumed one, or one
-reported later.
+"""A run or CV folder in words and pictures (the end of a run or a prediction, ``report OUT``), rebuilt from the
+files a run wrote, with no model and no data: the same lines for a finished, resumed or later-reported run.
 """
-from __future__ import annotations
-
 import json
 import math
 import re
@@ -146,7 +142,7 @@ def _time_lines(report: dict, wall_s: float | None) -> list[str]:
     parts = [total]
     if "compile_s" in report and report["compile_s"] is not None:
         parts.append(f"compile {_duration(report['compile_s'])}")
-    if report.get("checkpoint_s") is not None:  # pulling the state, waiting for a previous write: the rest is a thread's
+    if report.get("checkpoint_s") is not None:  # the training thread's part; the writes are a background thread's
         parts.append(f"checkpoints {report['checkpoint_s']:.1f} s of the training thread")
     if seconds:
         unit = "epoch" if len({row["epoch"] for row in history}) == len(history) else "evaluation interval"

@@ -1,10 +1,8 @@
 """What a ``tune`` study found, from ``OUT/tune.json``: the block the command ends with, ``importance.png``."""
-from __future__ import annotations
-
 import json
 from pathlib import Path
 
-from .curves import save_png
+from .curves import new_figure, save_png
 
 __all__ = ["IMPORTANCE_FILE", "tune_lines", "write_importance"]
 
@@ -15,9 +13,7 @@ def write_importance(out: str | Path, importance: dict, monitor: str) -> Path | 
     """A bar per searched flag: how much of the objective's variance it explains (Optuna's fANOVA); None: no bars."""
     if not importance:
         return None
-    from matplotlib.figure import Figure  # drawn as the run's curves are: no pyplot
-
-    figure = Figure(figsize=(6, 1 + 0.4 * len(importance)))
+    figure = new_figure(6, 1 + 0.4 * len(importance))
     axes = figure.add_subplot()
     axes.barh(list(importance)[::-1], list(importance.values())[::-1])
     axes.set_xlabel(f"importance for {monitor} (Optuna's fANOVA)")

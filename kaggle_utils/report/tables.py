@@ -1,12 +1,6 @@
-"""``per_class.csv`` and the counts it is made from (``val_counts.json``), with no model and no data.
-
-A class's precision, recall, F1 and the class it is taken for all follow from the best checkpoint's
-validation counts (a confusion matrix, or a multi-label task's TP / FP / FN), stored once by the run.
+"""``per_class.csv`` and the counts it is made from (``val_counts.json``: the best evaluation's confusion matrix,
+or a multi-label task's TP / FP / FN, stored once by the run), with no model and no data.
 """
-from __future__ import annotations
-
-import csv
-import io
 import json
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -14,7 +8,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import checkpoint
-from ..metrics import per_class_f1, precision_recall
+from ..metrics import class_scores, confusion_scores
 
 __all__ = ["COUNTS_FILE", "PER_CLASS_FILE", "confusion_rows", "counts_record", "multilabel_rows", "read_counts",
            "write_counts", "write_per_class", "write_per_class_from_counts"]
@@ -70,8 +64,7 @@ def confusion_rows(confusion, class_names: Sequence[str] = ()) -> list[dict]:
     were most often taken for (the first on a tie; empty when none was)."""
     confusion = np.asarray(confusion, np.int64)
     names = _names(class_names, len(confusion))
-    precision, recall = precision_recall(confusion)
-    f1 = per_class_f1(confusion)
+    precision, recall, f1 = confusion_scores(confusion)
     mistakes = confusion - np.diag(np.diag(confusion))
     rows = []
     for c, name in enumerate(names):
@@ -88,21 +81,15 @@ def multilabel_rows(tp, fp, fn, class_names: Sequence[str] = ()) -> list[dict]:
     is no "taken for another class" column."""
     tp, fp, fn = (np.asarray(v, np.float64) for v in (tp, fp, fn))
     names = _names(class_names, len(tp))
-    precision = np.divide(tp, tp + fp, out=np.zeros_like(tp), where=tp + fp > 0)
-    recall = np.divide(tp, tp + fn, out=np.zeros_like(tp), where=tp + fn > 0)
-    f1 = np.divide(2 * tp, 2 * tp + fp + fn, out=np.zeros_like(tp), where=2 * tp + fp + fn > 0)
+    precision, recall, f1 = class_scores(tp, fp, fn)
     return [{"class": c, "name": name, "support": int(tp[c] + fn[c]), "precision": precision[c],
              "recall": recall[c], "f1": f1[c], "predicted": int(tp[c] + fp[c])} for c, name in enumerate(names)]
 
 
 def _write_rows(out: Path, rows: list[dict], columns: Sequence[str]) -> Path:
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()})
     path = Path(out) / PER_CLASS_FILE
-    checkpoint.atomic_write_text(path, text.getvalue())
+    checkpoint.atomic_write_csv(path, columns, [{k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()}
+                                                for row in rows])
     return path
 
 

@@ -1,10 +1,8 @@
 """Model surgery for Flax: reshape a pretrained network without losing what it learned.
 
-Flax keeps a model's definition (a ``Module``) apart from its variables, so every PyTorch habit
-(swap the head, load what fits, freeze the backbone) is two moves: change the module, then carry
-over the variables that still fit (:func:`inherit`: every leaf whose path and shape match). It all
-works on variable trees and module fields, so on any Flax model. Every operation returns a report
-(``print`` it); bad input is a :class:`SurgeryError` naming what and where, never a silent no-op.
+Flax keeps a model's definition apart from its variables, so every PyTorch habit (swap the head, load what
+fits, freeze the backbone) is two moves: change the module, then :func:`inherit` every leaf whose path and
+shape still match. Works on any Flax model; every operation returns a report (``print`` it).
 """
 from ..variable_trees import (VariableTreeError, flatten, freeze_mask, freeze_optimizer, init_variables, shapes,
                               unflatten)

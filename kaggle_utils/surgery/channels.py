@@ -1,6 +1,4 @@
 """Input channels: an RGB model's stem changed for grey or multi-band images, as timm does."""
-from __future__ import annotations
-
 import dataclasses
 import math
 
@@ -39,10 +37,9 @@ def adapt_input_channels(variables: dict, in_chans: int, *, kernel: Patterns | N
                          ) -> tuple[dict, ChannelReport]:
     """The stem convolution of an RGB model changed for ``in_chans`` input channels, as timm does.
 
-    1 channel: the kernel summed over RGB (a grey image gives what its RGB copy gave); more: the RGB
-    kernel repeated and scaled by ``3 / in_chans``. The module needs no change (its convolutions read
-    the width from the input). ``kernel``: the stem's pattern, when it is not the only 4-D kernel
-    with 3 input channels.
+    1 channel: the kernel summed over RGB (a grey image gives what its RGB copy gave); more: the RGB kernel
+    repeated, scaled by ``3 / in_chans``. ``kernel``: the stem's pattern, when it is not the only 4-D kernel
+    with 3 input channels. The module needs no change (its convolutions read the width from the input).
     """
     if in_chans < 1:
         raise VariableTreeError(f"adapt_input_channels: in_chans must be >= 1, got {in_chans}")

@@ -1,11 +1,8 @@
 """Freezing a part of a model: no update, no optimizer state, and BatchNorm in inference mode.
 
-The mask and the optimizer wrapper are the engine's too (:mod:`kaggle_utils.variable_trees`); here is
-what only a user's model needs: BatchNorm of the frozen part in inference mode, :func:`freeze` (all of
-it, with a report) and :func:`carry_optimizer_state` for unfreezing.
+The mask and optimizer wrapper are the engine's too (:mod:`kaggle_utils.variable_trees`); here is what only a
+user's model needs: BatchNorm in inference mode, :func:`freeze` and :func:`carry_optimizer_state`.
 """
-from __future__ import annotations
-
 import dataclasses
 import inspect
 from typing import Any, Callable, NamedTuple
@@ -20,11 +17,8 @@ from .inheritance import InheritReport, inherit
 
 def carry_optimizer_state(opt_state: Any, tx: optax.GradientTransformation, params: Any
                           ) -> tuple[Any, InheritReport]:
-    """The state of ``tx`` (e.g. with fewer leaves frozen) taking over all that fits from ``opt_state``.
-
-    Optimizer state is per leaf, so unfreezing initialises only the newly trained leaves' state (the
-    report's ``new``); the moments of the parts already training and the step count carry over.
-    """
+    """The state of ``tx`` (e.g. with fewer leaves frozen) taking over all that fits from ``opt_state``: only the
+    newly trained leaves start fresh (the report's ``new``); the other moments and the step count carry over."""
     return inherit(opt_state, tx.init(params))
 
 
@@ -76,11 +70,9 @@ def _batchnorm_interceptor(frozen_modules: frozenset[str]):
 
 @dataclasses.dataclass(frozen=True)
 class FrozenBatchNorm:
-    """``model`` whose BatchNorm layers with frozen parameters always run in inference mode.
-
-    As ``module.eval()`` on a frozen part in PyTorch: a frozen backbone's ``batch_stats`` stay
-    bit-identical. Same ``init`` / ``apply`` as ``model``, other attributes are ``model``'s; done with
-    ``nn.intercept_methods`` on the types in ``BATCHNORM_INFERENCE``, so no model code changes.
+    """``model`` whose BatchNorm layers with frozen parameters always run in inference mode (PyTorch's ``.eval()``
+    on a frozen part: its ``batch_stats`` stay bit-identical), by ``nn.intercept_methods`` on the types in
+    ``BATCHNORM_INFERENCE``, so no model code changes. Other attributes are ``model``'s.
     """
 
     model: Any

@@ -1,6 +1,4 @@
 """A classifier head on any backbone, optionally padded to a TPU-friendly width."""
-from __future__ import annotations
-
 from typing import Any, Callable
 
 import jax
@@ -31,10 +29,9 @@ def _zero_columns_from(init: Callable, first: int) -> Callable:
 class ClassifierHead(nn.Module):
     """Any backbone + global average pooling + dropout + a Dense ``classifier``.
 
-    ``pad_to``: the Dense is ``padded_width(num_classes, pad_to)`` wide (128 on TPU); the extra logits
-    start at zero and the steps use only the first ``num_classes`` columns, so a padded model trains
-    exactly as an unpadded one. ``num_features``: the backbone's width, checked when given. As the
-    kit's models, a forward with ``batch_stats`` mutable trains; ``train=`` overrides it (and is passed on).
+    ``pad_to``: the Dense is ``padded_width(num_classes, pad_to)`` wide (128 on TPU); the extra logits start
+    at zero and the steps read only the first ``num_classes``, so a padded model trains as an unpadded one.
+    ``num_features``: the backbone's width, checked when given. ``train=`` overrides the mutable-stats rule.
     """
 
     backbone: nn.Module
@@ -78,10 +75,8 @@ def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int,
                 dtype: Any = jnp.float32, seed: int = 0, head_init: str = "zeros") -> ModelAndVariables:
     """A :class:`ClassifierHead` on ``backbone``: a fresh head, the backbone's variables unchanged.
 
-    ``backbone_variables`` must fit ``backbone`` exactly (a leaf left at its random init would be a
-    silent accident). Only the classifier is initialised, so a large backbone costs no init.
-    ``head_init``: ``"zeros"`` (fine-tuning: the first loss is ln C and random logits do not push the
-    pretrained features around) or ``"random"`` (the Dense's own initialiser).
+    ``backbone_variables`` must fit ``backbone`` exactly; only the classifier is initialised. ``head_init``:
+    ``"zeros"`` (the first loss is ln C, so random logits do not push pretrained features around) or ``"random"``.
     """
     num_features = num_features or getattr(backbone, "num_features", None)
     head = ClassifierHead(backbone, num_classes, drop_rate=drop_rate, pad_to=pad_to, num_features=num_features,

@@ -1,7 +1,5 @@
 """Inheritance: a changed model starts from a trained one by taking every leaf that still fits; the other
 operations (rewire, heads, carrying optimizer state over) are built on it."""
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, Sequence
 
@@ -55,12 +53,10 @@ def _nesting_hint(parent: Sequence[str], child: Sequence[str]) -> str:
 
 
 def inherit(parent: Any, child: Any, *, reinit: Patterns = ()) -> tuple[Any, InheritReport]:
-    """``child`` with every leaf whose path and shape match taken from ``parent``; and a report.
+    """``child`` with every leaf whose path and shape match taken from ``parent`` (in the child's dtype); a report.
 
-    Leaves only in the child, or of another shape, keep the child's fresh init; ``reinit`` patterns
-    keep matching child leaves fresh even when they fit (a classifier for other classes of the same
-    count). Values take the child's dtype. Any pair of pytrees with matching paths works (variables,
-    params, optimizer states); nothing at all to inherit is a :class:`VariableTreeError`.
+    Other leaves keep the child's fresh init, as do those ``reinit`` matches (a classifier for other classes of
+    the same count). Any pytrees work (variables, optimizer states); nothing to inherit is an error.
     """
     parent_flat = flatten(parent)
     child_flat = flatten(child)

@@ -1,6 +1,4 @@
 """Looking inside a model: intermediate features, parameter counts, FLOPs; and casting its variables."""
-from __future__ import annotations
-
 import dataclasses
 import re
 from typing import Any
@@ -33,11 +31,8 @@ def _intermediate_name(path: str) -> str:
 
 
 def extract_features(model, variables: dict, x, patterns: Patterns) -> dict[str, jax.Array]:
-    """Intermediate activations of an evaluation forward: ``{module path or sown name: array}``.
-
-    ``patterns`` select module paths (each matching module's ``__call__`` output, via Flax's
-    ``capture_intermediates``) and values sown into ``intermediates`` (the kit's EfficientNet sows ``stage_{i}``).
-    """
+    """Intermediate activations of an evaluation forward, ``{module path or sown name: array}``: ``patterns`` select
+    modules' ``__call__`` outputs and values sown into ``intermediates`` (the kit's EfficientNet sows ``stage_{i}``)."""
 
     def forward(capture):
         def run(v, x):

@@ -1,6 +1,4 @@
 """Variants of a model: other fields, another block layout, another classifier, its variables inherited."""
-from __future__ import annotations
-
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -47,9 +45,8 @@ def rewire(model: nn.Module, variables: dict, sample_input, *, child: nn.Module 
            reinit: Patterns = (), seed: int = 0, **changes) -> ModelAndVariables:
     """A variant of ``model`` (``child``, or ``model`` with ``changes``) that inherits all that fits.
 
-    E.g. ``rewire(model, variables, x, act="gelu")``, another stage layout via ``arch_def=...``, or any
-    module built by hand as ``child``. The report lists what was inherited, what is new and what no
-    longer fits; when every leaf is inherited, nothing is initialised (nor compiled).
+    E.g. ``rewire(model, variables, x, act="gelu")``, ``arch_def=...``, or any module built by hand as
+    ``child``; when every leaf is inherited, nothing is initialised (nor compiled).
     """
     if (child is None) == (not changes):
         raise VariableTreeError("rewire: give either child= or field changes, exactly one of the two")

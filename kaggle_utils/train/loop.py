@@ -1,15 +1,9 @@
 """``fit``: training steps with actions at intervals: log, evaluate, checkpoint, stop early.
 
-An epoch is ``steps_per_epoch`` steps over ``train_batches(epoch)``, a *function* of the epoch, so a resumed
-run rebuilds the interrupted one's data order and skips the batches it already trained on. Every
-``log_every`` steps the summed metrics are pulled (one sync per log, never one per step) for the writers;
-an evaluation (default: each epoch end) adds a history row of the task's ``train_``/``val_`` metrics; at
-each evaluation and every ``checkpoint_every`` steps the state is pulled to the host and saved by a
-background thread (:class:`~.run_dir.RunFolder`). Nothing diverged is saved (:class:`TrainingDiverged`).
-``hooks`` run user code at the points of a run (:class:`Hook`, or functions called after each evaluation).
+``train_batches(epoch)`` is a *function* of the epoch, so a resumed run rebuilds the interrupted one's data
+order and skips what it trained on. Metrics are pulled once per log, never per step; checkpoints are
+written by a background thread (:class:`~.run_dir.RunFolder`); nothing diverged is saved.
 """
-from __future__ import annotations
-
 import dataclasses
 import itertools
 import math

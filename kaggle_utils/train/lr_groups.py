@@ -1,22 +1,11 @@
-"""Learning rates per part of a network: layer-wise decay and a classifier multiplier.
+"""Learning rates per part of a network: layer-wise decay (timm's ``--layer-decay``) and a classifier multiplier.
 
-Fine-tuning a pretrained backbone with one rate either under-trains the new classifier or
-damages the early features, which transfer best and so should move least (timm's
-``--layer-decay``, fastai's discriminative rates). The model describes its parts, input to output,
-as ``(group, regex of a parameter path's first name, depth)`` (``EfficientNet.lr_parts``); each
-parameter gets the group of the first part its path matches, a part at depth ``d`` learns at
-``lr x D ** (last - d)``, and the last part (the classifier) also by ``head_lr_mult``.
-:func:`scale_by_tree` multiplies each leaf's AdamW update by its group's multiplier.
-
-Scaling the update after AdamW is the same as a per-group learning rate: AdamW's moments do not
-depend on the rate, and its decoupled decay is multiplied by the rate, so a group's decay
-shrinks with its rate as with timm's per-group ``lr`` (torch's AdamW: ``p -= lr * wd * p``).
-EfficientNet's parts are its stages (timm's ``coarse=True``), not its blocks: per block, the stem of
-``tf_efficientnetv2_s`` (40 blocks) would learn at ``0.75 ** 41 ~ 7e-6`` of the rate, and D would mean
-something different for every variant.
+Early features transfer best and should move least; a new classifier needs the full rate. The model lists
+its parts, input to output, as ``(group, regex of a path's first name, depth)`` (``EfficientNet.lr_parts``:
+its stages, timm's ``coarse=True``); a part at depth ``d`` learns at ``lr x D ** (last - d)``, the last also
+by ``head_lr_mult``. Scaling AdamW's update equals a per-group rate: its moments do not depend on the rate
+and its decoupled decay is multiplied by it, as with timm's per-group ``lr``.
 """
-from __future__ import annotations
-
 import math
 import re
 from typing import Any, Mapping, NamedTuple, Sequence

@@ -2,9 +2,8 @@
 a terminal, none in a notebook without ``ipywidgets`` (nbmake), where ``tqdm.auto``'s text fallback would
 leave carriage-return fragments in the saved output and the loop's line per evaluation is the progress.
 """
-from __future__ import annotations
-
 import functools
+import importlib.util
 
 __all__ = ["progress_bar"]
 
@@ -25,9 +24,7 @@ def _bar_class():
         from tqdm.std import tqdm
 
         return tqdm
-    try:
-        import ipywidgets  # noqa: F401  (tqdm.notebook needs it to draw)
-    except ImportError:
+    if importlib.util.find_spec("ipywidgets") is None:  # tqdm.notebook needs it to draw
         return None
     from tqdm.notebook import tqdm
 

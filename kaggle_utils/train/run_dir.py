@@ -1,15 +1,9 @@
-"""The files of a run folder: ``last.msgpack`` (state, history, the training sums since the last row: all a
-resume needs; with ``keep > 1`` the previous ones stay as ``ckpt-STEP`` hard links), ``best.msgpack`` (the
-best evaluation's variables), ``metrics.json`` and ``history.csv``; reading them back.
+"""The files of a run folder: ``last.msgpack`` (all a resume needs; with ``keep > 1`` the previous ones stay as
+``ckpt-STEP`` hard links), ``best.msgpack``, ``metrics.json``, ``history.csv``; reading them back.
 
-Process 0 writes each file atomically beside a manifest (:mod:`kaggle_utils.checkpoint`), from host copies,
-in a background thread, in an order a kill cannot break: ``best`` before ``last`` (a resume redoes that
-interval), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
+Process 0 writes them in a background thread in an order a kill cannot break: ``best`` before ``last`` (a
+resume redoes that interval), the old ``last`` linked as a ``ckpt`` before the new one replaces it.
 """
-from __future__ import annotations
-
-import csv
-import io
 import json
 import math
 import os
@@ -37,11 +31,8 @@ def _clean(row: dict | None) -> dict | None:
 
 
 class RunFolder:
-    """The folder :func:`~kaggle_utils.train.fit` writes: what it saves at a save point, in order, off the loop's thread.
-
-    ``manifest`` goes into each checkpoint's JSON, ``report`` into ``metrics.json``. Every process may read
-    (resume); only ``write=True`` (process 0) writes.
-    """
+    """The folder :func:`~kaggle_utils.train.fit` writes, off its thread: ``manifest`` goes into each checkpoint's
+    JSON, ``report`` into ``metrics.json``. Every process may read (resume); only ``write=True`` writes."""
 
     def __init__(self, path, columns: Sequence[str], *, monitor: str, keep: int, manifest: dict | None = None,
                  report: dict | None = None, write: bool = True):
@@ -51,10 +42,8 @@ class RunFolder:
 
     def save(self, state, history: list[dict], pending: dict | None, *, epoch: int, best: dict | None = None,
              reports: dict | None = None) -> None:
-        """Queues ``best`` (its row, when it just improved), ``last``, then the reports (their fields, if given).
-
-        Waits for the previous save first; ``state`` and ``pending`` are host trees the loop no longer changes.
-        """
+        """Queues ``best`` (its row, when it just improved), ``last``, then the reports (their fields, if given),
+        after the previous save; ``state`` and ``pending`` are host trees the loop no longer changes."""
         if self.write:
             self.writes.submit(self._save, state, list(history), pending, epoch, best, reports)
 
@@ -86,11 +75,7 @@ class RunFolder:
         report = {"monitor": self.monitor, "best": _clean(best), "stop_reason": stop_reason,
                   "history": [_clean(row) for row in history], **self.report, **extra}
         checkpoint.atomic_write_text(self.path / "metrics.json", json.dumps(report, indent=2, allow_nan=False) + "\n")
-        text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=list(self.columns), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(history)
-        checkpoint.atomic_write_text(self.path / "history.csv", text.getvalue())
+        checkpoint.atomic_write_csv(self.path / "history.csv", self.columns, history)
 
 
 def previous_checkpoints(out_dir: Path) -> list[Path]:

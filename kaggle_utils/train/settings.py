@@ -1,8 +1,6 @@
 """What :func:`~kaggle_utils.train.fit` does when, and how it judges an evaluation: one small checked object that
 a run's config maps onto (:func:`kaggle_utils.run.fit_settings`), refusing a bad value before anything compiles.
 """
-from __future__ import annotations
-
 import dataclasses
 import math
 

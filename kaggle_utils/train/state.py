@@ -1,12 +1,8 @@
 """The training state: everything a step reads and writes, a pytree of arrays only (replicated, donated, saved).
 
-``params``, ``batch_stats`` and ``opt_state`` stay float32 whatever the compute dtype (bf16 optimizer moments
-lose small updates: one of the seed tutorial's mistakes). ``rng`` never changes: a step's keys come from
-``(rng, step, replica)``, so a resumed run draws the keys the uninterrupted one would. ``ema_params`` and
-``loss_scale`` (fp16's dynamic scale, :mod:`kaggle_utils.precision`) are ``None`` unless wanted.
+Weights and optimizer state stay float32 whatever the compute dtype (bf16 moments lose small updates). ``rng``
+never changes: keys come from ``(rng, step, replica)``, so a resumed run draws the uninterrupted one's keys.
 """
-from __future__ import annotations
-
 from typing import Any
 
 import jax

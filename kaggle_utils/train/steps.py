@@ -1,17 +1,11 @@
 """Train / eval / predict steps, written once per replica, run under pmap or jit + shard_map.
 
-Each step sees one replica's slice of the batch and reduces over the axis ``"data"`` (``lax.psum`` /
-``lax.pmean``: gradients, BatchNorm statistics, metric sums). :func:`make_steps` wraps the same functions
-as ``jax.pmap`` (the seed tutorial's way; a leading device axis) or ``jax.jit(jax.shard_map(...))`` (what
-JAX recommends now; replicated global arrays). ``shard_map`` runs with ``check_vma=False``: with the check
-on, JAX sums an unvarying parameter's gradient across replicas on its own and the explicit ``psum`` would
-count it twice. Losses are sums over real examples divided by the *global* count of real examples, so
-padding never counts and, with synchronised BatchNorm, a step on 8 devices equals one on a device with the
-same global batch. What is optimised and measured is the :class:`~kaggle_utils.train.tasks.Task`; device
-augmentation and mixing get a per-step, per-replica key.
+Each step sees one replica's slice and reduces over the axis ``"data"`` (gradients, BatchNorm statistics,
+metric sums). ``shard_map`` runs with ``check_vma=False``: with the check on, JAX sums an unvarying
+parameter's gradient across replicas itself and the explicit ``psum`` would count it twice. Losses are sums
+over real examples divided by the *global* real count, so padding never counts and a step on 8 devices
+equals one on a device with the same global batch.
 """
-from __future__ import annotations
-
 import dataclasses
 import functools
 from typing import Any, Callable

@@ -1,14 +1,9 @@
 """Tasks: what a step optimises and what a split is scored by, kept out of the step itself.
 
-A task turns a batch's ``label`` into float targets ``[B, C]`` (labels, multi-hot rows, mixed targets),
-gives a per-example loss, and scores a split in two halves: ``metric_sums`` inside the jitted step (*sums*
-over real examples, which add up exactly across batches, devices and hosts: a mean of per-batch F1 scores
-is not the split's F1) and ``finish`` on the host (accuracy, top-5, macro F1, user metrics of the sums).
-Built in: :class:`SoftmaxClassification` (the default), :class:`FocalClassification`,
-:class:`MultiLabelClassification` (sigmoid BCE, one decision per class).
+A task gives float targets ``[B, C]``, a per-example loss, and scores a split in two halves: ``metric_sums``
+in the jitted step (*sums* over real examples, exact across batches, devices and hosts: a mean of per-batch
+F1 scores is not the split's F1) and ``finish`` on the host.
 """
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Callable, ClassVar, Mapping
@@ -38,8 +33,14 @@ def _smooth(targets: jax.Array, smoothing: float) -> jax.Array:
     return targets * (1.0 - smoothing) + smoothing / num_classes
 
 
-def _masked_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
-    return jnp.sum(jnp.where(mask, values, 0.0))
+def _sums(loss: jax.Array, correct: jax.Array, mask: jax.Array) -> dict:
+    """The sums every task keeps: of the real rows' losses, correct rows and real rows."""
+    return {"loss_sum": jnp.sum(jnp.where(mask, loss, 0.0)), "correct": jnp.sum(correct & mask, dtype=jnp.int32),
+            "count": jnp.sum(mask, dtype=jnp.int32)}
+
+
+def _ratio(value, count: int) -> float:
+    return float(value) / count if count else float("nan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +97,8 @@ class Task:
         return out
 
     def _finish(self, sums: Mapping[str, np.ndarray]) -> dict[str, float]:
-        raise NotImplementedError
+        count = int(sums["count"])
+        return {"loss": _ratio(sums["loss_sum"], count), "acc": _ratio(sums["correct"], count)}
 
     def metric_names(self, *, full: bool) -> tuple[str, ...]:
         """The names :meth:`finish` produces for a train window (``full=False``) or an evaluation."""
@@ -123,14 +125,6 @@ class Task:
         return "min" if name in lower else "max"
 
 
-def _count(sums) -> int:
-    return int(sums["count"])
-
-
-def _ratio(value, count: int) -> float:
-    return float(value) / count if count else float("nan")
-
-
 @dataclasses.dataclass(frozen=True)
 class SoftmaxClassification(Task):
     """One class per image: softmax cross-entropy; accuracy, top-5 and macro F1 (the flower metric)."""
@@ -150,10 +144,7 @@ class SoftmaxClassification(Task):
         num_classes = logits.shape[-1]
         hard = labels if labels.ndim == 1 else jnp.argmax(labels, -1)  # mixed rows count as their main label
         preds = jnp.argmax(logits, -1)
-        loss = self._losses(logits, labels, losses)
-        sums = {"loss_sum": _masked_sum(loss, mask),
-                "correct": jnp.sum((preds == hard) & mask, dtype=jnp.int32),
-                "count": jnp.sum(mask, dtype=jnp.int32)}
+        sums = _sums(self._losses(logits, labels, losses), preds == hard, mask)
         if full:
             if num_classes > self.top_k:
                 top = _top_k_hits(logits, hard, self.top_k)
@@ -162,10 +153,9 @@ class SoftmaxClassification(Task):
         return sums
 
     def _finish(self, sums):
-        count = _count(sums)
-        out = {"loss": _ratio(sums["loss_sum"], count), "acc": _ratio(sums["correct"], count)}
+        out = super()._finish(sums)
         if "top_k_correct" in sums:
-            out[f"top{self.top_k}"] = _ratio(sums["top_k_correct"], count)
+            out[f"top{self.top_k}"] = _ratio(sums["top_k_correct"], int(sums["count"]))
         if "confusion" in sums:
             out["f1"] = macro_f1(sums["confusion"])
         return out
@@ -196,9 +186,8 @@ class FocalClassification(SoftmaxClassification):
 class MultiLabelClassification(Task):
     """Several labels per image (multi-hot ``label`` rows): sigmoid BCE, one decision per class (``threshold``).
 
-    The loss is the mean over classes (timm's ``BinaryCrossEntropy``), so its scale does not
-    grow with the class count. Metrics: exact-match accuracy, macro F1 over the classes that
-    occur (scikit-learn's rule) and micro F1.
+    The loss is the mean over classes (timm's ``BinaryCrossEntropy``): its scale does not grow with the class
+    count. Metrics: exact-match accuracy, macro F1 (scikit-learn's rule), micro F1.
     """
 
     threshold: float = 0.5
@@ -222,11 +211,8 @@ class MultiLabelClassification(Task):
     def metric_sums(self, logits, labels, mask, *, full, losses=None):
         truth = labels > 0.5
         preds = logits > math.log(self.threshold / (1.0 - self.threshold))  # sigmoid(x) > t without the sigmoid
-        loss = self._losses(logits, labels, losses)
         real = mask[:, None]
-        sums = {"loss_sum": _masked_sum(loss, mask),
-                "correct": jnp.sum(jnp.all(preds == truth, axis=-1) & mask, dtype=jnp.int32),
-                "count": jnp.sum(mask, dtype=jnp.int32)}
+        sums = _sums(self._losses(logits, labels, losses), jnp.all(preds == truth, axis=-1), mask)
         if full:
             sums["tp"] = jnp.sum(preds & truth & real, axis=0, dtype=jnp.int32)
             sums["fp"] = jnp.sum(preds & ~truth & real, axis=0, dtype=jnp.int32)
@@ -234,8 +220,7 @@ class MultiLabelClassification(Task):
         return sums
 
     def _finish(self, sums):
-        count = _count(sums)
-        out = {"loss": _ratio(sums["loss_sum"], count), "acc": _ratio(sums["correct"], count)}
+        out = super()._finish(sums)
         if "tp" in sums:
             out["f1"], out["micro_f1"] = multilabel_f1(sums["tp"], sums["fp"], sums["fn"])
         return out

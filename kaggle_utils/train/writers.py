@@ -1,12 +1,8 @@
 """Metric writers: where the loop's scalars go besides ``metrics.json``: TensorBoard, Weights & Biases, yours.
 
-A writer is any object with ``write(step, scalars)`` (and optionally ``close()``, called by its owner): at
-every log step (``train/loss``, ``lr``, ``grad_norm``, ...), after every evaluation (``val/f1``,
-``train_epoch/loss``, ``epoch``, ...) and at the end (``best/val_f1``, ...), with host floats: a writer
-never forces a device sync.
+A writer is any object with ``write(step, scalars)`` (and optionally ``close()``, called by its owner); it gets
+host floats at each log, evaluation and the end (``best/...``), so it never forces a device sync.
 """
-from __future__ import annotations
-
 import csv
 import math
 import netrc
@@ -132,11 +128,9 @@ def wandb_offline_reason() -> str | None:
 
 
 class WandbWriter:
-    """The run on Weights & Biases: its config, every scalar the loop writes and, when closed, the run folder's
-    ``curves.png`` and ``per_class.csv`` (and ``best.msgpack`` as an artifact with ``artifact``).
-
-    The run lives in ``out_dir/wandb/``. Where W&B's server is out of reach (:func:`wandb_offline_reason`)
-    and ``WANDB_MODE`` is not set, it runs offline and says where the run is and how to upload it later.
+    """The run on Weights & Biases (in ``out_dir/wandb/``): config, scalars and, when closed, ``curves.png``,
+    ``per_class.csv`` (and ``best.msgpack`` with ``artifact``). Offline, with how to upload later, where the
+    server is out of reach (:func:`wandb_offline_reason`) and ``WANDB_MODE`` is not set.
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, project: str, config: Mapping[str, Any], name: str | None = None,
