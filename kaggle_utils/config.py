@@ -7,8 +7,6 @@ flags, and both hand it to :mod:`kaggle_utils.run`. A field's type, default and 
 and a section's rules in its ``_rules``: :meth:`TrainConfig.check` refuses the others, naming the flag,
 before a run writes anything. ``--resume`` compares ``config.json`` field by field (:func:`differences`).
 """
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import json

@@ -4,8 +4,6 @@ Flags in (``train``, ``cv`` and ``plan`` take :class:`~kaggle_utils.config.Train
 :mod:`kaggle_utils.run.target_plan`), words out: each command ends with a summary block, and every way it can
 stop is one line and an exit code.
 """
-from __future__ import annotations
-
 import argparse
 import errno
 import json

@@ -8,8 +8,6 @@ and those of ``dtype``, ``drop_rate``, ``drop_path_rate``, ``bn_axis_name``, ``r
 the module as ``apply(variables, images)`` to evaluate and with ``mutable=["batch_stats"]`` and a ``dropout``
 rng to train: ``self.is_mutable_collection("batch_stats")`` tells the two apart, as in the EfficientNet.
 """
-from __future__ import annotations
-
 import dataclasses
 import functools
 import inspect

@@ -1,6 +1,4 @@
 """What a resolved run is built from and of: its :class:`Plan`; model, variables, optimizer, steps, state; datasets."""
-from __future__ import annotations
-
 import dataclasses
 import functools
 import math

@@ -12,8 +12,6 @@ std, the pooled out-of-fold scores) and, with a test split, the fold models' mea
 group in one fold (:mod:`.folds`). Records are named by their ``id`` feature when every
 pool record has a unique one, else by ``split/file#index``.
 """
-from __future__ import annotations
-
 import contextlib
 import csv
 import dataclasses

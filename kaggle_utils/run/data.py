@@ -6,8 +6,6 @@ split's ids present, unique and as many as its file names promise, and a convert
 the files as they are now. A conversion is staged in ``OUT/.data.staging`` and becomes ``OUT/data`` only
 once the run is accepted (:func:`commit_conversion`), so a refused run leaves the folder as it was.
 """
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import re

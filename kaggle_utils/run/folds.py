@@ -9,8 +9,6 @@ run's id column: a CSV ``--source``'s own ``COLUMN``, or ``--fold-group-file CSV
 class folders or tfds). The file, both columns, an empty or conflicting group and records whose id the file
 lacks are all refused, named, before anything is written.
 """
-from __future__ import annotations
-
 import csv
 import dataclasses
 import io

@@ -4,8 +4,6 @@ Unlike ``--weights`` (ported weights, a new head) and ``--resume`` (the same run
 stage at a larger size, more epochs, a lower rate, another split. The parent's model and classes must be
 this run's; config.json records its path.
 """
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

@@ -8,8 +8,6 @@ curve that never falls ``MIN_DROP`` below its start picks nothing and the defaul
 bench/README.md, "Learning rate of a short fine-tune". The found rate is the run's ``lr`` in ``config.json``,
 with a note (``lr_find``) that ``--resume`` reads instead of testing again.
 """
-from __future__ import annotations
-
 import contextlib
 import csv
 import dataclasses

@@ -28,8 +28,6 @@ strictly inside the bracket of "fits" and "does not fit", and two probes in a ro
 switch to doubling or bisection, so it also ends where the bytes are not linear. Its answer
 assumes the bytes do not shrink as the batch grows. Compiles and seconds are printed in the plan line.
 """
-from __future__ import annotations
-
 import dataclasses
 import functools
 import json
@@ -81,7 +79,7 @@ class StepMemory:
     refused: str = ""  # the compiler's RESOURCE_EXHAUSTED line: no per-device memory holds the step
 
     @classmethod
-    def refusal(cls, err: Exception, step: str, per_device: int, seconds: float) -> StepMemory:
+    def refusal(cls, err: Exception, step: str, per_device: int, seconds: float) -> "StepMemory":
         """The compiler's RESOURCE_EXHAUSTED as a step that does not fit: the temporaries it names (or 2**62 bytes)."""
         named = _HBM_REFUSAL.search(str(err))
         value, unit = (named[1] or named[3], named[2] or named[4]) if named else (None, None)

@@ -5,8 +5,6 @@ A run's test split, ``python -m kaggle_utils predict``, a CV's out-of-fold files
 An ensemble's :class:`Member` s (runs, checkpoints, a CV folder's folds) each predict at their own crop with
 their own steps; only their classes must agree.
 """
-from __future__ import annotations
-
 import contextlib
 import csv
 import dataclasses

@@ -5,8 +5,6 @@ and the :class:`~kaggle_utils.run.build.Plan` of numbers it implies (steps, warm
 lr groups, stages); ``--batch-per-device auto`` compiles the run's train step to find its batch
 (:mod:`.memory_plan`). A value that cannot run is refused by its flag, never silently replaced.
 """
-from __future__ import annotations
-
 import dataclasses
 import math
 from pathlib import Path

@@ -1,6 +1,4 @@
 """A run on disk: ``config.json``, the manifest each checkpoint carries, and a run read back from either."""
-from __future__ import annotations
-
 import dataclasses
 import json
 from pathlib import Path

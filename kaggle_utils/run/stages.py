@@ -4,8 +4,6 @@ The schedule's numbers are :mod:`kaggle_utils.train.progressive`'s. A stage is t
 image size, RandAugment magnitude, Mixup / CutMix alphas and dropout, so the functions that build a
 run's input and step from a config build a stage's unchanged, for every data route and for ``cv``.
 """
-from __future__ import annotations
-
 from typing import Callable
 
 from ..config import ConfigError, TrainConfig

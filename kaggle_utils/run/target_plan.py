@@ -7,8 +7,6 @@ config resolved as ``train`` resolves it there (``--precision auto``: bf16; the 
 Every byte and FLOP comes from the compiler, per chip; a chip's HBM is what its compiler says is
 available, its bf16 peak the vendor's figure, so images/s at that peak is an upper bound.
 """
-from __future__ import annotations
-
 import dataclasses
 import json
 import os

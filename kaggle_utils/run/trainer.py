@@ -5,8 +5,6 @@ In the spirit of the Flax ImageNet example's ``train_and_evaluate(config, workdi
 the run (values, data, labels, test ids, model, weights, frozen parts, monitor, the folder's own run) runs
 before anything in ``out`` is written or removed, so a refused ``--overwrite`` leaves the previous run whole.
 """
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 from pathlib import Path

@@ -5,8 +5,6 @@ best monitored value, judged at each evaluation by a pruner through a loop hook.
 (Optuna's SQLite storage): a killed study resumes, finished trials kept, the one killed mid-way continued from
 its last checkpoint. It ends with ``best_config.json`` (``train --config``), ``tune.json``, ``importance.png``.
 """
-from __future__ import annotations
-
 import argparse
 import contextlib
 import dataclasses

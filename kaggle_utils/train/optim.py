@@ -10,8 +10,6 @@
   ``lr_multipliers`` (:mod:`.lr_groups`) scale each update after the optimizer, outside the
   freezing, so the optimizer state keeps its layout and frozen leaves stay at zero.
 """
-from __future__ import annotations
-
 from typing import Any, Callable
 
 import jax

@@ -15,8 +15,6 @@ stages it makes one size are one stage (the later one's values). Each stage's tr
 compiled program (shapes, magnitude, mixing and dropout are static in it); :class:`StagedSteps`
 tells the loop which one trains an epoch. Pure numbers and a lookup; no data, no config.
 """
-from __future__ import annotations
-
 import dataclasses
 import math
 from typing import Sequence
