@@ -6,6 +6,10 @@ flags, and both hand it to :mod:`kaggle_utils.run`. A field's type, default and 
 ``--help`` and ``config.json`` with no other edit. The values a field may take sit beside it (``valid``)
 and a section's rules in its ``_rules``: :meth:`TrainConfig.check` refuses the others, naming the flag,
 before a run writes anything. ``--resume`` compares ``config.json`` field by field (:func:`differences`).
+
+Size: one concern, the config. Half of it is the fields of its five sections, each with its help text and valid
+values (the flags' ``--help``), the other half the machinery that turns those fields into flags, checks and JSON;
+the two change together (a field's metadata is what the machinery reads), so they stay in one module.
 """
 import argparse
 import dataclasses
