@@ -1,6 +1,6 @@
 """``python -m kaggle_utils train | cv | tune | predict | plan | report``: :mod:`kaggle_utils.run` from a command line.
 
-Flags in (``train``, ``cv`` and ``plan`` take :class:`~kaggle_utils.config.TrainConfig`'s fields; ``plan``:
+Flags in (``train``, ``cv``, ``tune`` and ``plan`` take :class:`~kaggle_utils.config.TrainConfig`'s fields; ``plan``:
 :mod:`kaggle_utils.run.target_plan`), words out: each command ends with a summary block, and every way it can
 stop is one line and an exit code.
 """
@@ -103,7 +103,8 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
 
 
 def _run_parser(commands, name: str, help: str, **helps: str) -> argparse.ArgumentParser:
-    """``train`` or ``cv``'s parser with the flags of the job around the config's: --out, --resume, --overwrite."""
+    """``train``, ``cv`` or ``tune``'s parser with the job's flags around the config's: --out, --resume, --overwrite,
+    --config."""
     parser = commands.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     job = parser.add_argument_group("job")
     job.add_argument("--out", required=True, help=helps["out"])
@@ -117,7 +118,7 @@ def _run_parser(commands, name: str, help: str, **helps: str) -> argparse.Argume
 
 def _config(args, config_cls: type) -> TrainConfig:
     """The flags given, over ``--config FILE`` where one is given, else over the defaults."""
-    base = config_from_file(args.config, config_cls) if getattr(args, "config", None) else None
+    base = config_from_file(args.config, config_cls) if args.config else None
     return config_from_args(args, config_cls, base=base)
 
 
