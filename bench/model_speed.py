@@ -111,15 +111,17 @@ def flax_cases(name: str, timm_model, images, labels, conv_impl: str, precision:
 
     evaluate = jax.jit(model.apply)
 
-    def loss_fn(params, batch_stats, factor):
-        logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, x, mutable=["batch_stats"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y).mean()
+    def loss_fn(params, batch_stats, factor, images, labels):
+        logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, images,
+                                      mutable=["batch_stats"])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
         return loss * factor, (loss, updates["batch_stats"])
 
-    def train_step(state):
+    def train_step(state, images, labels):  # the batch is an argument: closed over, XLA folds it as a constant
         params, batch_stats, opt_state, loss_scale = state
         factor = 1.0 if loss_scale is None else loss_scale.scale
-        (_, (loss, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch_stats, factor)
+        (_, (loss, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch_stats, factor,
+                                                                                images, labels)
         grads = jax.tree.map(lambda g: g / factor, grads)
         updates, new_opt = tx.update(grads, opt_state, params)
         new = (optax.apply_updates(params, updates), new_stats, new_opt)
@@ -140,7 +142,7 @@ def flax_cases(name: str, timm_model, images, labels, conv_impl: str, precision:
 
     def run_train():
         with exact():
-            state[0], loss = train_step(state[0])
+            state[0], loss = train_step(state[0], x, y)
         return loss
 
     logits = run_eval().astype(jnp.float32).block_until_ready()
@@ -266,13 +268,17 @@ def run(args) -> dict:
     start = time.perf_counter()
     build = cpu_cases if args.mode == "cpu" else gpu_cases
     cases, pairs, diffs = build(args, timm_model, images, labels)
-    for fn, finish in cases.values():  # compile / allocate / autotune, then settle caches
+    for case, (fn, finish) in cases.items():  # compile / allocate / autotune, then settle caches
+        case_start = time.perf_counter()
         timed_run(fn, args.batch, args.warmup, finish)
+        print(f"warm-up {case}: {time.perf_counter() - case_start:.1f} s", flush=True)
     setup_s = time.perf_counter() - start
     runs = {case: [] for case in cases}
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):  # each round printed as it ends: a run cut short still reports
         for case, (fn, finish) in cases.items():
             runs[case].append(timed_run(fn, args.batch, args.iters, finish))
+        print(f"round {round_ + 1} images/s: " + "; ".join(f"{c} {r[-1]['img/s']:.1f}" for c, r in runs.items()),
+              flush=True)
     flops = None if args.mode == "cpu" else train_flops_per_image(args.model, timm_model, args.size)
     return {"runs": runs, "pairs": pairs, "logit_diffs": diffs, "setup_s": setup_s, "train_flops": flops}
 
