@@ -169,15 +169,14 @@ def clean(args) -> None:
 
 
 def _forgetful():
-    """A CheckedRecords that remembers nothing: every read is checked (a first epoch, for ever)."""
+    """Records remembered by nothing: every read is checked and guarded (a first epoch, for ever)."""
     from kaggle_utils.data import jpeg, tensorflow_on_host
 
     tf = tensorflow_on_host()
 
     class Forgetful(jpeg.CheckedRecords):
-        def tf_check(self, files=()):
-            return lambda filename, index, data: tf.ensure_shape(
-                tf.numpy_function(jpeg._problem_bytes, [data], tf.string, stateful=False), [])
+        def known(self, key):
+            return tf.constant(False)
 
     return Forgetful()
 
@@ -186,7 +185,7 @@ def speed(args) -> None:
     import numpy as np
 
     import kaggle_utils.data as kd
-    from kaggle_utils.data import jpeg
+    from kaggle_utils.data import jpeg, memo
     from input_speed import measure  # this folder's: steady-state images/s of a fresh pipeline
 
     images = [np.roll(photo(name, args.size), 37 * k, axis=1) for k in range(args.images // len(PHOTOS))
@@ -198,13 +197,13 @@ def speed(args) -> None:
         path = os.path.join(tmp, kd.shard_name(0, args.size, len(encoded)))
         kd.write_tfrecord(path, [kd.serialize_example(data, label=0) for data in encoded])
         load = dict(image_size=args.size, batch_size=32, training=True, seed=0)
-        saved = jpeg._decoders["simplejpeg"], jpeg._notice_given, jpeg._checked
+        saved = jpeg._decoders["simplejpeg"], jpeg._notice_given, jpeg._checked, memo._memo
         jpeg._decoders["simplejpeg"], jpeg._notice_given = None, True
         datasets = {"check off (no simplejpeg)": kd.load_dataset(path, **load)}
         jpeg._decoders["simplejpeg"], jpeg._notice_given = saved[:2]
-        jpeg._checked = _forgetful()
+        jpeg._checked = memo._memo = _forgetful()  # the JPEG check's memory and the pipeline's (data/memo.py)
         datasets["check on, every read (first epoch)"] = kd.load_dataset(path, **load)
-        jpeg._checked = saved[2]
+        jpeg._checked, memo._memo = saved[2:]
         datasets["check on, records checked before"] = kd.load_dataset(path, **load)
         runs = {name: [] for name in datasets}
         for _ in range(args.rounds):

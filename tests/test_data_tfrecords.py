@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import jpeg
+from kaggle_utils.data import jpeg, memo
 
 SIZE = 32
 
@@ -286,6 +286,42 @@ def test_skip_errors_skips_and_counts_bad_records(tmp_path, case, decode_route):
     (skipped,) = dataset.skipped_records
     assert (skipped.filename, skipped.index) == (bad_file, 2)
     assert re.search(problem, skipped.problem)
+
+
+def test_later_epochs_read_remembered_records_to_the_same_batches_and_name_the_bad_one_again(tmp_path):
+    """data/memo.py: a record read in full without a problem is read again without its guards; a bad one is
+    never remembered."""
+    bad_file = write_with_one_bad_record(tmp_path / "split", BAD_RECORDS["wrong size"][0])
+    dataset = load(tmp_path / "split", skip_errors=True)
+    epochs = []
+    for _ in range(3):
+        with pytest.warns(RuntimeWarning, match="skipped 1 bad record"):
+            epochs.append(collect(dataset)[1])
+    for later in epochs[1:]:
+        assert all(np.array_equal(later[key], epochs[0][key]) for key in ("image", "label", "mask"))
+    assert epochs[0]["label"][epochs[0]["mask"]].tolist() == [0, 1, 2, 3, 100, 101, 103, 104]
+    assert dataset.num_skipped == 3
+    assert {(r.filename, r.index) for r in dataset.skipped_records} == {(bad_file, 2)}
+
+
+def test_the_memo_trusts_a_record_only_after_a_clean_read_of_the_same_reading_and_file(tmp_path):
+    path = tmp_path / "f.tfrec"
+    path.write_bytes(b"one")
+    records, reads = memo.RecordMemo(), []
+
+    def read_once(reading, problem):
+        def read(trusted):
+            reads.append(trusted)
+            return tf.constant(1), tf.constant("" if trusted else problem)
+
+        reader = records.reader([str(path)], reading)  # as a new pipeline over the file makes it
+        return reader(tf.constant(str(path)), tf.constant(3, tf.int64), read)[1].numpy()
+
+    assert [read_once("a", "bad"), read_once("a", "bad")] == [b"bad", b"bad"]  # a bad record: guarded each time
+    assert [read_once("a", ""), read_once("a", ""), read_once("b", "")] == [b""] * 3
+    assert reads == [False, False, False, True, False]  # the second clean read is trusted; another reading is not
+    path.write_bytes(b"rewritten")
+    assert read_once("a", "") == b"" and reads[-1] is False
 
 
 def test_png_records_on_the_worker_decode_route_name_file_record_and_remedy(tmp_path, copy_pool):

@@ -10,12 +10,12 @@ for RGB and greyscale, else PIL (CMYK, whose colour conversion must be libjpeg's
 """
 
 import io
-import os
 import threading
 import warnings
 
 import numpy as np
 
+from .memo import RecordMemo
 from .tfhost import tf
 
 DCT_METHOD = "INTEGER_ACCURATE"  # for tf.io.decode_jpeg; the only method PIL and OpenCV also have
@@ -90,42 +90,20 @@ def jpeg_problem(data: bytes) -> str:
     return ""
 
 
-class CheckedRecords:
-    """The records that passed :func:`jpeg_problem`, in a TensorFlow hash table (a graph op: no GIL), keyed by
-    ``<file>|<size, mtime, inode>|<index>`` so that a file rewritten in place is checked again."""
-
-    def __init__(self):
-        self._passed = tf.lookup.experimental.MutableHashTable(tf.string, tf.bool, default_value=False)
+class CheckedRecords(RecordMemo):
+    """The records that passed :func:`jpeg_problem` (a :class:`~.memo.RecordMemo`): each is checked once until its
+    file changes."""
 
     def tf_check(self, files=()):
         """``(filename, index, jpeg) -> problem`` for tf.data; ``files``: the files the names are, stamped."""
-        stamps = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-            tf.constant([os.fsencode(f) for f in files] or [b""]), tf.constant([_stamp(f) for f in files] or [""])),
-            "")
+        key_of = self.key_of(files, "jpeg")
 
         def check(filename, index, jpeg):
-            key = tf.strings.join([filename, stamps.lookup(filename), tf.strings.as_string(index)], "|")[None]
-
-            def first_read():
-                problem = tf.ensure_shape(tf.numpy_function(_problem_bytes, [jpeg], tf.string, stateful=False), [])
-
-                def remember():  # inside the branch: only a record that passed is inserted
-                    with tf.control_dependencies([self._passed.insert(key, [True])]):
-                        return tf.identity(problem)
-
-                return tf.cond(tf.equal(problem, ""), remember, lambda: problem)
-
-            return tf.cond(self._passed.lookup(key)[0], lambda: tf.constant(""), first_read)
+            key = key_of(filename, index)
+            return tf.cond(self.known(key), lambda: tf.constant(""), lambda: self.remember(key, tf.ensure_shape(
+                tf.numpy_function(_problem_bytes, [jpeg], tf.string, stateful=False), [])))
 
         return check
-
-
-def _stamp(filename: str) -> str:
-    try:
-        info = os.stat(filename)
-    except OSError:
-        return ""
-    return f"{info.st_size}:{info.st_mtime_ns}:{info.st_ino}"
 
 
 def _problem_bytes(data: bytes) -> bytes:

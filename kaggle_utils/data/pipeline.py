@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import jpeg
+from . import jpeg, memo
 from .augment import augment_batches, per_image_ops, resolve_augment
 from .selection import record_filter
 from .sources import Source
@@ -117,7 +117,7 @@ class HostDataset:
     def _epoch(self) -> Iterator[dict[str, np.ndarray]]:
         skipped_before, delivered = self._problems.num_skipped, 0
         for batch in self._problems.batches(self.tf_dataset, self._explain):
-            host = {key: value.numpy() for key, value in batch.items()}
+            host = {key: np.asarray(value) for key, value in batch.items()}  # a read-only view; .numpy() copies
             size = len(host["image"])
             host.setdefault("mask", np.ones(size, bool))
             if size < self.batch_size:  # the last partial batch: padded to a static shape
@@ -176,9 +176,13 @@ def source_records(source: Source, indices: np.ndarray, *, shuffle_seed: int | N
     return records
 
 
-def decode(encoded, problem, *, name, index, size: int | None = None, check=None):
+def decode(encoded, problem, *, name, index, size: int | None = None, check=None, trusted: bool = False):
     """Image bytes -> ``(uint8 [H, W, 3], problem)``: bytes that do not decode, an image other than ``size`` x
-    ``size`` (TFRecords) or corrupt JPEG data (``check``, :func:`~.jpeg.tf_check`) become the problem."""
+    ``size`` (TFRecords) or corrupt JPEG data (``check``, :func:`~.jpeg.tf_check`) become the problem;
+    ``trusted``: bytes that decoded before (:mod:`.memo`), decoded without guards."""
+    if trusted:
+        image = decode_image(encoded)
+        return (image if size is None else tf.reshape(image, [size, size, 3])), problem
     image, decoded = first_success(decode_image, encoded, tf.zeros([1, 1, 3], tf.uint8))
     problem = first_problem(problem, tf.where(decoded, "", UNDECODABLE))
     if size is not None:
@@ -259,16 +263,27 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
     augment_image = per_image_ops(crop, plan.per_image)
     multi_label_classes = multi_label_classes if labeled else None
 
+    # a test split is read without the memo: its corrupt JPEGs pass with a warning, given at every read
+    read_record = memo.records_read().reader(files, f"{labeled}|{multi_label_classes}|{image_size}|{in_workers}|"
+                                                    f"{check is not None}") if labeled else None
+
     def to_example(name, index, serialized, image_seed):
-        encoded, target, problem = parse_record(serialized, labeled=labeled, image_size=image_size,
-                                                multi_label_classes=multi_label_classes, header=False,
-                                                jpeg_only=in_workers)
-        example = {"label" if labeled else "id": target}
-        if in_workers:  # the JPEG, and where it came from should a worker fail to decode it
-            example.update(jpeg=tf.where(tf.equal(problem, ""), encoded, b""), name=name, index=index)
+        def read(trusted):
+            encoded, target, problem = parse_record(serialized, labeled=labeled, image_size=image_size,
+                                                    multi_label_classes=multi_label_classes, header=False,
+                                                    jpeg_only=in_workers, trusted=trusted)
+            if in_workers:  # the JPEG, for the workers to decode
+                return {"target": target, "jpeg": tf.where(tf.equal(problem, ""), encoded, b"")}, problem
+            image, problem = decode(encoded, problem, name=name, index=index, size=image_size, check=check,
+                                    trusted=trusted)
+            return {"target": target, "image": image}, problem
+
+        content, problem = read_record(name, index, read) if read_record else read(False)
+        example = {"label" if labeled else "id": content.pop("target"), **content}
+        if in_workers:  # and where the JPEG came from, should a worker fail to decode it
+            example.update(name=name, index=index)
         else:
-            image, problem = decode(encoded, problem, name=name, index=index, size=image_size, check=check)
-            example["image"] = augment_image(image, image_seed)
+            example["image"] = augment_image(example["image"], image_seed)
         if with_records:
             example["record"] = tf.strings.join([name, "#", tf.strings.as_string(index)])
         return {**example, "keep": problems.keep(name, index, problem)}
@@ -334,11 +349,19 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     augment_image = per_image_ops(crop, plan.per_image)
     ids, labels = tf.constant(source.ids), None if source.labels is None else tf.constant(source.labels)
 
+    read_record = memo.records_read().reader(source.paths or (), f"source|{check is not None}") if source.labeled \
+        else None  # a test folder is read without the memo, as a test split
+
     def to_example(name, index, payload, image_seed):
-        encoded, read = (first_success(tf.io.read_file, payload, "") if source.paths is not None
-                         else (payload, tf.constant(True)))
-        image, problem = decode(encoded, tf.where(read, "", "the file cannot be read"), name=name, index=index,
-                                check=check)
+        def read(trusted):
+            if source.paths is None or trusted:
+                encoded, readable = (payload if source.paths is None else tf.io.read_file(payload)), True
+            else:
+                encoded, readable = first_success(tf.io.read_file, payload, "")
+            return decode(encoded, tf.where(readable, "", "the file cannot be read"), name=name, index=index,
+                          check=check, trusted=trusted)
+
+        image, problem = read_record(name, index, read) if read_record else read(False)
         example = {"image": augment_image(image, image_seed), "keep": problems.keep(name, index, problem)}
         if labels is not None:
             example["label"] = tf.gather(labels, index)
