@@ -142,9 +142,12 @@ def report(results: list[dict], chips_rate: float) -> None:
     for route in ROUTES + ("ceiling",):
         for old in ((False, True) if route != "ceiling" else (False,)):
             one, two = rate(route, 1, old), rate(route, 2, old)
+            if math.isnan(one) and math.isnan(two):  # not measured (--routes, --no-old-default)
+                continue
             label = "bare tf.data" if route == "ceiling" else "old default (op determinism)" if old else "new"
             print(f"| {route} | {label} | {one:.0f} | {two:.0f} | {two / one:.2f}x | {two / 2:.0f} | "
-                  f"{two / rate('ceiling', 2, False):.2f} | {math.ceil(chips_rate / (two / 2))} |")
+                  f"{two / rate('ceiling', 2, False):.2f} | "
+                  f"{math.ceil(chips_rate / (two / 2)) if two > 0 else '-'} |")
     none1, none2, ceiling2 = rate("none", 1, False), rate("none", 2, False), rate("ceiling", 2, False)
     print(f"\ndefault route: 2-core / 1-core {none2 / none1:.2f}x (target >= 1.8x), {none2 / ceiling2:.2f}x the "
           "ceiling at 2 cores (target >= 0.9x)")

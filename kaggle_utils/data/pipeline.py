@@ -202,8 +202,9 @@ def _host_dataset(records, to_example, *, training: bool, seed: int, batch_size:
         lambda record, image_seed: to_example(*record, image_seed), num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic)
     examples = examples.filter(lambda example: example["keep"])
-    examples = examples.map(lambda ex: {k: v for k, v in ex.items() if k != "keep"})
-    batches = examples.batch(batch_size, drop_remainder=training)
+    # copied into batches in parallel (the filter keeps tf.data from fusing the map with the batch, which would)
+    batches = examples.batch(batch_size, drop_remainder=training, num_parallel_calls=tf.data.AUTOTUNE,
+                             deterministic=True).map(lambda batch: {k: v for k, v in batch.items() if k != "keep"})
     if plan.per_batch is not None:
         batches = augment_batches(batches, plan.per_batch, seed=seed, image_shape=(image_size, image_size, 3),
                                   problems=problems, deterministic=deterministic)
