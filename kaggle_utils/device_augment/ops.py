@@ -78,16 +78,8 @@ WARP_MATRICES: dict[str, Callable] = {  # (level, image shape) -> matrix for war
 
 
 def _warp_op(name: str) -> Callable:
-    def op(image, level):
-        return warp(image, WARP_MATRICES[name](jnp.asarray(level, jnp.float32), image.shape))
-
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"{name} as a nearest-neighbour affine warp (the TF op's matrix)."
-    return op
-
-
-rotate, shear_x, shear_y = _warp_op("rotate"), _warp_op("shear_x"), _warp_op("shear_y")
-translate_x, translate_y = _warp_op("translate_x"), _warp_op("translate_y")
+    """The op ``name``: a nearest-neighbour warp by its matrix (the TF op's)."""
+    return lambda image, level: warp(image, WARP_MATRICES[name](jnp.asarray(level, jnp.float32), image.shape))
 
 
 # ------------------------------------------------------------------ pixel ops
@@ -167,8 +159,8 @@ def sharpness(image: jax.Array, level) -> jax.Array:
 
 
 RANDAUGMENT_OPS: dict[str, Callable] = {  # the TF op table's names and order
-    "identity": identity, "autocontrast": autocontrast, "equalize": equalize, "rotate": rotate,
+    "identity": identity, "autocontrast": autocontrast, "equalize": equalize, "rotate": _warp_op("rotate"),
     "solarize": solarize, "color": color, "posterize": posterize, "contrast": contrast,
-    "brightness": brightness, "sharpness": sharpness, "shear_x": shear_x, "shear_y": shear_y,
-    "translate_x": translate_x, "translate_y": translate_y,
+    "brightness": brightness, "sharpness": sharpness, "shear_x": _warp_op("shear_x"), "shear_y": _warp_op("shear_y"),
+    "translate_x": _warp_op("translate_x"), "translate_y": _warp_op("translate_y"),
 }
