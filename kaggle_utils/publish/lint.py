@@ -325,18 +325,15 @@ def _lint_targets(paths: Iterable[str | Path]) -> list[Path]:
     return targets
 
 
-def default_lint_paths(repo: Path = REPO) -> list[Path]:
-    """The committed metadata: the top-level kernel-metadata.json, the notebooks and the README."""
-    return [repo / KERNEL_METADATA, *sorted((repo / "notebooks").glob("*.ipynb")), repo / "README.md"]
-
-
 def lint(paths: Sequence[str | Path] | None = None, *, fix: bool = False) -> list[Problem]:
-    """Problems of every metadata file and notebook in ``paths`` (files or folders, searched
-    recursively); default :func:`default_lint_paths`. ``fix`` strips pinned-image keys from the
-    notebooks (listed, or named by a ``code_file``) and reports those problems as fixed. A
-    notebook reached twice is reported once."""
+    """Problems of every metadata file and notebook in ``paths`` (files or folders, searched recursively; default:
+    the top-level kernel-metadata.json, the notebooks and the README). ``fix`` strips pinned-image keys from the
+    notebooks (listed, or named by a ``code_file``) and reports those problems as fixed. A notebook reached twice
+    is reported once."""
+    if paths is None:
+        paths = [REPO / KERNEL_METADATA, *sorted((REPO / "notebooks").glob("*.ipynb")), REPO / "README.md"]
     unique: dict[tuple, Problem] = {}
-    for p in _lint_targets(default_lint_paths() if paths is None else paths):
+    for p in _lint_targets(paths):
         for problem in (_linter(p) or lint_kernel_metadata)(p, fix=fix):
             unique.setdefault((Path(problem.file).resolve(), problem.key, problem.message), problem)
     return list(unique.values())
