@@ -106,5 +106,4 @@ def make_device_augment(name_or_config: str | RandAugmentConfig | None) -> Calla
     if not isinstance(name_or_config, RandAugmentConfig):
         raise TypeError(f"device augment must be None, a name or a RandAugmentConfig, got "
                         f"{type(name_or_config).__name__}")
-    config = name_or_config
-    return lambda key, images: rand_augment_batch(key, images, config)
+    return lambda key, images: rand_augment_batch(key, images, name_or_config)
