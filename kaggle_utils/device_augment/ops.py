@@ -1,7 +1,8 @@
 """RandAugment's operations in JAX: ``uint8 [H, W, 3] image, level in [-1, 1] -> uint8 [H, W, 3]``.
 
-The TF-native ops of :mod:`kaggle_utils.data.randaugment_tf` step for step, so they round identically and
-pick the same pixels; jittable with a traced ``level``. The geometric ops are one affine warp each.
+The TF-native ops of :mod:`kaggle_utils.data.randaugment_tf` step for step (what each op does is said there), so
+they round identically and pick the same pixels; jittable with a traced ``level``. The geometric ops are one affine
+warp each.
 """
 import math
 from typing import Callable
@@ -88,7 +89,6 @@ def identity(image: jax.Array, level) -> jax.Array:
 
 
 def autocontrast(image: jax.Array, level) -> jax.Array:
-    """Stretch each channel to the full 0..255 range."""
     lo = _float(jnp.min(image, axis=(0, 1)))
     hi = _float(jnp.max(image, axis=(0, 1)))
     scale = jnp.where(hi > lo, 255.0 / jnp.maximum(hi - lo, 1.0), 1.0)
@@ -118,31 +118,26 @@ def equalize(image: jax.Array, level) -> jax.Array:
 
 
 def solarize(image: jax.Array, level) -> jax.Array:
-    """Invert pixels at or above a threshold that falls from 256 (none) towards 0 (all)."""
     threshold = 256 - (jnp.abs(level) * 256.0).astype(jnp.int32)
     x = image.astype(jnp.int32)
     return jnp.where(x >= threshold, 255 - x, x).astype(jnp.uint8)
 
 
 def color(image: jax.Array, level) -> jax.Array:
-    """Saturation: blend with the greyscale image."""
     return _blend(_grayscale(image), image, _enhance_factor(level))
 
 
 def posterize(image: jax.Array, level) -> jax.Array:
-    """Drop up to 6 low bits per channel."""
     dropped = (jnp.abs(level) * 6.0).astype(jnp.int32)
     mask = (jnp.left_shift(jnp.int32(255), dropped) % 256).astype(jnp.uint8)
     return image & mask
 
 
 def contrast(image: jax.Array, level) -> jax.Array:
-    """Blend with the mean grey level."""
     return _blend(jnp.mean(_grayscale(image)), image, _enhance_factor(level))
 
 
 def brightness(image: jax.Array, level) -> jax.Array:
-    """Blend with black."""
     return _blend(0.0, image, _enhance_factor(level))
 
 
