@@ -35,7 +35,7 @@ class SampleDataset:
 
 
 def _digits(image_size: int, num_examples: int | None):
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # here: scikit-learn is needed (and imported) only for this sample
 
     digits = load_digits()
     count = len(digits.images) if num_examples is None else num_examples
