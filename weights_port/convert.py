@@ -73,20 +73,15 @@ def convert_state_dict(state_dict: Mapping[str, Any]) -> dict:
     return out
 
 
-def _state_dict_of(model_or_state_dict) -> Mapping[str, Any]:
-    if hasattr(model_or_state_dict, "state_dict"):
-        return model_or_state_dict.state_dict()
-    if isinstance(model_or_state_dict, Mapping):
-        return model_or_state_dict
-    raise TypeError(f"expected a torch module or a state_dict, got {type(model_or_state_dict).__name__}")
-
-
 def convert_timm(model_or_state_dict, name: str, *, num_classes: int | None = None) -> dict:
     """Converts a timm EfficientNet (module or state_dict) into ``{"params", "batch_stats"}``, checked against
     ``create_model(name, num_classes=...)`` (default: the checkpoint's classifier): a key that does not fit is a
     :class:`ConversionError`."""
     name = resolve_name(name)
-    state_dict = _state_dict_of(model_or_state_dict)
+    source = model_or_state_dict
+    state_dict = source.state_dict() if hasattr(source, "state_dict") else source
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"expected a torch module or a state_dict, got {type(source).__name__}")
     variables = convert_state_dict(state_dict)
     head = state_dict.get("classifier.weight")
     if num_classes is None:

@@ -2,21 +2,15 @@
 verbatim: ids 87 and 90 end in a space, which :func:`flower_class_names` strips for display)."""
 
 import json
-from functools import lru_cache
 from pathlib import Path
 
 FLOWER_NUM_CLASSES = 104
 _NAMES_FILE = Path(__file__).with_name("flower_classes.json")
 
 
-@lru_cache(maxsize=None)
-def _raw_names() -> tuple[str, ...]:
+def flower_class_names(*, strip: bool = True) -> list[str]:
+    """Names by class id; ``strip=False`` returns the original strings (two end in a space)."""
     names = json.loads(_NAMES_FILE.read_text())
     if len(names) != FLOWER_NUM_CLASSES:
         raise ValueError(f"{_NAMES_FILE} lists {len(names)} names, expected {FLOWER_NUM_CLASSES}")
-    return tuple(names)
-
-
-def flower_class_names(*, strip: bool = True) -> list[str]:
-    """Names by class id; ``strip=False`` returns the original strings (two end in a space)."""
-    return [n.strip() for n in _raw_names()] if strip else list(_raw_names())
+    return [n.strip() for n in names] if strip else names

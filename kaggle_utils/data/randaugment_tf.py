@@ -89,15 +89,6 @@ def equalize(image, level):
     return tf.reshape(tf.cast(tf.gather(tf.reshape(lut, [-1]), values), tf.uint8), tf.shape(image))
 
 
-def rotate(image, level):
-    """Rotate about the centre by up to 30 degrees."""
-    angle = level * (30.0 * math.pi / 180.0)
-    h, w = float(image.shape[0]), float(image.shape[1])
-    cos, sin = tf.cos(angle), tf.sin(angle)
-    cx, cy = (w - 1) / 2.0, (h - 1) / 2.0
-    return _warp(image, tf.stack([cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy]))
-
-
 def solarize(image, level):
     """Invert pixels at or above a threshold that falls from 256 (none) towards 0 (all)."""
     threshold = 256 - tf.cast(tf.abs(level) * 256.0, tf.int32)
@@ -139,29 +130,33 @@ def sharpness(image, level):
     return tf.reshape(_uint8(out), [height, width, 3])
 
 
-def shear_x(image, level):
-    """Shear by up to 0.3 (about 17 degrees) along x."""
-    return _warp(image, tf.stack([1.0, level * 0.3, 0.0, 0.0, 1.0, 0.0]))
+def _rotate_matrix(level, shape):
+    """Rotate about the centre by up to 30 degrees."""
+    angle = level * (30.0 * math.pi / 180.0)
+    h, w = float(shape[0]), float(shape[1])
+    cos, sin = tf.cos(angle), tf.sin(angle)
+    cx, cy = (w - 1) / 2.0, (h - 1) / 2.0
+    return tf.stack([cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy])
 
 
-def shear_y(image, level):
-    return _warp(image, tf.stack([1.0, 0.0, 0.0, level * 0.3, 1.0, 0.0]))
+_WARP_MATRICES: dict[str, Callable] = {  # (level, image shape) -> matrix for _warp
+    "rotate": _rotate_matrix,
+    "shear_x": lambda level, shape: tf.stack([1.0, level * 0.3, 0.0, 0.0, 1.0, 0.0]),  # up to 0.3 (about 17 deg.)
+    "shear_y": lambda level, shape: tf.stack([1.0, 0.0, 0.0, level * 0.3, 1.0, 0.0]),
+    "translate_x": lambda level, shape: tf.stack([1.0, 0.0, level * 0.33 * shape[1], 0.0, 1.0, 0.0]),  # 33% of size
+    "translate_y": lambda level, shape: tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, level * 0.33 * shape[0]]),
+}
 
 
-def translate_x(image, level):
-    """Shift by up to 33% of the width."""
-    return _warp(image, tf.stack([1.0, 0.0, level * 0.33 * image.shape[1], 0.0, 1.0, 0.0]))
-
-
-def translate_y(image, level):
-    return _warp(image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, level * 0.33 * image.shape[0]]))
+def _warp_op(name: str) -> Callable:
+    return lambda image, level: _warp(image, _WARP_MATRICES[name](level, image.shape))
 
 
 RANDAUGMENT_OPS: dict[str, Callable] = {
-    "identity": identity, "autocontrast": autocontrast, "equalize": equalize, "rotate": rotate,
+    "identity": identity, "autocontrast": autocontrast, "equalize": equalize, "rotate": _warp_op("rotate"),
     "solarize": solarize, "color": color, "posterize": posterize, "contrast": contrast,
-    "brightness": brightness, "sharpness": sharpness, "shear_x": shear_x, "shear_y": shear_y,
-    "translate_x": translate_x, "translate_y": translate_y,
+    "brightness": brightness, "sharpness": sharpness, "shear_x": _warp_op("shear_x"), "shear_y": _warp_op("shear_y"),
+    "translate_x": _warp_op("translate_x"), "translate_y": _warp_op("translate_y"),
 }
 
 

@@ -35,7 +35,7 @@ class SampleDataset:
 
 
 def _digits(image_size: int, num_examples: int | None):
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # here: scikit-learn is needed (and imported) only for this sample
 
     digits = load_digits()
     count = len(digits.images) if num_examples is None else num_examples
@@ -65,14 +65,10 @@ def _synthetic(image_size: int, num_examples: int | None, seed: int):
         cx, cy = 0.5 + rng.uniform(-0.15, 0.15, 2)
         radius = 0.18 + 0.08 * variant
         distance = np.hypot(xx - cx, yy - cy)
-        if kind == 0:
-            mask = distance < radius
-        elif kind == 1:
-            mask = np.maximum(abs(xx - cx), abs(yy - cy)) < radius
-        elif kind == 2:
-            mask = np.sin(2 * np.pi * (3 + 2 * variant) * (xx + cx)) > 0
-        else:
-            mask = abs(distance - radius) < 0.06
+        mask = (distance < radius,  # disc
+                np.maximum(abs(xx - cx), abs(yy - cy)) < radius,  # square
+                np.sin(2 * np.pi * (3 + 2 * variant) * (xx + cx)) > 0,  # stripes
+                abs(distance - radius) < 0.06)[kind]  # ring
         shade = 0.75 + 0.25 * (xx + yy) / 2  # a gradient, so JPEGs are not trivially flat
         pixels = np.where(mask[..., None], foreground, background) * shade[..., None]
         pixels += rng.normal(0, 6, pixels.shape)

@@ -281,6 +281,5 @@ def tfds_source(name: str, split: str = "train", *, data_dir=None, label_key: st
         count = len(labels)
     else:
         count = int(records.reduce(np.int64(0), lambda n, _: n + 1))
-    description = f"tfds:{name}/{split}"
-    return Source(description, ids=[f"{split}-{i}" for i in range(count)], labels=labels, class_names=class_names,
-                  label_column=label_key, tfds={"builder": builder, "records": records})
+    return Source(f"tfds:{name}/{split}", ids=[f"{split}-{i}" for i in range(count)], labels=labels,
+                  class_names=class_names, label_column=label_key, tfds={"builder": builder, "records": records})

@@ -1,7 +1,8 @@
 """RandAugment's operations in JAX: ``uint8 [H, W, 3] image, level in [-1, 1] -> uint8 [H, W, 3]``.
 
-The TF-native ops of :mod:`kaggle_utils.data.randaugment_tf` step for step, so they round identically and
-pick the same pixels; jittable with a traced ``level``. The geometric ops are one affine warp each.
+The TF-native ops of :mod:`kaggle_utils.data.randaugment_tf` step for step (what each op does is said there), so
+they round identically and pick the same pixels; jittable with a traced ``level``. The geometric ops are one affine
+warp each.
 """
 import math
 from typing import Callable
@@ -78,16 +79,8 @@ WARP_MATRICES: dict[str, Callable] = {  # (level, image shape) -> matrix for war
 
 
 def _warp_op(name: str) -> Callable:
-    def op(image, level):
-        return warp(image, WARP_MATRICES[name](jnp.asarray(level, jnp.float32), image.shape))
-
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"{name} as a nearest-neighbour affine warp (the TF op's matrix)."
-    return op
-
-
-rotate, shear_x, shear_y = _warp_op("rotate"), _warp_op("shear_x"), _warp_op("shear_y")
-translate_x, translate_y = _warp_op("translate_x"), _warp_op("translate_y")
+    """The op ``name``: a nearest-neighbour warp by its matrix (the TF op's)."""
+    return lambda image, level: warp(image, WARP_MATRICES[name](jnp.asarray(level, jnp.float32), image.shape))
 
 
 # ------------------------------------------------------------------ pixel ops
@@ -96,7 +89,6 @@ def identity(image: jax.Array, level) -> jax.Array:
 
 
 def autocontrast(image: jax.Array, level) -> jax.Array:
-    """Stretch each channel to the full 0..255 range."""
     lo = _float(jnp.min(image, axis=(0, 1)))
     hi = _float(jnp.max(image, axis=(0, 1)))
     scale = jnp.where(hi > lo, 255.0 / jnp.maximum(hi - lo, 1.0), 1.0)
@@ -126,31 +118,26 @@ def equalize(image: jax.Array, level) -> jax.Array:
 
 
 def solarize(image: jax.Array, level) -> jax.Array:
-    """Invert pixels at or above a threshold that falls from 256 (none) towards 0 (all)."""
     threshold = 256 - (jnp.abs(level) * 256.0).astype(jnp.int32)
     x = image.astype(jnp.int32)
     return jnp.where(x >= threshold, 255 - x, x).astype(jnp.uint8)
 
 
 def color(image: jax.Array, level) -> jax.Array:
-    """Saturation: blend with the greyscale image."""
     return _blend(_grayscale(image), image, _enhance_factor(level))
 
 
 def posterize(image: jax.Array, level) -> jax.Array:
-    """Drop up to 6 low bits per channel."""
     dropped = (jnp.abs(level) * 6.0).astype(jnp.int32)
     mask = (jnp.left_shift(jnp.int32(255), dropped) % 256).astype(jnp.uint8)
     return image & mask
 
 
 def contrast(image: jax.Array, level) -> jax.Array:
-    """Blend with the mean grey level."""
     return _blend(jnp.mean(_grayscale(image)), image, _enhance_factor(level))
 
 
 def brightness(image: jax.Array, level) -> jax.Array:
-    """Blend with black."""
     return _blend(0.0, image, _enhance_factor(level))
 
 
@@ -167,8 +154,8 @@ def sharpness(image: jax.Array, level) -> jax.Array:
 
 
 RANDAUGMENT_OPS: dict[str, Callable] = {  # the TF op table's names and order
-    "identity": identity, "autocontrast": autocontrast, "equalize": equalize, "rotate": rotate,
+    "identity": identity, "autocontrast": autocontrast, "equalize": equalize, "rotate": _warp_op("rotate"),
     "solarize": solarize, "color": color, "posterize": posterize, "contrast": contrast,
-    "brightness": brightness, "sharpness": sharpness, "shear_x": shear_x, "shear_y": shear_y,
-    "translate_x": translate_x, "translate_y": translate_y,
+    "brightness": brightness, "sharpness": sharpness, "shear_x": _warp_op("shear_x"), "shear_y": _warp_op("shear_y"),
+    "translate_x": _warp_op("translate_x"), "translate_y": _warp_op("translate_y"),
 }

@@ -5,6 +5,7 @@ share one branch (one warp per slot, not five); ``sequential=True`` (``lax.map``
 branch) is worth it on a CPU, rarely on an accelerator.
 """
 import dataclasses
+import functools
 import numbers
 from typing import Callable, Sequence
 
@@ -43,30 +44,17 @@ class RandAugmentConfig:
             raise ValueError(f"RandAugmentConfig.num_ops must be >= 0, got {self.num_ops}")
 
 
-def _branches(ops: Sequence[str]) -> tuple[list[Callable], jax.Array, list[Callable]]:
-    """Switch branches ``(image, level, op_index) -> image``, each op's branch, and warp matrices: the
-    geometric ops all map to one warp branch, whose matrix the op index chooses."""
-    branches, branch_of_op, matrices = [], [], []
-    warp_branch = None
-    for name in ops:
-        if name in WARP_MATRICES:
-            if warp_branch is None:
-                warp_branch = len(branches)
-                branches.append(lambda image, level, index: warp(image, _matrix(matrices, index, level, image.shape)))
-            branch_of_op.append(warp_branch)
-            matrices.append(WARP_MATRICES[name])
-        else:
-            branches.append(lambda image, level, index, fn=RANDAUGMENT_OPS[name]: fn(image, level))
-            branch_of_op.append(len(branches) - 1)
-            matrices.append(None)
-    return branches, jnp.asarray(branch_of_op, jnp.int32), matrices
-
-
-def _matrix(matrices: list, index: jax.Array, level: jax.Array, shape) -> jax.Array:
-    identity = jnp.asarray([1.0, 0.0, 0.0, 0.0, 1.0, 0.0], jnp.float32)
-    table = [(lambda level, fn=fn: fn(level, shape)) if fn is not None else (lambda level: identity)
-             for fn in matrices]
-    return lax.switch(index, table, level)
+def _branches(ops: Sequence[str]) -> tuple[list[Callable], jax.Array]:
+    """Switch branches ``(image, level, op_index) -> image`` and each op's branch: the geometric ops share one
+    warp branch, whose matrix the op index picks (an op that is not geometric never reaches it: identity)."""
+    pixel_ops = [name for name in ops if name not in WARP_MATRICES]
+    branches = [lambda image, level, index, fn=RANDAUGMENT_OPS[name]: fn(image, level) for name in pixel_ops]
+    branch_of_op = [pixel_ops.index(name) if name in pixel_ops else len(pixel_ops) for name in ops]
+    if len(pixel_ops) < len(ops):
+        matrices = [WARP_MATRICES.get(name, lambda level, shape: jnp.eye(2, 3).reshape(-1)) for name in ops]
+        branches.append(lambda image, level, index: warp(image, lax.switch(
+            index, [functools.partial(matrix, shape=image.shape) for matrix in matrices], level)))
+    return branches, jnp.asarray(branch_of_op, jnp.int32)
 
 
 def rand_augment(key: jax.Array, image: jax.Array, config: RandAugmentConfig = RandAugmentConfig()) -> jax.Array:
@@ -78,7 +66,7 @@ def rand_augment(key: jax.Array, image: jax.Array, config: RandAugmentConfig = R
     if config.flip:
         image = jnp.where(draws[-1] < 0.5, image[:, ::-1], image)
     low, high = config.magnitude
-    branches, branch_of_op, matrices = _branches(config.ops)
+    branches, branch_of_op = _branches(config.ops)
     count = len(config.ops)
 
     def apply_one_op(slot, image):  # a loop, not unrolled: the ops are traced and compiled once
@@ -118,5 +106,4 @@ def make_device_augment(name_or_config: str | RandAugmentConfig | None) -> Calla
     if not isinstance(name_or_config, RandAugmentConfig):
         raise TypeError(f"device augment must be None, a name or a RandAugmentConfig, got "
                         f"{type(name_or_config).__name__}")
-    config = name_or_config
-    return lambda key, images: rand_augment_batch(key, images, config)
+    return lambda key, images: rand_augment_batch(key, images, name_or_config)

@@ -30,18 +30,13 @@ def decode_block_str(block_str: str) -> tuple[BlockArgs, int]:
     block_type, *ops = block_str.split("_")
     if block_type not in _BLOCK_TYPES:
         raise ValueError(f"unknown block type {block_type!r} in block string {block_str!r}")
+    skip = True if "skip" in ops else False if "noskip" in ops else None
     options: dict[str, str] = {}
-    skip = None
-    for op in ops:
-        if op == "noskip":
-            skip = False
-        elif op == "skip":
-            skip = True
-        else:
-            match = re.fullmatch(r"([a-z]+)(\d.*)", op)
-            if match is None:
-                raise ValueError(f"cannot parse option {op!r} in block string {block_str!r}")
-            options[match.group(1)] = match.group(2)
+    for op in (op for op in ops if op not in ("skip", "noskip")):
+        match = re.fullmatch(r"([a-z]+)(\d.*)", op)
+        if match is None:
+            raise ValueError(f"cannot parse option {op!r} in block string {block_str!r}")
+        options[match.group(1)] = match.group(2)
     missing = [k for k in ("r", "k", "s", "c") if k not in options]
     if missing:
         raise ValueError(f"block string {block_str!r} lacks option(s) {missing}")
@@ -62,10 +57,7 @@ def _scale_stage_depth(stage: Sequence[tuple[BlockArgs, int]], multiplier: float
         scaled.append(rs)
         num_repeat -= r
         num_scaled -= rs
-    out: list[BlockArgs] = []
-    for (args, _), rep in zip(stage, scaled[::-1]):
-        out.extend([args] * rep)
-    return out
+    return [args for (args, _), rep in zip(stage, scaled[::-1]) for _ in range(rep)]
 
 
 def decode_arch_def(arch_def: Sequence[Sequence[str]], depth_multiplier: float | Sequence[float] = 1.0,
@@ -84,10 +76,9 @@ def decode_arch_def(arch_def: Sequence[Sequence[str]], depth_multiplier: float |
     return stages
 
 
-def make_divisible(v: float, divisor: int = 8, min_value: int | None = None, round_limit: float = 0.9) -> int:
+def make_divisible(v: float, divisor: int = 8, round_limit: float = 0.9) -> int:
     """Nearest multiple of ``divisor``, never more than ``1 - round_limit`` below ``v`` (timm)."""
-    min_value = min_value or divisor
-    new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
     if new_v < round_limit * v:
         new_v += divisor
     return new_v
@@ -315,11 +306,8 @@ def _resolve_block(args: BlockArgs, in_chs: int, stride: int, spec: ModelSpec, d
     out_chs = spec.round_channels(args.out_chs)
     t = args.block_type
     mid_chs = make_divisible(in_chs * args.exp_ratio) if t in ("ir", "er") else in_chs
-    se_chs = 0
-    if args.se_ratio:
-        # timm divides the ratio by the expansion, so SE width follows the block INPUT width.
-        se_chs = round(mid_chs * (args.se_ratio / args.exp_ratio)) if t in ("ir", "er") else round(
-            in_chs * args.se_ratio)
+    # timm divides the ratio by the expansion, so SE width follows the block INPUT width (0: no SE)
+    se_chs = round(mid_chs * (args.se_ratio / args.exp_ratio)) if t in ("ir", "er") else round(in_chs * args.se_ratio)
     if t == "cn":
         has_skip = bool(args.skip) and stride == 1 and in_chs == out_chs
     elif t == "dsa":
@@ -349,8 +337,5 @@ def build_blocks(spec: ModelSpec, drop_path_rate: float = 0.0) -> tuple[tuple[Bl
 def feature_stages(stages: Sequence[Sequence[BlockConfig]]) -> list[int]:
     """Stage indices whose outputs are timm's ``features_only`` maps (-1 = the stem): the last stage and
     each stage followed by a downsampling one."""
-    out = [-1] if stages[0][0].stride > 1 else []
-    for i in range(len(stages)):
-        if i + 1 == len(stages) or stages[i + 1][0].stride > 1:
-            out.append(i)
-    return out
+    stem = [-1] if stages[0][0].stride > 1 else []
+    return stem + [i for i in range(len(stages)) if i + 1 == len(stages) or stages[i + 1][0].stride > 1]

@@ -160,17 +160,6 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1,
                                     dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups)
 
 
-def _fan_out_normal(groups: int):
-    """timm's ``_init_weight_goog``: N(0, sqrt(2 / fan_out)), fan_out divided by groups."""
-
-    def init(key, shape, dtype=jnp.float32):
-        kh, kw, _, out = shape
-        std = math.sqrt(2.0 / (kh * kw * out // groups))
-        return std * jax.random.normal(key, shape, dtype)
-
-    return init
-
-
 class Conv2d(nn.Module):
     """A conv layer named like timm's (``kernel`` HWIO, optional ``bias``)."""
 
@@ -184,7 +173,9 @@ class Conv2d(nn.Module):
     @nn.compact
     def __call__(self, x):
         k = self.kernel_size
-        kernel = self.param("kernel", _fan_out_normal(self.groups), (k, k, x.shape[-1] // self.groups, self.features))
+        # timm's _init_weight_goog: N(0, 2 / fan_out), fan_out divided by groups
+        init = nn.initializers.variance_scaling(2.0 * self.groups, "fan_out", "normal")
+        kernel = self.param("kernel", init, (k, k, x.shape[-1] // self.groups, self.features))
         y = conv2d(x, kernel.astype(self.cfg.dtype), stride=self.stride, groups=self.groups,
                    padding=self.cfg.padding, impl=self.cfg.conv_impl)
         if self.use_bias:

@@ -120,11 +120,8 @@ def create_model(name: str, *, num_classes: int = 1000, dtype: Any = jnp.float32
     """Builds a registered variant by timm's name (or a short V2 name such as ``"m"``); ``overrides`` are
     other :class:`EfficientNet` fields (``act``, ``bn_axis_name``, ``conv_impl``) or :class:`ModelSpec`
     fields (``channel_multiplier``, ``arch_def``, ...) for variants of a registered architecture."""
-    spec = get_spec(name)
     spec_fields = {f.name for f in dataclasses.fields(ModelSpec)}
-    spec_changes = {k: v for k, v in overrides.items() if k in spec_fields}
-    if spec_changes:
-        spec = dataclasses.replace(spec, **spec_changes)
+    spec = dataclasses.replace(get_spec(name), **{k: v for k, v in overrides.items() if k in spec_fields})
     module_fields = {f.name for f in dataclasses.fields(EfficientNet)}
     unknown = set(overrides) - spec_fields - module_fields
     if unknown:

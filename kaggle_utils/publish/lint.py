@@ -142,11 +142,10 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
         _check_title(found, meta["title"], slug)
     if "language" in meta and (not isinstance(meta["language"], str) or meta["language"] not in LANGUAGES):
         found("language", f"{meta['language']!r} is not one of {', '.join(LANGUAGES)}")
-    kernel_type = meta.get("kernel_type")
-    if not isinstance(kernel_type, str):  # a list or object would not even be a key of CODE_SUFFIXES
-        kernel_type = None if "kernel_type" not in meta else repr(kernel_type)
-    if "kernel_type" in meta and kernel_type not in CODE_SUFFIXES:
-        found("kernel_type", f"{kernel_type!r} is not 'notebook' or 'script'")
+    given = meta.get("kernel_type")
+    kernel_type = given if isinstance(given, str) and given in CODE_SUFFIXES else None  # a list is no dict key
+    if "kernel_type" in meta and kernel_type is None:
+        found("kernel_type", f"{given!r} is not 'notebook' or 'script'")
     for key in KERNEL_BOOLEANS:
         if key in meta and not isinstance(meta[key], bool):
             found(key, f"must be true or false, got {meta[key]!r}")
@@ -164,7 +163,7 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
         code = path.parent / code_file
         if not code.is_file():
             found("code_file", f"{code_file!r} does not exist (looked for {code})")
-        elif kernel_type in CODE_SUFFIXES and code.suffix not in CODE_SUFFIXES[kernel_type]:
+        elif kernel_type is not None and code.suffix not in CODE_SUFFIXES[kernel_type]:
             found("code_file", f"{code_file!r} is not a {kernel_type} ({'/'.join(CODE_SUFFIXES[kernel_type])})")
         elif code.suffix == ".ipynb":
             found += lint_notebook(code, fix=fix)
@@ -325,18 +324,15 @@ def _lint_targets(paths: Iterable[str | Path]) -> list[Path]:
     return targets
 
 
-def default_lint_paths(repo: Path = REPO) -> list[Path]:
-    """The committed metadata: the top-level kernel-metadata.json, the notebooks and the README."""
-    return [repo / KERNEL_METADATA, *sorted((repo / "notebooks").glob("*.ipynb")), repo / "README.md"]
-
-
 def lint(paths: Sequence[str | Path] | None = None, *, fix: bool = False) -> list[Problem]:
-    """Problems of every metadata file and notebook in ``paths`` (files or folders, searched
-    recursively); default :func:`default_lint_paths`. ``fix`` strips pinned-image keys from the
-    notebooks (listed, or named by a ``code_file``) and reports those problems as fixed. A
-    notebook reached twice is reported once."""
+    """Problems of every metadata file and notebook in ``paths`` (files or folders, searched recursively; default:
+    the top-level kernel-metadata.json, the notebooks and the README). ``fix`` strips pinned-image keys from the
+    notebooks (listed, or named by a ``code_file``) and reports those problems as fixed. A notebook reached twice
+    is reported once."""
+    if paths is None:
+        paths = [REPO / KERNEL_METADATA, *sorted((REPO / "notebooks").glob("*.ipynb")), REPO / "README.md"]
     unique: dict[tuple, Problem] = {}
-    for p in _lint_targets(default_lint_paths() if paths is None else paths):
+    for p in _lint_targets(paths):
         for problem in (_linter(p) or lint_kernel_metadata)(p, fix=fix):
             unique.setdefault((Path(problem.file).resolve(), problem.key, problem.message), problem)
     return list(unique.values())
