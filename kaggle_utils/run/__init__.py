@@ -1,12 +1,7 @@
 """One training run from a :class:`~kaggle_utils.config.TrainConfig`: what the job, notebook 04 and ``cv`` share.
 
-Read :func:`train` in ``trainer`` first: the whole run, top to bottom. Its steps' helpers, each module importing
-only those before it: ``data`` (open_data, every input check), ``stages`` (--progressive-stages), ``init_from``
-(a run's checkpoint read back, --init-from), ``build``
-(the Plan; model, variables, optimizer, steps, datasets), ``memory_plan`` (--batch-per-device auto),
-``resolve`` (check_config, resolve), ``saved`` (config.json, load_run), ``predict`` (the one prediction path,
-ensembles, submission files), ``lr_find`` (--lr auto), ``trainer`` (train, fit_run), ``cv`` and ``folds``
-(cross_validate: a train per fold over one pool), ``tune`` (an Optuna study of train runs).
+Read :func:`train` in ``trainer`` first: the whole run, top to bottom; the other modules are its steps' helpers
+(the README's layout section maps them).
 """
 from .build import (Plan, Training, build_model, build_training, device_augmentation, eval_dataset, initial_variables,
                     make_task, model_size, open_writers, train_crop, train_dataset, val_dataset)

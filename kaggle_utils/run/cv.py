@@ -1,16 +1,9 @@
 """``cross_validate(config, out, folds=K)``: K ordinary runs over one pool of records, and their out-of-fold score.
 
-The pool is the train + val records of the run's data (``--data-dir``, the sample, or ``--source`` converted
-once into ``OUT/data``). Fold k's run, ``OUT/fold{k}/`` (a run folder like any other), is :func:`train` on the
-other folds' records, validating on fold k's, chosen by (file, record index) inside ``tf.data``, never by
-rewriting the records. Its best checkpoint then predicts its held-out records into ``fold{k}/oof.csv``,
-written last: that file makes a fold finished, so ``--resume`` skips it. Once every fold is finished:
-``OUT/oof.csv`` + ``oof.npy`` (every record once, predicted by the model that did not train on it),
-``OUT/cv.json`` (each fold's best row and held-out scores by the task's own metrics, their mean and sample
-std, the pooled out-of-fold scores) and, with a test split, the fold models' mean as ``submission.csv`` +
-``test_probabilities.csv``. Folds are stratified (multi-label: iteratively), and ``fold_group`` keeps each
-group in one fold (:mod:`.folds`). Records are named by their ``id`` feature when every
-pool record has a unique one, else by ``split/file#index``.
+The pool is the run data's train + val records. Fold k (``OUT/fold{k}/``, a run folder like any other) is
+:func:`train` on the other folds' records, chosen by (file, record index) inside ``tf.data``, never by rewriting
+the records. ``fold{k}/oof.csv`` is written last: that file makes a fold finished, so ``--resume`` skips it.
+Records are named by their ``id`` feature when every pool record has a unique one, else by ``split/file#index``.
 """
 import contextlib
 import csv

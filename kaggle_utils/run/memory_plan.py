@@ -1,32 +1,12 @@
 """What a run's compiled steps need per device, and ``--batch-per-device auto``: the largest batch that fits.
 
-Why compile instead of estimate: what a step holds at once (parameters, optimizer state and
-EMA, the batch, the activations kept for the backward pass, XLA's temporaries) depends on the
-model, the image size, ``--precision``, ``--remat`` and ``--accumulate-steps`` (only one
-micro-batch's activations are alive at a time), and XLA's buffer assignment knows it exactly.
-Compiling the run's own steps for abstract inputs (``jax.ShapeDtypeStruct``: no data, no
-initialised weights) gives ``memory_analysis()`` (:class:`StepMemory`: the bytes of the step's
-arguments, outputs, temporaries and code, less the donated state its outputs reuse) and
-``cost_analysis()["flops"]``, per device.
-
-The steps are compiled for a mesh in a mode (:func:`step_compiler`): by default the run's own,
-every device in ``--mode``, so a device's program includes the gradient all-reduce's buffers;
-the plan command passes a TPU's compile-only devices (:mod:`kaggle_utils.run.target_plan`). A TPU
-compiler refuses a step that cannot fit its HBM (``RESOURCE_EXHAUSTED``): that counts as "does not
-fit", with the temporaries' bytes it names.
-
-The budget is what the device's allocator may hand out, ``memory_stats()["bytes_limit"]`` (GPUs
-and TPUs report it; with JAX's default preallocation a GPU's is 75% of the card), a target's HBM,
-or ``--memory-budget`` GiB. A CPU reports none, so there the budget must be given. :data:`MARGIN`
-of the budget stays free for what the train step's analysis does not count: the prefetched input
-batches, the evaluation step's buffers, the allocator's fragmentation.
-
-The search (:func:`largest_batch`) needs few compiles because the bytes grow about linearly with
-the batch: micro-batch 1, then 8, then the batch where the line through the last two reaches
-the budget (the largest allowed where it is flat), then its neighbour to confirm; the probes stay
-strictly inside the bracket of "fits" and "does not fit", and two probes in a row on the same side
-switch to doubling or bisection, so it also ends where the bytes are not linear. Its answer
-assumes the bytes do not shrink as the batch grows. Compiles and seconds are printed in the plan line.
+Why compile instead of estimate: what a step holds at once depends on the model, size, ``--precision``,
+``--remat`` and ``--accumulate-steps``, and XLA's buffer assignment knows it exactly. The run's own steps,
+compiled for abstract inputs on the run's mesh (or a TPU's compile-only devices), give ``memory_analysis()``
+and ``cost_analysis()["flops"]`` per device; a TPU compiler's ``RESOURCE_EXHAUSTED`` counts as "does not fit".
+The budget is the allocator's ``bytes_limit``, a target's HBM or ``--memory-budget`` (a CPU reports none);
+:data:`MARGIN` stays free for what the analysis does not count (prefetched batches, the eval step, fragmentation).
+The search needs few compiles because the bytes grow about linearly with the batch (:func:`largest_batch`).
 """
 import dataclasses
 import functools
