@@ -24,8 +24,8 @@ from flax import serialization
 
 from .variable_trees import flatten
 
-__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_csv", "atomic_write_text",
-           "check_digest", "check_format", "check_tree", "load", "manifest_path", "pid_alive",
+__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_csv", "atomic_write_rows",
+           "atomic_write_text", "check_digest", "check_format", "check_tree", "load", "manifest_path", "pid_alive",
            "remove_stale_temp_files", "save"]
 
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
@@ -67,6 +67,13 @@ def atomic_write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Iter
     writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
+
+
+def atomic_write_rows(path: str | os.PathLike, rows: Iterable[Sequence]) -> None:
+    """A CSV of ``rows`` (the header first) written atomically."""
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(rows)
     atomic_write_text(path, text.getvalue())
 
 

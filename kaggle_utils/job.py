@@ -1,8 +1,7 @@
 """``python -m kaggle_utils train | cv | tune | predict | plan | report``: :mod:`kaggle_utils.run` from a command line.
 
-Flags in (``train``, ``cv``, ``tune`` and ``plan`` take :class:`~kaggle_utils.config.TrainConfig`'s fields; ``plan``:
-:mod:`kaggle_utils.run.target_plan`), words out: each command ends with a summary block, and every way it can
-stop is one line and an exit code.
+Flags in (``train``, ``cv``, ``tune`` and ``plan`` take :class:`~kaggle_utils.config.TrainConfig`'s fields), words
+out: each command ends with a summary block, and every way it can stop is one line and an exit code.
 """
 import argparse
 import errno
@@ -81,9 +80,6 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     return parser
 
 
-# --------------------------------------------------------------------------- train
-
-
 def train_command(args, config_cls: type = TrainConfig) -> dict:
     """Runs ``train`` (:func:`kaggle_utils.run.train`); returns a summary (best row, files written)."""
     started = time.perf_counter()
@@ -97,9 +93,6 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
                                   submission=result.submission is not None)
         print("\n".join(report.summary_lines(result.out, wall_s=time.perf_counter() - started, next_steps=steps)))
     return summary
-
-
-# --------------------------------------------------------------------------- cv
 
 
 def _run_parser(commands, name: str, help: str, **helps: str) -> argparse.ArgumentParser:
@@ -175,9 +168,6 @@ def _cv_lines(result, wall_s: float) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------- tune
-
-
 def _add_tune_parser(commands, config_cls: type) -> None:
     tune = _run_parser(commands, "tune", "search train flags with Optuna: a run per trial, pruning, best config",
                        out="study folder: study.db, trial-K/ runs, tune.json, best_config.json",
@@ -202,9 +192,6 @@ def tune_command(args, config_cls: type = TrainConfig) -> dict:
                       pruner=args.pruner, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
     print("\n".join(report.tune_lines(result.out)))
     return {"out": str(result.out), "best_config": None if result.best_config is None else result.best_config.flat()}
-
-
-# --------------------------------------------------------------------------- predict
 
 
 def predict_command(args) -> dict:
@@ -236,9 +223,6 @@ def _predict_next(args, submission: Path) -> list[str]:
     return [f"next: submit {submission}, or blend another model into it (probabilities.csv: one column per class):",
             f"  python -m kaggle_utils predict {checkpoints} --checkpoint OTHER_RUN --weights-per-checkpoint "
             f"{','.join(['1'] * (len(args.checkpoint) + 1))} {test} --out {args.out}-blend"]
-
-
-# --------------------------------------------------------------------------- report
 
 
 def report_command(args) -> list[str]:

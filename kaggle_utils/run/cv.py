@@ -193,10 +193,9 @@ def _write_fold_oof(fold_out: Path, k: int, pool: Pool, fold_data: RunData) -> N
 
 def _write_oof(path: Path, pool: Pool, rows: Sequence[int], probs: np.ndarray) -> None:
     if jax.process_index() == 0:
-        lines = ["id,label,fold," + ",".join(str(c) for c in range(probs.shape[1]))]
-        lines += [f"{pool.keys[r]},{pool.label_text(r)},{pool.folds[r]}," + ",".join(repr(float(p)) for p in row)
-                  for r, row in zip(rows, probs)]
-        checkpoint.atomic_write_text(path, "\n".join(lines) + "\n")
+        checkpoint.atomic_write_rows(path, [["id", "label", "fold", *range(probs.shape[1])],
+                                            *([pool.keys[r], pool.label_text(r), pool.folds[r], *map(float, row)]
+                                              for r, row in zip(rows, probs))])
 
 
 def read_oof(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

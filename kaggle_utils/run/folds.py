@@ -11,13 +11,12 @@ lacks are all refused, named, before anything is written.
 """
 import csv
 import dataclasses
-import io
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from ..checkpoint import atomic_write_text
+from ..checkpoint import atomic_write_rows
 from ..config import ConfigError, TrainConfig
 from ..data.stratify import iterative_stratification
 
@@ -124,11 +123,8 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
     path = Path(out) / FOLDS_FILE
     recorded = None if overwrite else read_folds(out)
     if recorded is None:
-        text = io.StringIO()
-        writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(["id", "fold", *([groups[0]] if groups else [])])
-        writer.writerows(zip(ids, map(int, folds), *([groups[1]] if groups else [])))
-        atomic_write_text(path, text.getvalue())
+        atomic_write_rows(path, [["id", "fold", *([groups[0]] if groups else [])],
+                                 *zip(ids, map(int, folds), *([groups[1]] if groups else []))])
         return
     grouped = (groups[0], dict(zip(ids, map(str, groups[1])))) if groups else None
     difference = (_group_difference(read_fold_groups(out), grouped)

@@ -9,9 +9,7 @@ bench/README.md, "Learning rate of a short fine-tune". The found rate is the run
 with a note (``lr_find``) that ``--resume`` reads instead of testing again.
 """
 import contextlib
-import csv
 import dataclasses
-import io
 import itertools
 import json
 import math
@@ -80,14 +78,6 @@ class LrFinding:
         return "\n".join(f"  lr {lrs[i]:8.2e}  loss {smoothed[i]:8.4f} {bar(smoothed[i])}{marks.get(i, '')}"
                          for i in sorted(rows | set(marks) | {len(lrs) - 1}))
 
-    def csv_text(self) -> str:
-        rows = [["step", "lr", "peak_lr", "loss", "smoothed_loss"]]
-        rows += [[step, f"{lr:.6g}", f"{lr * self.global_batch / 256:.6g}", f"{loss:.6g}", f"{smoothed:.6g}"]
-                 for step, (lr, loss, smoothed) in enumerate(zip(self.lrs, self.losses, self.smoothed))]
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows(rows)
-        return buffer.getvalue()
-
     def note(self) -> dict:
         """What config.json keeps of the test (``lr_find``): the found rate and how it was found."""
         return {"lr": self.lr, "found": self.found, "rule": self.rule, "steps": len(self.lrs),
@@ -97,7 +87,9 @@ class LrFinding:
         """``OUT/lr_find.csv`` (the curve's numbers) and ``OUT/lr_find.png``, each written atomically."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        checkpoint.atomic_write_text(out / LR_FIND_CSV, self.csv_text())
+        rows = [[step, f"{lr:.6g}", f"{lr * self.global_batch / 256:.6g}", f"{loss:.6g}", f"{smoothed:.6g}"]
+                for step, (lr, loss, smoothed) in enumerate(zip(self.lrs, self.losses, self.smoothed))]
+        checkpoint.atomic_write_rows(out / LR_FIND_CSV, [["step", "lr", "peak_lr", "loss", "smoothed_loss"], *rows])
         return [out / LR_FIND_CSV, write_lr_find_plot(out, self)]
 
 

@@ -6,9 +6,7 @@ An ensemble's :class:`Member` s (runs, checkpoints, a CV folder's folds) each pr
 their own steps; only their classes must agree.
 """
 import contextlib
-import csv
 import dataclasses
-import io
 import math
 import re
 import tempfile
@@ -210,12 +208,6 @@ def predict_ensemble(members: Sequence[Member], records: Records, *, batch_size:
 # --------------------------------------------------------------------------- the files: views of the probabilities
 
 
-def _write_csv(path: Path, rows: list[list]) -> None:
-    text = io.StringIO()
-    csv.writer(text, lineterminator="\n").writerows(rows)
-    checkpoint.atomic_write_text(path, text.getvalue())
-
-
 def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray, config: TrainConfig,
                       *, probabilities_name: str = "probabilities.csv") -> tuple[Path, Path]:
     """``submission.csv`` and ``probabilities.csv`` in ``config``'s columns and class names (process 0, atomic).
@@ -237,6 +229,6 @@ def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray
         labels = [names[c] for c in probs.argmax(-1)]
     submission, probabilities = out_dir / "submission.csv", out_dir / probabilities_name
     if jax.process_index() == 0:
-        _write_csv(submission, [[id_column, data.label_column or "label"], *zip(map(_text, ids), labels)])
-        _write_csv(probabilities, [[id_column, *names], *([_text(i), *map(str, row)] for i, row in zip(ids, probs))])
+        checkpoint.atomic_write_rows(submission, [[id_column, data.label_column or "label"], *zip(map(_text, ids), labels)])
+        checkpoint.atomic_write_rows(probabilities, [[id_column, *names], *([_text(i), *map(str, row)] for i, row in zip(ids, probs))])
     return submission, probabilities

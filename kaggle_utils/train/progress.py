@@ -5,6 +5,8 @@ leave carriage-return fragments in the saved output and the loop's line per eval
 import functools
 import importlib.util
 
+from tqdm.std import tqdm
+
 __all__ = ["progress_bar"]
 
 
@@ -21,21 +23,15 @@ def _in_notebook() -> bool:
 def _bar_class():
     """The tqdm class for this process, or None where no bar renders cleanly."""
     if not _in_notebook():
-        from tqdm.std import tqdm
-
         return tqdm
     if importlib.util.find_spec("ipywidgets") is None:  # tqdm.notebook needs it to draw
         return None
-    from tqdm.notebook import tqdm
+    from tqdm.notebook import tqdm as notebook_tqdm  # imports ipywidgets: only in a notebook that has them
 
-    return tqdm
+    return notebook_tqdm
 
 
 def progress_bar(*, disable: bool = False, **kwargs):
     """A tqdm bar (``write`` included) for this environment; a disabled text bar where none renders."""
     cls = _bar_class()
-    if cls is None:
-        from tqdm.std import tqdm
-
-        return tqdm(disable=True, **kwargs)
-    return cls(disable=disable, **kwargs)
+    return tqdm(disable=True, **kwargs) if cls is None else cls(disable=disable, **kwargs)

@@ -108,15 +108,10 @@ def load_last(path: str | Path, template, columns: Sequence[str]) -> tuple[Any, 
     for key in ("state", "history"):
         if key not in raw:
             raise checkpoint.CheckpointError(f"{path} is not a training checkpoint (no {key!r} entry)")
-    if "loss_scale" not in raw["state"]:  # written before states could keep fp16's loss scale
-        raw["state"]["loss_scale"] = None
     checkpoint.check_tree(raw["state"], serialization.to_state_dict(template), what=f"training state in {path}")
     state = serialization.from_state_dict(template, raw["state"])
     state = jax.tree.map(lambda v, t: np.asarray(v, np.asarray(t).dtype), state, template)
     pending = raw.get("pending") or None
-    if pending is not None and "task" not in pending:  # written before the step grouped its outputs
-        optim = {k: pending.pop(k) for k in ("grad_norm", "param_norm", "steps")}
-        pending = {"task": pending, "optim": optim}
     arrays = raw["history"]
     if set(arrays) != set(columns):
         raise checkpoint.CheckpointError(f"{path} holds a history with columns {sorted(arrays)}, this run's task "
