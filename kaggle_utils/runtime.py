@@ -35,8 +35,7 @@ MIN_GLOBAL_BATCH = 64  # BatchNorm statistics and the LR scale want some example
 # What a notebook trains on each machine: TrainConfig flags, RT.config = TrainConfig().replace(**row).
 # A flag a row leaves out keeps TrainConfig's default (the batch: 16 per device, at least 64 per step).
 PLATFORM_DEFAULTS = {
-    # v5e-8, bf16, 16 per chip: 8.91 of the 15.75 GiB the TPU compiler gives a chip (bench/README.md "TPU v5e-8 plan")
-    "tpu": dict(model="tf_efficientnetv2_m", image_size=512, epochs=12),
+    "tpu": dict(model="tf_efficientnetv2_m", image_size=512, epochs=12),  # fits: bench/README.md "TPU v5e-8 plan"
     "gpu": dict(model="tf_efficientnetv2_s", image_size=331, epochs=8),  # T4 (15 GiB) at 331 px: not measured yet
     "cpu": dict(model="tf_efficientnetv2_b0", image_size=192, epochs=2),  # a CPU session with the real data
     # the same code path in seconds on a CPU: timm's minimal EfficientNet at the digits sample's 32 px
@@ -162,16 +161,19 @@ def find_weights(model: str | None = None, root: str | os.PathLike | None = None
     return found
 
 
-def _versions() -> dict[str, str | None]:
-    """Installed versions from package metadata (importing TF or torch here would cost seconds)."""
-    def dist(*names):
-        for name in names:
-            try:
-                return metadata.version(name)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
+def package_version(*names: str) -> str | None:
+    """The installed version of the first of ``names`` found, from package metadata (importing TF or torch here
+    would cost seconds)."""
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
+
+def _versions() -> dict[str, str | None]:
+    dist = package_version
     return {"python": _platform_module.python_version(), "jax": jax.__version__, "jaxlib": dist("jaxlib"),
             "libtpu": dist("libtpu", "libtpu-nightly"), "flax": dist("flax"), "optax": dist("optax"),
             "tensorflow": dist("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly"),

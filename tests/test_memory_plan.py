@@ -96,7 +96,7 @@ def test_auto_picks_the_batch_whose_compiled_step_fits_the_budget(sample):
     assert resolved.data.batch_per_device is None  # recorded as the global batch: --resume keeps it
     line = plan.describe(resolved)
     assert "16 per device in 2 micro-batches of 8" in line
-    assert f"batch per device auto: 16, its train step needs {memory_plan._gib(needed)}" in line
+    assert f"batch per device auto: 16, its train step needs {memory_plan.gib_text(needed)}" in line
     assert "--memory-budget" in line and "less a 10% margin" in line and "3 compiles, " in line  # micro 1, 8, 9
 
 

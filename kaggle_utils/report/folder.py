@@ -2,7 +2,6 @@
 files a run wrote, with no model and no data: the same lines for a finished, resumed or later-reported run.
 """
 import json
-import math
 import re
 import statistics
 from pathlib import Path
@@ -102,9 +101,8 @@ def report_command(path: str | Path) -> list[str]:
         values.append(value)
     known = [v for v in values if v is not None]
     if len(known) > 1:
-        mean = sum(known) / len(known)
-        spread = math.sqrt(sum((v - mean) ** 2 for v in known) / (len(known) - 1))
-        lines.append(f"mean of the folds' best scores over {len(known)} folds: {mean:.4f} +- {spread:.4f} (std)")
+        lines.append(f"mean of the folds' best scores over {len(known)} folds: {statistics.mean(known):.4f} +- "
+                     f"{statistics.stdev(known):.4f} (std)")
     return lines
 
 

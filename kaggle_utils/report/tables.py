@@ -27,16 +27,12 @@ def _names(class_names: Sequence[str], num_classes: int) -> list[str]:
 def counts_record(sums: Mapping[str, np.ndarray], class_names: Sequence[str], best: Mapping | None) -> dict | None:
     """What ``val_counts.json`` holds, from an evaluation's summed statistics; None if the task sums
     neither a confusion matrix nor per-class TP / FP / FN (a custom task)."""
+    keys = ("confusion",) if "confusion" in sums else ("tp", "fp", "fn")
+    if not all(k in sums for k in keys):
+        return None
     where = {"step": best.get("step"), "epoch": best.get("epoch")} if best else {}
-    if "confusion" in sums:
-        confusion = np.asarray(sums["confusion"], np.int64)
-        return {**where, "count": int(sums["count"]), "class_names": _names(class_names, len(confusion)),
-                "confusion": confusion.tolist()}
-    if all(k in sums for k in ("tp", "fp", "fn")):
-        tp = np.asarray(sums["tp"], np.int64)
-        return {**where, "count": int(sums["count"]), "class_names": _names(class_names, len(tp)),
-                **{k: np.asarray(sums[k], np.int64).tolist() for k in ("tp", "fp", "fn")}}
-    return None
+    return {**where, "count": int(sums["count"]), "class_names": _names(class_names, len(sums[keys[0]])),
+            **{k: np.asarray(sums[k], np.int64).tolist() for k in keys}}
 
 
 def write_counts(out: Path, record: dict) -> Path:

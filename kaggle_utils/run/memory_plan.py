@@ -28,8 +28,8 @@ from ..train import inference_state
 from ..variable_trees import abstract_variables
 from .build import build_model, build_training
 
-__all__ = ["MARGIN", "BatchFit", "StepMemory", "device_budget", "fit_batch", "largest_batch", "recorded_batch",
-           "step_compiler"]
+__all__ = ["MARGIN", "BatchFit", "StepMemory", "device_budget", "fit_batch", "gib_text", "largest_batch",
+           "recorded_batch", "step_compiler"]
 
 MARGIN = 0.10  # of the budget, kept free (see the module docstring)
 FIRST_STEP = 8  # the second probe: micro-batch 8, where the bytes' slope is already the batch's
@@ -86,12 +86,12 @@ class BatchFit:
 
     def describe(self) -> str:
         bound = "; the data's size bounds it" if self.data_bound else ""
-        return (f"batch per device auto: {self.per_device}, its train step needs {_gib(self.needed)} of "
-                f"{_gib(self.budget * (1 - MARGIN))} ({self.budget_source} less a {MARGIN:.0%} margin){bound}; "
+        return (f"batch per device auto: {self.per_device}, its train step needs {gib_text(self.needed)} of "
+                f"{gib_text(self.budget * (1 - MARGIN))} ({self.budget_source} less a {MARGIN:.0%} margin){bound}; "
                 f"{self.compiles} compiles, {self.seconds:.1f} s")
 
 
-def _gib(n: float) -> str:
+def gib_text(n: float) -> str:
     return f"{n / GIB:.3g} GiB" if n >= GIB / 100 else f"{n / 2 ** 20:.3g} MiB"
 
 
@@ -225,7 +225,7 @@ def fit_batch(config: TrainConfig, plan, *, task=None, per_device_limit: int, bu
     if micro == 0:
         smallest = f"{k} micro-batches of 1 image" if k > 1 else "1 image"
         raise ConfigError(f"--batch-per-device auto: the smallest batch per device ({smallest}) needs "
-                          f"{_gib(measured[1])}, more than the {_gib(usable)} of the budget ({source} less a "
+                          f"{gib_text(measured[1])}, more than the {gib_text(usable)} of the budget ({source} less a "
                           f"{MARGIN:.0%} margin) for {config.model.name} at {config.model.image_size}px in "
                           f"{config.model.precision}; give a larger --memory-budget, or try --remat blocks, a half "
                           "--precision, a smaller --image-size")

@@ -1,11 +1,8 @@
 """``python -m kaggle_utils plan --target tpu-v5e-8 | tpu-v3-8 | local``: what a run's steps need on a device.
 
-The TPU compiler answers without a TPU: with libtpu installed, JAX hands out compile-only devices
-of a TPU topology (``jax.experimental.topologies``), and the run's own train, eval and predict
-steps are compiled for a mesh of them in its ``--mode`` (:func:`memory_plan.step_compiler`), the
-config resolved as ``train`` resolves it there (``--precision auto``: bf16; the head padded to 128).
-Every byte and FLOP comes from the compiler, per chip; a chip's HBM is what its compiler says is
-available, its bf16 peak the vendor's figure, so images/s at that peak is an upper bound.
+The TPU compiler answers without a TPU: with libtpu installed, JAX hands out compile-only devices of a TPU
+topology, and the run's own steps are compiled for a mesh of them (:func:`memory_plan.step_compiler`). Every byte
+and FLOP comes from the compiler; a chip's bf16 peak is the vendor's figure, so images/s at that peak is a bound.
 """
 import dataclasses
 import json
@@ -27,7 +24,7 @@ from ..config import ConfigError, TrainConfig
 from ..efficientnet import pretrained_cfg
 from ..parallel import make_mesh
 from . import RunData, memory_plan, open_data, resolve  # the package's public names (run/__init__ is loaded first)
-from .memory_plan import GIB
+from .memory_plan import GIB, gib_text
 
 __all__ = ["FLOWER_CLASSES", "FLOWER_TRAIN_IMAGES", "TARGETS", "Target", "no_data", "plan", "plan_command",
            "plan_lines", "quiet_libtpu", "target_config", "target_devices"]
@@ -65,12 +62,11 @@ def _check_libtpu(flag: str) -> None:
     pins = [r.split(";")[0].strip()[len("libtpu"):] for r in metadata.requires("jax") or [] if r.startswith("libtpu")]
     wanted = pins[0] if pins else ""  # "==0.0.42.*" (jax 0.10.2), "==0.0.23" (jax 0.7.2)
     install = f"pip install 'libtpu{wanted}' (the TPU compiler of jax {jax.__version__}, ~700 MB)"
-    try:
-        have = metadata.version("libtpu")
-    except metadata.PackageNotFoundError:
+    have = runtime.package_version("libtpu")
+    if have is None:
         if os.environ.get("TPU_LIBRARY_PATH"):
             return  # a libtpu.so given by path: jax loads that one
-        raise ConfigError(f"{flag}: libtpu is not installed; {install}") from None
+        raise ConfigError(f"{flag}: libtpu is not installed; {install}")
     pin = wanted.removeprefix("==")
     if wanted.startswith("==") and not (have == pin or pin.endswith("*") and have.startswith(pin[:-1])):
         raise ConfigError(f"{flag}: libtpu {have} does not fit jax {jax.__version__}, which needs libtpu{wanted}; "
@@ -176,23 +172,16 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
         "steps": {name: {**dataclasses.asdict(s), "bytes": s.bytes} for name, s in steps.items()},
         "train_gflops_per_image": flops["train"], "eval_gflops_per_image": flops["eval"], "peak_tflops": peak,
         "images_per_s_at_peak": images_per_s, "epoch_seconds_at_peak": epoch_images / images_per_s if images_per_s
-        else None, "epoch_images": epoch_images, "libtpu": _libtpu_version()}
+        else None, "epoch_images": epoch_images, "libtpu": runtime.package_version("libtpu")}
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         atomic_write_text(Path(out) / "plan.json", json.dumps(result, indent=1))
     return result
 
 
-def _libtpu_version() -> str | None:
-    try:
-        return metadata.version("libtpu")
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def plan_lines(p: dict) -> list[str]:
     """The plan block the command prints: every figure is one of ``plan.json``'s."""
-    train, gib = p["steps"]["train"], lambda n: f"{n / GIB:.3g} GiB" if n >= GIB / 100 else f"{n / 2 ** 20:.3g} MiB"
+    train, gib = p["steps"]["train"], gib_text
     where = f"{p['devices']} x {p['device_kind']}" + (", compile-only" if p["target"] != "local" else "")
     fits = "fits" if p["fits"] else "DOES NOT FIT"
     bound = (f"{p['images_per_s_at_peak']:,.0f} images/s at the bf16 peak ({p['devices']} x {p['peak_tflops']:g} "
