@@ -201,9 +201,8 @@ def _read_state_dict(path: Path) -> dict:
     try:
         state = serialization.msgpack_restore(data)
     except Exception as e:  # msgpack raises several unrelated types for damaged input
-        raise CheckpointError(
-            f"checkpoint {path} is truncated or corrupt ({len(data)} bytes): {type(e).__name__}: {e}"
-        ) from e
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({len(data)} bytes): "
+                              f"{type(e).__name__}: {e}") from e
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a tree of arrays")
     return state
@@ -227,11 +226,8 @@ def check_tree(actual: Any, expected: Any, *, what: str = "tree") -> None:
     got, want = flatten(actual), flatten(expected)
     missing = sorted(set(want) - set(got))
     unexpected = sorted(set(got) - set(want))
-    misshaped = [
-        f"{k}: file {tuple(np.shape(got[k]))} vs expected {tuple(np.shape(want[k]))}"
-        for k in sorted(set(got) & set(want))
-        if tuple(np.shape(got[k])) != tuple(np.shape(want[k]))
-    ]
+    misshaped = [f"{k}: file {np.shape(got[k])} vs expected {np.shape(want[k])}" for k in sorted(set(got) & set(want))
+                 if np.shape(got[k]) != np.shape(want[k])]
     if missing or unexpected or misshaped:
         lines = [f"{what} does not match the expected structure:"]
         for title, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
