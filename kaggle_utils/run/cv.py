@@ -177,12 +177,10 @@ def _fold_data(data: RunData, pool: Pool, k: int) -> RunData:
 def _write_fold_oof(fold_out: Path, k: int, pool: Pool, fold_data: RunData) -> None:
     """Fold k's best checkpoint on its held-out records -> ``fold{k}/oof.csv`` (id, label, fold, probabilities)."""
     model, variables, config = load_run(fold_out)
-    batches = eval_dataset(config, fold_data, "val", batch_size=config.data.batch_size, with_records=True)
-    try:
+    with contextlib.closing(eval_dataset(config, fold_data, "val", batch_size=config.data.batch_size,
+                                         with_records=True)) as batches:
         records, probs = predict(prediction_steps(config, model), variables,
                                  ({"image": b["image"], "id": b["record"], "mask": b["mask"]} for b in batches))
-    finally:
-        batches.close()
     row_of = {f"{f}#{i}": r for r, (f, i) in enumerate(zip(pool.files, pool.indices))}
     rows = [row_of[r.decode("utf-8")] for r in records]
     if sorted(rows) != list(np.flatnonzero(pool.folds == k)):

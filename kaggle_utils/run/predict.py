@@ -62,12 +62,9 @@ def predict_split(steps: Steps, variables: dict, files: list[str], config: Train
     a corrupt test JPEG is predicted as libjpeg recovers it, with a warning: the submission needs its row.
     """
     files = list_tfrecords(files)
-    dataset = load_dataset(files, labeled=False, image_size=stored_size, batch_size=batch_size,
-                           crop=eval_crop(config, stored_size))
-    try:
+    with contextlib.closing(load_dataset(files, labeled=False, image_size=stored_size, batch_size=batch_size,
+                                         crop=eval_crop(config, stored_size))) as dataset:
         ids, probs = predict(steps, variables, dataset)
-    finally:
-        dataset.close()
     expected, texts = count_data_items(files), [_text(i) for i in ids]
     if len(texts) != expected:
         raise ValueError(f"predicted {len(texts)} test images but the file names of {len(files)} file(s) "

@@ -182,10 +182,7 @@ def _report(out: Path, config: TrainConfig, plan: Plan, data: RunData, steps: St
     again (collectively) only where this process did not make it (the best came before a ``--resume``)."""
     sums = result.best_sums
     if sums is None:
-        batches = val_dataset(config, plan, data)
-        try:
+        with contextlib.closing(val_dataset(config, plan, data)) as batches:
             sums = evaluate(steps, steps.put_state(inference_state(best)), batches, desc="best checkpoint on val")
-        finally:
-            batches.close()
     if jax.process_index() == 0:
         report.finish_run(out, sums, config.data.class_names, result.best)
