@@ -8,6 +8,7 @@ import pytest
 
 from kaggle_utils import job, models, run
 from kaggle_utils.config import ConfigError, TrainConfig
+from kaggle_utils.run.target_plan import no_data
 
 
 class TinyConvNet(nn.Module):
@@ -81,3 +82,10 @@ def test_a_builder_gets_only_the_options_it_takes_and_remat_it_cannot_do_is_refu
     with pytest.raises(ConfigError, match="--remat blocks: the builder of model 'tiny_convnet' takes no remat"):
         run.build_model(config.replace(remat="blocks"))
     assert models.registered("m").builder(num_classes=3).spec.name == "tf_efficientnetv2_m"  # short V2 names
+
+
+def test_a_plan_without_data_asks_a_registered_module_for_its_size(tmp_path):
+    with pytest.raises(ConfigError, match="--model tiny_convnet: a plan without data needs --image-size"):
+        no_data(TrainConfig().replace(model="tiny_convnet"), None)
+    assert no_data(TrainConfig().replace(model="tiny_convnet", image_size=24), 100).stored_size == 24
+    assert no_data(TrainConfig().replace(model="tf_efficientnetv2_b0"), None).stored_size == 192  # timm's own size

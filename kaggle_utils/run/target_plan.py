@@ -22,6 +22,7 @@ from .. import runtime
 from ..checkpoint import atomic_write_text
 from ..config import ConfigError, TrainConfig
 from ..efficientnet import pretrained_cfg
+from ..models import registered
 from ..parallel import make_mesh
 from . import RunData, memory_plan, open_data, resolve  # the package's public names (run/__init__ is loaded first)
 from .memory_plan import GIB, gib_text
@@ -100,6 +101,9 @@ def no_data(config: TrainConfig, train_images: int | None) -> RunData:
     images = FLOWER_TRAIN_IMAGES if train_images is None else train_images
     if images < 1:
         raise ConfigError(f"--train-images {images}: must be at least 1")
+    if config.model.image_size is None and not registered(config.model.name).efficientnet:
+        raise ConfigError(f"--model {config.model.name}: a plan without data needs --image-size (the size is known "
+                          "only for the registered EfficientNets)")
     size = config.model.image_size or pretrained_cfg(config.model.name)["input_size"][-1]
     return RunData(root=None, splits={"train": [], "val": [], "test": []}, stored_size=size, num_train=images,
                    max_label=(config.model.num_classes or FLOWER_CLASSES) - 1,
