@@ -24,7 +24,7 @@ from flax import serialization
 
 from .variable_trees import flatten
 
-__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_csv", "atomic_write_rows",
+__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_csv",
            "atomic_write_text", "check_digest", "check_format", "check_tree", "load", "manifest_path", "pid_alive",
            "remove_stale_temp_files", "save"]
 
@@ -62,18 +62,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Iterable[Mapping]) -> None:
+def atomic_write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Iterable[Mapping | Sequence]) -> None:
+    """A CSV of the header ``columns`` and ``rows`` written atomically: each row a mapping by column (a missing one
+    is empty) or a sequence in the columns' order."""
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(path, text.getvalue())
-
-
-def atomic_write_rows(path: str | os.PathLike, rows: Iterable[Sequence]) -> None:
-    """A CSV of ``rows`` (the header first) written atomically."""
-    text = io.StringIO()
-    csv.writer(text, lineterminator="\n").writerows(rows)
+    by_name = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
+    in_order = csv.writer(text, lineterminator="\n")
+    by_name.writeheader()
+    for row in rows:
+        (by_name if isinstance(row, Mapping) else in_order).writerow(row)
     atomic_write_text(path, text.getvalue())
 
 

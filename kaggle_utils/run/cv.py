@@ -191,9 +191,9 @@ def _write_fold_oof(fold_out: Path, k: int, pool: Pool, fold_data: RunData) -> N
 
 def _write_oof(path: Path, pool: Pool, rows: Sequence[int], probs: np.ndarray) -> None:
     if jax.process_index() == 0:
-        checkpoint.atomic_write_rows(path, [["id", "label", "fold", *range(probs.shape[1])],
-                                            *([pool.keys[r], pool.label_text(r), pool.folds[r], *map(float, row)]
-                                              for r, row in zip(rows, probs))])
+        checkpoint.atomic_write_csv(path, ["id", "label", "fold", *range(probs.shape[1])],
+                                    ([pool.keys[r], pool.label_text(r), pool.folds[r], *map(float, row)]
+                                     for r, row in zip(rows, probs)))
 
 
 def read_oof(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..checkpoint import atomic_write_rows
+from ..checkpoint import atomic_write_csv
 from ..config import ConfigError, TrainConfig
 from ..data.stratify import iterative_stratification
 
@@ -123,8 +123,8 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
     path = Path(out) / FOLDS_FILE
     recorded = None if overwrite else read_folds(out)
     if recorded is None:
-        atomic_write_rows(path, [["id", "fold", *([groups[0]] if groups else [])],
-                                 *zip(ids, map(int, folds), *([groups[1]] if groups else []))])
+        atomic_write_csv(path, ["id", "fold", *([groups[0]] if groups else [])],
+                         zip(ids, map(int, folds), *([groups[1]] if groups else [])))
         return
     grouped = (groups[0], dict(zip(ids, map(str, groups[1])))) if groups else None
     difference = (_group_difference(read_fold_groups(out), grouped)

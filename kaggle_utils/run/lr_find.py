@@ -89,7 +89,7 @@ class LrFinding:
         out.mkdir(parents=True, exist_ok=True)
         rows = [[step, f"{lr:.6g}", f"{lr * self.global_batch / 256:.6g}", f"{loss:.6g}", f"{smoothed:.6g}"]
                 for step, (lr, loss, smoothed) in enumerate(zip(self.lrs, self.losses, self.smoothed))]
-        checkpoint.atomic_write_rows(out / LR_FIND_CSV, [["step", "lr", "peak_lr", "loss", "smoothed_loss"], *rows])
+        checkpoint.atomic_write_csv(out / LR_FIND_CSV, ["step", "lr", "peak_lr", "loss", "smoothed_loss"], rows)
         return [out / LR_FIND_CSV, write_lr_find_plot(out, self)]
 
 

@@ -226,8 +226,7 @@ def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray
         labels = [names[c] for c in probs.argmax(-1)]
     submission, probabilities = out_dir / "submission.csv", out_dir / probabilities_name
     if jax.process_index() == 0:
-        checkpoint.atomic_write_rows(submission, [[id_column, data.label_column or "label"],
-                                                  *zip(map(_text, ids), labels)])
-        checkpoint.atomic_write_rows(probabilities, [[id_column, *names],
-                                                     *([_text(i), *map(str, row)] for i, row in zip(ids, probs))])
+        checkpoint.atomic_write_csv(submission, [id_column, data.label_column or "label"], zip(map(_text, ids), labels))
+        checkpoint.atomic_write_csv(probabilities, [id_column, *names],
+                                    ([_text(i), *map(str, row)] for i, row in zip(ids, probs)))
     return submission, probabilities
