@@ -313,7 +313,7 @@ def test_the_memo_trusts_a_record_only_after_a_clean_read_of_the_same_reading_an
         key = records.key_of([str(path)], reading)(tf.constant(str(path)), tf.constant(3, tf.int64))
         trusted = bool(records.known(key))
         reads.append(trusted)
-        return records.remember(key, tf.constant("" if trusted else problem), known=trusted).numpy()
+        return records.remember(key, tf.constant("" if trusted else problem)).numpy()
 
     assert [read_once("a", "bad"), read_once("a", "bad")] == [b"bad", b"bad"]  # a bad record: guarded each time
     assert [read_once("a", ""), read_once("a", ""), read_once("b", "")] == [b""] * 3

@@ -36,14 +36,11 @@ class RecordMemo:
     def known(self, key):
         return self._passed.lookup(key)[0]
 
-    def remember(self, key, problem, known=False):
-        """``problem``; where it is ``""`` and the record was not ``known``, the record's key is inserted first."""
-
-        def insert():
-            with tf.control_dependencies([self._passed.insert(key, [True])]):
-                return tf.identity(problem)
-
-        return tf.cond(tf.equal(problem, "") & tf.logical_not(known), insert, lambda: problem)
+    def remember(self, key, problem):
+        """``problem``, once the record's key is marked as read without a problem where it is ``""`` (an insert, not
+        a ``tf.cond``: as cheap for a record known already, which is marked again)."""
+        with tf.control_dependencies([self._passed.insert(key, tf.equal(problem, "")[None])]):
+            return tf.identity(problem)
 
 
 def records_read() -> RecordMemo:

@@ -288,7 +288,7 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
                                     trusted=trusted)
             example["image"] = augment_image(image, image_seed)
         if key_of:
-            problem = passed.remember(key, problem, known=trusted)
+            problem = passed.remember(key, problem)
         if with_records:
             example["record"] = tf.strings.join([name, "#", tf.strings.as_string(index)])
         return {**example, "keep": problems.keep(name, index, problem)}
@@ -370,7 +370,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
         image, problem = decode(encoded, tf.where(readable, "", "the file cannot be read"), name=name, index=index,
                                 check=check, trusted=trusted)
         if key_of:
-            problem = passed.remember(key, problem, known=trusted)
+            problem = passed.remember(key, problem)
         example = {"image": augment_image(image, image_seed), "keep": problems.keep(name, index, problem)}
         if labels is not None:
             example["label"] = tf.gather(labels, index)
