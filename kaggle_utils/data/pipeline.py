@@ -176,7 +176,7 @@ def source_records(source: Source, indices: np.ndarray, *, shuffle_seed: int | N
     return records
 
 
-def decode(encoded, problem, *, name, index, size: int | None = None, check=None, trusted: bool = False):
+def decode(encoded, problem, *, name, index, size: int | None = None, check=None, trusted=False):
     """Image bytes -> ``(uint8 [H, W, 3], problem)``: bytes that do not decode, an image other than ``size`` x
     ``size`` (TFRecords) or corrupt JPEG data (``check``, :func:`~.jpeg.tf_check`) become the problem;
     ``trusted`` (a bool tensor): bytes that decoded before (:mod:`.memo`), decoded without guards."""

@@ -188,7 +188,7 @@ def size_problem(height_width, size: int):
 
 
 def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_classes: int | None = None,
-                 header: bool = True, jpeg_only: bool = False, trusted: bool = False):
+                 header: bool = True, jpeg_only: bool = False, trusted=False):
     """One serialized record -> ``(image bytes, target, problem)`` in a tf.data map, decoding nothing.
 
     ``target``: the int32 class, a float32 multi-hot ``[C]`` (``multi_label_classes=C``) or the id; ``problem``:
