@@ -309,13 +309,11 @@ def test_the_memo_trusts_a_record_only_after_a_clean_read_of_the_same_reading_an
     path.write_bytes(b"one")
     records, reads = memo.RecordMemo(), []
 
-    def read_once(reading, problem):
-        def read(trusted):
-            reads.append(trusted)
-            return tf.constant(1), tf.constant("" if trusted else problem)
-
-        reader = records.reader([str(path)], reading)  # as a new pipeline over the file makes it
-        return reader(tf.constant(str(path)), tf.constant(3, tf.int64), read)[1].numpy()
+    def read_once(reading, problem):  # as a pipeline's to_example: guarded unless known, then remembered
+        key = records.key_of([str(path)], reading)(tf.constant(str(path)), tf.constant(3, tf.int64))
+        trusted = bool(records.known(key))
+        reads.append(trusted)
+        return records.remember(key, tf.constant("" if trusted else problem)).numpy()
 
     assert [read_once("a", "bad"), read_once("a", "bad")] == [b"bad", b"bad"]  # a bad record: guarded each time
     assert [read_once("a", ""), read_once("a", ""), read_once("b", "")] == [b""] * 3

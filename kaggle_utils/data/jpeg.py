@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from .memo import RecordMemo
+from .memo import records_read
 from .tfhost import tf
 
 DCT_METHOD = "INTEGER_ACCURATE"  # for tf.io.decode_jpeg; the only method PIL and OpenCV also have
@@ -90,45 +90,27 @@ def jpeg_problem(data: bytes) -> str:
     return ""
 
 
-class CheckedRecords(RecordMemo):
-    """The records that passed :func:`jpeg_problem` (a :class:`~.memo.RecordMemo`): each is checked once until its
-    file changes."""
+def tf_check(files=(), *, warn_only: bool = False):
+    """``(filename, index, jpeg) -> problem`` for tf.data: :func:`jpeg_problem`, once per record until its file
+    changes (``files``, stamped now: the process's :mod:`.memo`); ``warn_only``: a corrupt JPEG is named in a
+    RuntimeWarning and passes (a test image: the submission needs its row)."""
+    passed = records_read()
+    key_of = passed.key_of(files, "jpeg")
 
-    def tf_check(self, files=()):
-        """``(filename, index, jpeg) -> problem`` for tf.data; ``files``: the files the names are, stamped."""
-        key_of = self.key_of(files, "jpeg")
+    def check(filename, index, jpeg):
+        key = key_of(filename, index)
+        problem = tf.cond(passed.known(key), lambda: tf.constant(""), lambda: passed.remember(key, tf.ensure_shape(
+            tf.numpy_function(_problem_bytes, [jpeg], tf.string, stateful=False), [])))
+        if not warn_only:
+            return problem
+        return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
+            tf.numpy_function(_warn_and_pass, [filename, index, problem], tf.string), []))
 
-        def check(filename, index, jpeg):
-            key = key_of(filename, index)
-            return tf.cond(self.known(key), lambda: tf.constant(""), lambda: self.remember(key, tf.ensure_shape(
-                tf.numpy_function(_problem_bytes, [jpeg], tf.string, stateful=False), [])))
-
-        return check
+    return check
 
 
 def _problem_bytes(data: bytes) -> bytes:
     return jpeg_problem(data).encode()
-
-
-_checked: CheckedRecords | None = None  # shared by every pipeline of the process
-
-
-def tf_check(files=(), *, warn_only: bool = False):
-    """:meth:`CheckedRecords.tf_check` of the process's records; ``warn_only``: a corrupt JPEG is named in a
-    RuntimeWarning and passes (a test image: the submission needs its row)."""
-    global _checked
-    with _lock:
-        _checked = _checked or CheckedRecords()
-    check = _checked.tf_check(files)
-    if not warn_only:
-        return check
-
-    def check_warning(filename, index, jpeg):
-        problem = check(filename, index, jpeg)
-        return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
-            tf.numpy_function(_warn_and_pass, [filename, index, problem], tf.string), []))
-
-    return check_warning
 
 
 def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:

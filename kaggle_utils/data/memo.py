@@ -2,10 +2,12 @@
 
 Naming a bad record costs time on every read of every good one: ``first_success`` (a try/except inside tf.data)
 runs a one-element tf.data pipeline around the parse and around the decode, and the JPEG check decodes the data a
-second time. A record that once passed them all is read again with plain ops (``trusted``): the same ops on the
-same bytes, so the same pixels. Keys are ``<reading>|<file>|<size, mtime, inode>|<index>``: ``reading`` says what
-was read from the record (its labels, its size), and a file rewritten in place gets new keys, so it is read in full
-again. The table is a TensorFlow op (no GIL), shared by the process's pipelines.
+second time. A record that once passed them all is read again with plain ops: a pipeline asks
+:meth:`RecordMemo.known` and gives the answer to the parse and the decode as ``trusted``, a ``tf.cond`` between
+their plain and guarded ops (the same ops on the same bytes, so the same pixels). Keys are
+``<reading>|<file>|<size, mtime, inode>|<index>``: ``reading`` says what was read from the record (its labels, its
+size; ``jpeg``: the JPEG check's), and a file rewritten in place gets new keys, so it is read in full again. The
+table is a TensorFlow op (no GIL), shared by the process's pipelines and the JPEG check.
 """
 
 import os
@@ -35,29 +37,10 @@ class RecordMemo:
         return self._passed.lookup(key)[0]
 
     def remember(self, key, problem):
-        """``problem``; where it is ``""``, the record's key is inserted first."""
-
-        def insert():
-            with tf.control_dependencies([self._passed.insert(key, [True])]):
-                return tf.identity(problem)
-
-        return tf.cond(tf.equal(problem, ""), insert, lambda: problem)
-
-    def reader(self, files=(), reading: str = ""):
-        """``(name, index, read) -> (content, problem)`` for tf.data, where ``read(trusted)`` reads the record:
-        with its guards (``trusted=False``) unless it was read in full without a problem before."""
-        key_of = self.key_of(files, reading)
-
-        def read_record(name, index, read):
-            key = key_of(name, index)
-
-            def first_read():
-                content, problem = read(False)
-                return content, self.remember(key, problem)
-
-            return tf.cond(self.known(key), lambda: read(True), first_read)
-
-        return read_record
+        """``problem``, once the record's key is marked as read without a problem where it is ``""`` (an insert, not
+        a ``tf.cond``: as cheap for a record known already, which is marked again)."""
+        with tf.control_dependencies([self._passed.insert(key, tf.equal(problem, "")[None])]):
+            return tf.identity(problem)
 
 
 def records_read() -> RecordMemo:

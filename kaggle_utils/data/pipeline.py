@@ -176,22 +176,27 @@ def source_records(source: Source, indices: np.ndarray, *, shuffle_seed: int | N
     return records
 
 
-def decode(encoded, problem, *, name, index, size: int | None = None, check=None, trusted: bool = False):
+def decode(encoded, problem, *, name, index, size: int | None = None, check=None, trusted=False):
     """Image bytes -> ``(uint8 [H, W, 3], problem)``: bytes that do not decode, an image other than ``size`` x
     ``size`` (TFRecords) or corrupt JPEG data (``check``, :func:`~.jpeg.tf_check`) become the problem;
-    ``trusted``: bytes that decoded before (:mod:`.memo`), decoded without guards."""
-    if trusted:
+    ``trusted`` (a bool tensor): bytes that decoded before (:mod:`.memo`), decoded without guards."""
+
+    def plain():
         image = decode_image(encoded)
         return (image if size is None else tf.reshape(image, [size, size, 3])), problem
-    image, decoded = first_success(decode_image, encoded, tf.zeros([1, 1, 3], tf.uint8))
-    problem = first_problem(problem, tf.where(decoded, "", UNDECODABLE))
-    if size is not None:
-        problem = first_problem(problem, size_problem(tf.shape(image)[:2], size))
-        image = tf.cond(tf.equal(problem, ""), lambda: tf.reshape(image, [size, size, 3]),
-                        lambda: tf.zeros([size, size, 3], tf.uint8))
-    if check is not None:
-        problem = tf.cond(tf.equal(problem, ""), lambda: check(name, index, encoded), lambda: problem)
-    return image, problem
+
+    def guarded():
+        image, decoded = first_success(decode_image, encoded, tf.zeros([1, 1, 3], tf.uint8))
+        found = first_problem(problem, tf.where(decoded, "", UNDECODABLE))
+        if size is not None:
+            found = first_problem(found, size_problem(tf.shape(image)[:2], size))
+            image = tf.cond(tf.equal(found, ""), lambda: tf.reshape(image, [size, size, 3]),
+                            lambda: tf.zeros([size, size, 3], tf.uint8))
+        if check is not None:
+            found = tf.cond(tf.equal(found, ""), lambda: check(name, index, encoded), lambda: found)
+        return image, found
+
+    return guarded() if trusted is False else tf.cond(trusted, plain, guarded)
 
 
 def _host_dataset(records, to_example, *, training: bool, seed: int, batch_size: int, plan, problems: ProblemLog,
@@ -265,26 +270,25 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
     multi_label_classes = multi_label_classes if labeled else None
 
     # a test split is read without the memo: its corrupt JPEGs pass with a warning, given at every read
-    read_record = memo.records_read().reader(files, f"{labeled}|{multi_label_classes}|{image_size}|{in_workers}|"
-                                                    f"{check is not None}") if labeled else None
+    passed = memo.records_read()
+    key_of = passed.key_of(files, f"{labeled}|{multi_label_classes}|{image_size}|{in_workers}|{check is not None}") \
+        if labeled else None
 
     def to_example(name, index, serialized, image_seed):
-        def read(trusted):
-            encoded, target, problem = parse_record(serialized, labeled=labeled, image_size=image_size,
-                                                    multi_label_classes=multi_label_classes, header=False,
-                                                    jpeg_only=in_workers, trusted=trusted)
-            if in_workers:  # the JPEG, for the workers to decode
-                return {"target": target, "jpeg": tf.where(tf.equal(problem, ""), encoded, b"")}, problem
+        key = key_of(name, index) if key_of else None
+        trusted = passed.known(key) if key_of else False
+        encoded, target, problem = parse_record(serialized, labeled=labeled, image_size=image_size,
+                                                multi_label_classes=multi_label_classes, header=False,
+                                                jpeg_only=in_workers, trusted=trusted)
+        example = {"label" if labeled else "id": target}
+        if in_workers:  # the JPEG for the workers to decode, and where it came from (should one not decode it)
+            example.update(jpeg=tf.where(tf.equal(problem, ""), encoded, b""), name=name, index=index)
+        else:
             image, problem = decode(encoded, problem, name=name, index=index, size=image_size, check=check,
                                     trusted=trusted)
-            return {"target": target, "image": image}, problem
-
-        content, problem = read_record(name, index, read) if read_record else read(False)
-        example = {"label" if labeled else "id": content.pop("target"), **content}
-        if in_workers:  # and where the JPEG came from, should a worker fail to decode it
-            example.update(name=name, index=index)
-        else:
-            example["image"] = augment_image(example["image"], image_seed)
+            example["image"] = augment_image(image, image_seed)
+        if key_of:
+            problem = passed.remember(key, problem)
         if with_records:
             example["record"] = tf.strings.join([name, "#", tf.strings.as_string(index)])
         return {**example, "keep": problems.keep(name, index, problem)}
@@ -350,19 +354,23 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     augment_image = per_image_ops(crop, plan.per_image)
     ids, labels = tf.constant(source.ids), None if source.labels is None else tf.constant(source.labels)
 
-    read_record = memo.records_read().reader(source.paths or (), f"source|{check is not None}") if source.labeled \
-        else None  # a test folder is read without the memo, as a test split
+    passed = memo.records_read()
+    key_of = passed.key_of(source.paths or (), f"source|{check is not None}") if source.labeled else None
+    # a test folder is read without the memo, as a test split
 
     def to_example(name, index, payload, image_seed):
-        def read(trusted):
-            if source.paths is None or trusted:
-                encoded, readable = (payload if source.paths is None else tf.io.read_file(payload)), True
-            else:
-                encoded, readable = first_success(tf.io.read_file, payload, "")
-            return decode(encoded, tf.where(readable, "", "the file cannot be read"), name=name, index=index,
-                          check=check, trusted=trusted)
-
-        image, problem = read_record(name, index, read) if read_record else read(False)
+        key = key_of(name, index) if key_of else None
+        trusted = passed.known(key) if key_of else False
+        if source.paths is None:
+            encoded, readable = payload, True
+        else:
+            encoded, readable = first_success(tf.io.read_file, payload, "") if trusted is False else tf.cond(
+                trusted, lambda: (tf.io.read_file(payload), tf.constant(True)),
+                lambda: first_success(tf.io.read_file, payload, ""))
+        image, problem = decode(encoded, tf.where(readable, "", "the file cannot be read"), name=name, index=index,
+                                check=check, trusted=trusted)
+        if key_of:
+            problem = passed.remember(key, problem)
         example = {"image": augment_image(image, image_seed), "keep": problems.keep(name, index, problem)}
         if labels is not None:
             example["label"] = tf.gather(labels, index)

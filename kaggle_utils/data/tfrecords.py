@@ -188,12 +188,12 @@ def size_problem(height_width, size: int):
 
 
 def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_classes: int | None = None,
-                 header: bool = True, jpeg_only: bool = False, trusted: bool = False):
+                 header: bool = True, jpeg_only: bool = False, trusted=False):
     """One serialized record -> ``(image bytes, target, problem)`` in a tf.data map, decoding nothing.
 
     ``target``: the int32 class, a float32 multi-hot ``[C]`` (``multi_label_classes=C``) or the id; ``problem``:
     ``""`` or what is wrong; ``header``: check the JPEG header and size too; ``jpeg_only``: refuse non-JPEG bytes;
-    ``trusted``: a record read in full before (:mod:`.memo`), parsed without guards.
+    ``trusted``: a bool tensor, true for a record read in full before (:mod:`.memo`): parsed without guards.
     """
     multi = labeled and multi_label_classes is not None
     spec = record_spec(labeled, multi)
@@ -204,30 +204,34 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
         parsed = tf.io.parse_single_example(s, spec)
         return parsed["image"].values, parsed[key].values
 
-    if trusted:
-        images, values = parse(serialized)
-    else:
-        (images, values), parsed = first_success(parse, serialized, (tf.zeros([0], tf.string), tf.zeros([0], dtype)))
-    encoded = tf.concat([images[:1], [b""]], 0)[0]
-    if multi:
-        target, target_problem = _multi_hot(values, multi_label_classes)
-    else:
+    def content(images, values):
+        """(the image bytes, the target, what is wrong with the target)"""
+        encoded = tf.concat([images[:1], [b""]], 0)[0]
+        if multi:
+            return (encoded, *_multi_hot(values, multi_label_classes))
         target = tf.concat([values[:1], tf.constant([-1 if labeled else b""], dtype)], 0)[0]
-        target = tf.cast(target, tf.int32) if labeled else target
-        target_problem = _count_problem(key, tf.size(values), "value")
-    if trusted:
+        return encoded, tf.cast(target, tf.int32) if labeled else target, _count_problem(key, tf.size(values), "value")
+
+    def plain():
+        encoded, target, _ = content(*parse(serialized))
         return encoded, target, tf.constant("")
-    problems = [tf.where(parsed, "", malformed(spec)), _count_problem("image", tf.size(images), "image"),
-                target_problem]
-    if header or jpeg_only:
-        is_jpeg = tf.equal(tf.strings.substr(encoded, 0, 2), b"\xff\xd8")
-        height_width, has_header = first_success(lambda jpeg: tf.image.extract_jpeg_shape(jpeg)[:2], encoded,
-                                                 tf.zeros([2], tf.int32))
-        kind = tf.where(tf.equal(tf.strings.substr(encoded, 0, 4), b"\x89PNG"), "a PNG", "not a JPEG")
-        problems.append(tf.where(~is_jpeg, tf.strings.join(["image bytes are ", kind, "; " + _WORKERS_DECODE_JPEG_ONLY])
-                                 if jpeg_only else "",
-                                 tf.where(has_header, size_problem(height_width, image_size), UNDECODABLE)))
-    return encoded, target, first_problem(*problems)
+
+    def guarded():
+        (images, values), parsed = first_success(parse, serialized, (tf.zeros([0], tf.string), tf.zeros([0], dtype)))
+        encoded, target, target_problem = content(images, values)
+        problems = [tf.where(parsed, "", malformed(spec)), _count_problem("image", tf.size(images), "image"),
+                    target_problem]
+        if header or jpeg_only:
+            is_jpeg = tf.equal(tf.strings.substr(encoded, 0, 2), b"\xff\xd8")
+            height_width, has_header = first_success(lambda jpeg: tf.image.extract_jpeg_shape(jpeg)[:2], encoded,
+                                                     tf.zeros([2], tf.int32))
+            kind = tf.where(tf.equal(tf.strings.substr(encoded, 0, 4), b"\x89PNG"), "a PNG", "not a JPEG")
+            problems.append(tf.where(~is_jpeg, tf.strings.join(["image bytes are ", kind, "; "
+                                                                 + _WORKERS_DECODE_JPEG_ONLY]) if jpeg_only else "",
+                                     tf.where(has_header, size_problem(height_width, image_size), UNDECODABLE)))
+        return encoded, target, first_problem(*problems)
+
+    return guarded() if trusted is False else tf.cond(trusted, plain, guarded)
 
 
 def _multi_hot(indices, num_classes: int):
