@@ -17,15 +17,6 @@ def padded_width(num_classes: int, multiple: int = 1) -> int:
     return -(-num_classes // multiple) * multiple
 
 
-def _zero_columns_from(init: Callable, first: int) -> Callable:
-    """An initialiser whose output columns ``first:`` are zero: padded logits start (and stay) 0."""
-
-    def padded_init(key, shape, dtype=jnp.float32):
-        return init(key, shape, dtype).at[..., first:].set(0)
-
-    return padded_init
-
-
 class ClassifierHead(nn.Module):
     """Any backbone + global average pooling + dropout + a Dense ``classifier``.
 
@@ -65,7 +56,9 @@ class ClassifierHead(nn.Module):
     def classify(self, features, train: bool = False):
         """Dropout and the Dense ``classifier`` on pooled features ``[B, C]`` (initialisable alone)."""
         features = nn.Dropout(self.drop_rate, deterministic=not train)(features)
-        init = _zero_columns_from(self.kernel_init, self.num_classes)
+        def init(key, shape, dtype=jnp.float32):  # padded logits start (and stay) 0
+            return self.kernel_init(key, shape, dtype).at[..., self.num_classes:].set(0)
+
         logits = nn.Dense(self.num_outputs, dtype=self.dtype, kernel_init=init, name="classifier")(features)
         return logits.astype(jnp.float32)
 
