@@ -100,10 +100,7 @@ def package(out: str | Path, *, user: str = DEFAULT_USER, notebooks_dir: str | P
     notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else repo / "notebooks"
     notebooks = sorted(notebooks_dir.glob("*.ipynb")) if notebooks_dir.is_dir() else []
     notes = [] if notebooks else [f"no notebooks in {notebooks_dir}: only the kit and weights folders"]
-    for name in KIT_PACKAGES:
-        if not (repo / name / "__init__.py").is_file():
-            raise PackagingError(f"the kit package {repo / name} is missing")
-    for name in KIT_FILES:
+    for name in [*(f"{package}/__init__.py" for package in KIT_PACKAGES), *KIT_FILES]:
         if not (repo / name).is_file():
             raise PackagingError(f"{repo / name} is missing; the kit dataset ships it")
     checked = _check_weights(weights)
