@@ -81,6 +81,7 @@ _STRINGS = (_is_str_list, "a list of strings")
 _KERNEL_RULES = {
     "language": (lambda v: isinstance(v, str) and v in LANGUAGES, f"one of {', '.join(LANGUAGES)}"),
     "kernel_type": (lambda v: isinstance(v, str) and v in CODE_SUFFIXES, "'notebook' or 'script'"),
+    "code_file": (lambda v: isinstance(v, str) and bool(v), "a file name"),
     **{key: (lambda v: isinstance(v, bool), "true or false") for key in KERNEL_BOOLEANS},
     **{key: _STRINGS for key in ("keywords", "competition_sources", "dataset_sources", "kernel_sources",
                                  "model_sources")},
@@ -184,8 +185,6 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
             found("code_file", f"{code_file!r} is not a {kernel_type} ({'/'.join(CODE_SUFFIXES[kernel_type])})")
         elif code.suffix == ".ipynb":
             found += lint_notebook(code, fix=fix)
-    elif "code_file" in meta:
-        found("code_file", f"{code_file!r} is not a file name")
     return found
 
 
