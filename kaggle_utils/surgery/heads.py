@@ -63,17 +63,16 @@ class ClassifierHead(nn.Module):
         return logits.astype(jnp.float32)
 
 
-def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int, sample_input, *,
-                drop_rate: float = 0.0, pad_to: int = 1, num_features: int | None = None,
-                dtype: Any = jnp.float32, seed: int = 0, head_init: str = "zeros") -> ModelAndVariables:
-    """A :class:`ClassifierHead` on ``backbone``: a fresh head, the backbone's variables unchanged.
+def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int, sample_input, *, seed: int = 0,
+                head_init: str = "zeros", **head_fields) -> ModelAndVariables:
+    """A :class:`ClassifierHead` on ``backbone`` (``head_fields``: its ``drop_rate``, ``pad_to``, ``num_features``
+    (default: the backbone's), ``dtype``): a fresh head, the backbone's variables unchanged.
 
     ``backbone_variables`` must fit ``backbone`` exactly; only the classifier is initialised. ``head_init``:
     ``"zeros"`` (the first loss is ln C, so random logits do not push pretrained features around) or ``"random"``.
     """
-    num_features = num_features or getattr(backbone, "num_features", None)
-    head = ClassifierHead(backbone, num_classes, drop_rate=drop_rate, pad_to=pad_to, num_features=num_features,
-                          dtype=dtype)
+    head_fields["num_features"] = head_fields.get("num_features") or getattr(backbone, "num_features", None)
+    head = ClassifierHead(backbone, num_classes, **head_fields)
     fresh = abstract_variables(head, sample_input)
     width = fresh["params"]["classifier"]["kernel"].shape[0]
     classifier = init_variables(head, jax.ShapeDtypeStruct((1, width), jnp.float32), seed=seed,
