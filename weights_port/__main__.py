@@ -27,12 +27,10 @@ def main(argv=None) -> int:
     try:
         r = port(args.name, args.out, checkpoint_path=args.checkpoint, pretrained=not args.random,
                  num_classes=args.num_classes, verify_size=args.verify_size, seed=args.seed)
-    except (VerificationError, ConnectionError) as e:  # the port or the network failed, not the input
+    except (VerificationError, ConnectionError, ConversionError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (ConversionError, FileNotFoundError, ValueError) as e:  # bad input: a usage error, like argparse's
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        # 1: the port or the network failed; 2: bad input, a usage error like argparse's
+        return 1 if isinstance(e, (VerificationError, ConnectionError)) else 2
     print(f"{r.name}: {r.num_classes} classes, max |logit diff| vs timm {r.max_abs_diff:.2e} "
           f"({r.max_rel_diff:.2e} of the logit scale)\nwrote {r.out} (sha256 {r.sha256[:16]}...) and its manifest")
     return 0

@@ -13,11 +13,16 @@ import numpy as np
 
 from kaggle_utils.checkpoint import CheckpointError, check_tree
 from kaggle_utils.efficientnet import create_model, resolve_name
-from kaggle_utils.variable_trees import abstract_variables
+from kaggle_utils.variable_trees import abstract_variables, unflatten
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(\d+)\.")
-_BN_RENAME = {"weight": ("params", "scale"), "bias": ("params", "bias"),
-              "running_mean": ("batch_stats", "mean"), "running_var": ("batch_stats", "var")}
+# timm leaf -> (collection, Flax leaf): a BatchNorm's tensors by name (in fp32)
+_BN_RULES = {"weight": ("params", "scale"), "bias": ("params", "bias"),
+             "running_mean": ("batch_stats", "mean"), "running_var": ("batch_stats", "var")}
+# (timm leaf, rank) -> (Flax leaf, axes): every other module's tensors by name and rank, transposed to Flax's layout
+_RULES = {("weight", 4): ("kernel", (2, 3, 1, 0)),  # conv OIHW -> HWIO
+          ("weight", 2): ("kernel", (1, 0)),  # Linear (out, in) -> Dense (in, out)
+          ("bias", 1): ("bias", (0,))}
 
 
 class ConversionError(CheckpointError):
@@ -41,36 +46,25 @@ def _to_numpy(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def _set(tree: dict, path: list[str], value) -> None:
-    for p in path[:-1]:
-        tree = tree.setdefault(p, {})
-    tree[path[-1]] = value
-
-
 def convert_state_dict(state_dict: Mapping[str, Any]) -> dict:
     """Applies the generic rules to every tensor; no knowledge of the architecture."""
     bn_modules = {k.rsplit(".", 1)[0] for k in state_dict if k.endswith(".running_mean") or k == "running_mean"}
-    out: dict = {"params": {}, "batch_stats": {}}
+    flat: dict[str, np.ndarray] = {}
     for key, tensor in state_dict.items():
         if is_batchnorm_counter(key):
             continue
         module, _, leaf = key.rpartition(".")
         value = _to_numpy(tensor)
-        path = flax_name(module)
-        if module in bn_modules:
-            collection, name = _BN_RENAME.get(leaf, (None, None))
-            if collection is None:
-                raise ConversionError(f"unexpected BatchNorm tensor {key!r}")
-            _set(out[collection], path + [name], value.astype(np.float32))
-        elif leaf == "weight" and value.ndim == 4:
-            _set(out["params"], path + ["kernel"], value.transpose(2, 3, 1, 0))  # OIHW -> HWIO
-        elif leaf == "weight" and value.ndim == 2:
-            _set(out["params"], path + ["kernel"], value.T)  # Linear (out, in) -> Dense (in, out)
-        elif leaf == "bias" and value.ndim == 1:
-            _set(out["params"], path + ["bias"], value)
+        if module in bn_modules and leaf in _BN_RULES:
+            (collection, name), value = _BN_RULES[leaf], value.astype(np.float32)
+        elif module not in bn_modules and (leaf, value.ndim) in _RULES:
+            (name, axes), collection = _RULES[leaf, value.ndim], "params"
+            value = value.transpose(axes)
         else:
-            raise ConversionError(f"no conversion rule for {key!r} with shape {value.shape}")
-    return out
+            raise ConversionError(f"no conversion rule for {key!r} with shape {value.shape}"
+                                  + (" (a BatchNorm tensor)" if module in bn_modules else ""))
+        flat["/".join([collection, *flax_name(module), name])] = value
+    return {"params": {}, "batch_stats": {}, **unflatten(flat)}
 
 
 def convert_timm(model_or_state_dict, name: str, *, num_classes: int | None = None) -> dict:

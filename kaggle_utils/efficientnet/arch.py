@@ -134,50 +134,18 @@ _EFFICIENTNET_V1 = (
     ("ir_r1_k3_s1_e6_c320_se0.25",),
 )
 _EFFICIENTNET_LITE = tuple((s.replace("_se0.25", ""),) for (s,) in _EFFICIENTNET_V1)
-_V2_BASE = (
-    ("cn_r1_k3_s1_e1_c16_skip",),
-    ("er_r2_k3_s2_e4_c32",),
-    ("er_r2_k3_s2_e4_c48",),
-    ("ir_r3_k3_s2_e4_c96_se0.25",),
-    ("ir_r5_k3_s1_e6_c112_se0.25",),
-    ("ir_r8_k3_s2_e6_c192_se0.25",),
-)
-_V2_S = (
-    ("cn_r2_k3_s1_e1_c24_skip",),
-    ("er_r4_k3_s2_e4_c48",),
-    ("er_r4_k3_s2_e4_c64",),
-    ("ir_r6_k3_s2_e4_c128_se0.25",),
-    ("ir_r9_k3_s1_e6_c160_se0.25",),
-    ("ir_r15_k3_s2_e6_c256_se0.25",),
-)
-_V2_S_RW = (("er_r2_k3_s1_e1_c24",),) + _V2_S[1:-1] + (("ir_r15_k3_s2_e6_c272_se0.25",),)
-_V2_M = (
-    ("cn_r3_k3_s1_e1_c24_skip",),
-    ("er_r5_k3_s2_e4_c48",),
-    ("er_r5_k3_s2_e4_c80",),
-    ("ir_r7_k3_s2_e4_c160_se0.25",),
-    ("ir_r14_k3_s1_e6_c176_se0.25",),
-    ("ir_r18_k3_s2_e6_c304_se0.25",),
-    ("ir_r5_k3_s1_e6_c512_se0.25",),
-)
-_V2_L = (
-    ("cn_r4_k3_s1_e1_c32_skip",),
-    ("er_r7_k3_s2_e4_c64",),
-    ("er_r7_k3_s2_e4_c96",),
-    ("ir_r10_k3_s2_e4_c192_se0.25",),
-    ("ir_r19_k3_s1_e6_c224_se0.25",),
-    ("ir_r25_k3_s2_e6_c384_se0.25",),
-    ("ir_r7_k3_s1_e6_c640_se0.25",),
-)
-_V2_XL = (
-    ("cn_r4_k3_s1_e1_c32_skip",),
-    ("er_r8_k3_s2_e4_c64",),
-    ("er_r8_k3_s2_e4_c96",),
-    ("ir_r16_k3_s2_e4_c192_se0.25",),
-    ("ir_r24_k3_s1_e6_c256_se0.25",),
-    ("ir_r32_k3_s2_e6_c512_se0.25",),
-    ("ir_r8_k3_s1_e6_c640_se0.25",),
-)
+# EfficientNetV2 (timm's arch_defs, as the paper's table 4): one block string per stage, filled with the
+# (repeats, channels) of each size; the base family B0-B3 has the first six stages.
+_V2_STAGES = ("cn_r{}_k3_s1_e1_c{}_skip", "er_r{}_k3_s2_e4_c{}", "er_r{}_k3_s2_e4_c{}", "ir_r{}_k3_s2_e4_c{}_se0.25",
+              "ir_r{}_k3_s1_e6_c{}_se0.25", "ir_r{}_k3_s2_e6_c{}_se0.25", "ir_r{}_k3_s1_e6_c{}_se0.25")
+_V2 = {size: tuple((stage.format(*rc),) for stage, rc in zip(_V2_STAGES, stages)) for size, stages in {
+    "base": ((1, 16), (2, 32), (2, 48), (3, 96), (5, 112), (8, 192)),
+    "s": ((2, 24), (4, 48), (4, 64), (6, 128), (9, 160), (15, 256)),
+    "m": ((3, 24), (5, 48), (5, 80), (7, 160), (14, 176), (18, 304), (5, 512)),
+    "l": ((4, 32), (7, 64), (7, 96), (10, 192), (19, 224), (25, 384), (7, 640)),
+    "xl": ((4, 32), (8, 64), (8, 96), (16, 192), (24, 256), (32, 512), (8, 640)),
+}.items()}
+_V2_S_RW = (("er_r2_k3_s1_e1_c24",),) + _V2["s"][1:-1] + (("ir_r15_k3_s2_e6_c272_se0.25",),)
 
 _TF = dict(padding="same", bn_eps=1e-3)
 
@@ -201,17 +169,12 @@ def _registry() -> dict[str, ModelSpec]:
     add = lambda name, **kw: specs.append(ModelSpec(name=name, **kw))  # noqa: E731
 
     # EfficientNetV2, official definitions (PyTorch padding and TF-ported 'tf_' weights).
-    v2_fixed_head = dict(scale_num_features=False)
-    v2 = {
-        "s": (dict(arch_def=_V2_S, stem_size=24), (288, 300)),
-        "m": (dict(arch_def=_V2_M, stem_size=24, **v2_fixed_head), (320, 384)),
-        "l": (dict(arch_def=_V2_L, stem_size=32, **v2_fixed_head), (384, 384)),
-        "xl": (dict(arch_def=_V2_XL, stem_size=32, **v2_fixed_head), (384, 384)),
-    }
-    for size, (kw, (pt_res, tf_res)) in v2.items():
+    for size, stem, pt_res, tf_res in (("s", 24, 288, 300), ("m", 24, 320, 384), ("l", 32, 384, 384),
+                                       ("xl", 32, 384, 384)):
+        kw = dict(arch_def=_V2[size], stem_size=stem, scale_num_features=size == "s")  # M-XL: a fixed head width
         add(f"efficientnetv2_{size}", **kw, **_cfg(_IMAGENET, pt_res))
         add(f"tf_efficientnetv2_{size}", **kw, **_TF, **_cfg(_INCEPTION, tf_res))
-    base = dict(arch_def=_V2_BASE, stem_size=32, round_limit=0.0, **_TF)
+    base = dict(arch_def=_V2["base"], stem_size=32, round_limit=0.0, **_TF)
     for b, (w, d, res, crop, norm) in {
         "b0": (1.0, 1.0, 192, 0.875, _IMAGENET),
         "b1": (1.0, 1.1, 192, 0.882, _IMAGENET),
@@ -220,7 +183,7 @@ def _registry() -> dict[str, ModelSpec]:
     }.items():
         add(f"tf_efficientnetv2_{b}", channel_multiplier=w, depth_multiplier=d, **base, **_cfg(norm, res, crop))
     # Ross Wightman's variants, defined before the official release.
-    add("efficientnetv2_rw_t", arch_def=_V2_S, stem_size=24, channel_multiplier=0.8, depth_multiplier=0.9,
+    add("efficientnetv2_rw_t", arch_def=_V2["s"], stem_size=24, channel_multiplier=0.8, depth_multiplier=0.9,
         **_cfg(_IMAGENET, 224))
     add("efficientnetv2_rw_s", arch_def=_V2_S_RW, stem_size=24, num_features=1792, **_cfg(_IMAGENET, 288))
     add("efficientnetv2_rw_m", arch_def=_V2_S_RW, stem_size=24, num_features=1792, channel_multiplier=1.2,

@@ -114,22 +114,20 @@ class EfficientNet(nn.Module):
         return x.astype(jnp.float32)
 
 
-def create_model(name: str, *, num_classes: int = 1000, dtype: Any = jnp.float32, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, features_only: bool = False,
-                 out_indices: Sequence[int] = (0, 1, 2, 3, 4), global_pool: str = "avg", **overrides) -> EfficientNet:
-    """Builds a registered variant by timm's name (or a short V2 name such as ``"m"``); ``overrides`` are
-    other :class:`EfficientNet` fields (``act``, ``bn_axis_name``, ``conv_impl``) or :class:`ModelSpec`
-    fields (``channel_multiplier``, ``arch_def``, ...) for variants of a registered architecture."""
+def create_model(name: str, **fields) -> EfficientNet:
+    """Builds a registered variant by timm's name (or a short V2 name such as ``"m"``); ``fields`` are
+    :class:`EfficientNet` fields (``num_classes``, ``dtype``, ``drop_path_rate``, ``features_only``, ``act``, ...)
+    or :class:`ModelSpec` fields (``channel_multiplier``, ``arch_def``, ...) for variants of a registered
+    architecture."""
     spec_fields = {f.name for f in dataclasses.fields(ModelSpec)}
-    spec = dataclasses.replace(get_spec(name), **{k: v for k, v in overrides.items() if k in spec_fields})
-    module_fields = {f.name for f in dataclasses.fields(EfficientNet)}
-    unknown = set(overrides) - spec_fields - module_fields
+    spec = dataclasses.replace(get_spec(name), **{k: v for k, v in fields.items() if k in spec_fields})
+    unknown = set(fields) - spec_fields - {f.name for f in dataclasses.fields(EfficientNet)}
     if unknown:
         raise TypeError(f"create_model({name!r}): unknown argument(s) {sorted(unknown)}")
-    module_kw = {k: v for k, v in overrides.items() if k not in spec_fields}
-    return EfficientNet(spec, num_classes=num_classes, dtype=dtype, drop_rate=drop_rate,
-                        drop_path_rate=drop_path_rate, features_only=features_only,
-                        out_indices=tuple(out_indices), global_pool=global_pool, **module_kw)
+    module_kw = {k: v for k, v in fields.items() if k not in spec_fields}
+    if "out_indices" in module_kw:  # a module field must hash
+        module_kw["out_indices"] = tuple(module_kw["out_indices"])
+    return EfficientNet(spec, **module_kw)
 
 
 def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64) -> dict:
@@ -153,12 +151,12 @@ def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64)
 
 
 def efficientnet_v2_pretrained(name: str, weights_path: str | Path, input_size: int | None = None,
-                               dtype: Any = jnp.float32, verbose: bool = False,
-                               **overrides) -> tuple[EfficientNet, dict]:
+                               verbose: bool = False, **fields) -> tuple[EfficientNet, dict]:
     """A pretrained backbone ``(module, variables)`` whose module returns the last feature map; the file's
-    classifier is dropped (add a head with ``kaggle_utils.surgery``). ``name``: timm's or a short V2 name."""
+    classifier is dropped (add a head with ``kaggle_utils.surgery``). ``name``: timm's or a short V2 name;
+    ``fields``: :func:`create_model`'s (``dtype``, ...)."""
     name = resolve_name(name)
-    backbone = create_model(name, num_classes=0, global_pool="", dtype=dtype, **overrides)
+    backbone = create_model(name, num_classes=0, global_pool="", **fields)
     size = input_size or backbone.spec.input_size
     variables = load_weights(backbone, weights_path, input_size=min(size, 64))
     if verbose:

@@ -37,8 +37,8 @@ class _Found(list):
         super().__init__()
         self.file = str(path)
 
-    def __call__(self, key: str, message: str) -> None:
-        self.append(Problem(self.file, key, message))
+    def __call__(self, key: str, message: str, fixed: bool = False) -> None:
+        self.append(Problem(self.file, key, message, fixed))
 
 
 def _read_json(path: Path, known: frozenset | None = None) -> tuple[_Found, dict | None]:
@@ -72,22 +72,51 @@ def _check_id(found: _Found, key: str, value, *, slug_len: tuple[int, int] | Non
     return slug
 
 
-def _str_list(found: _Found, meta: dict, key: str) -> list[str]:
-    value = meta.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        found(key, f"must be a list of strings, got {value!r}")
-        return []
-    return value
+def _is_str_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# key -> (test of a present value, what the value must be): each failed test is one problem of that key
+_STRINGS = (_is_str_list, "a list of strings")
+_KERNEL_RULES = {
+    "language": (lambda v: isinstance(v, str) and v in LANGUAGES, f"one of {', '.join(LANGUAGES)}"),
+    "kernel_type": (lambda v: isinstance(v, str) and v in CODE_SUFFIXES, "'notebook' or 'script'"),
+    "code_file": (lambda v: isinstance(v, str) and bool(v), "a file name"),
+    **{key: (lambda v: isinstance(v, bool), "true or false") for key in KERNEL_BOOLEANS},
+    **{key: _STRINGS for key in ("keywords", "competition_sources", "dataset_sources", "kernel_sources",
+                                 "model_sources")},
+}
+_DATASET_RULES = {
+    "title": (lambda v: isinstance(v, str) and 6 <= len(v) <= 50, "6-50 characters (Kaggle's limit)"),
+    "subtitle": (lambda v: isinstance(v, str) and 20 <= len(v) <= 80, "20-80 characters (Kaggle's limit)"),
+    "licenses": (lambda v: isinstance(v, list) and len(v) == 1 and isinstance(v[0], dict)
+                 and isinstance(v[0].get("name"), str) and bool(v[0]["name"]),
+                 'exactly one license, e.g. [{"name": "apache-2.0"}]'),
+    "resources": (lambda v: isinstance(v, list), "a list of {path, description}"),
+    "keywords": _STRINGS,
+}
+
+
+def _check_values(found: _Found, meta: dict, required: Sequence[str], rules: dict) -> None:
+    """The ``required`` keys present, and every present key of ``rules`` passing its test."""
+    for key in required:
+        if key not in meta:
+            found(key, "missing")
+    for key, (test, what) in rules.items():
+        if key in meta and not test(meta[key]):
+            found(key, f"must be {what}, got {meta[key]!r}")
 
 
 def _check_sources(found: _Found, meta: dict) -> None:
-    for source in _str_list(found, meta, "competition_sources"):
+    """The sources' forms (their types are :data:`_KERNEL_RULES`')."""
+    strings = lambda key: meta[key] if _is_str_list(meta.get(key)) else []  # noqa: E731
+    for source in strings("competition_sources"):
         if "/" in source or ":" in source:
             found("competition_sources", f"{source!r}: give the bare competition slug (e.g. {COMPETITION!r}), "
                                          "no 'c/' prefix or URL")
     for key, parts, example in (("dataset_sources", 2, "owner/slug"), ("kernel_sources", 2, "owner/slug"),
                                 ("model_sources", None, "owner/model/framework/variation/version")):
-        for source in _str_list(found, meta, key):
+        for source in strings(key):
             segments = source.split("/")
             bad = ":" in source or "kaggle.com" in source or segments[0] in ("d", "k", "m", "code", "datasets")
             if bad or (len(segments) != parts if parts else len(segments) < 4) or not all(segments):
@@ -134,21 +163,11 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
     found, meta = _read_json(path, KERNEL_KEYS)
     if meta is None:
         return found
-    for key in ("id", "title", "code_file", "language", "kernel_type"):
-        if key not in meta:
-            found(key, "missing")
+    _check_values(found, meta, ("id", "title", "code_file", "language", "kernel_type"), _KERNEL_RULES)
     slug = _check_id(found, "id", meta["id"]) if "id" in meta else None
     if "title" in meta:
         _check_title(found, meta["title"], slug)
-    if "language" in meta and (not isinstance(meta["language"], str) or meta["language"] not in LANGUAGES):
-        found("language", f"{meta['language']!r} is not one of {', '.join(LANGUAGES)}")
-    given = meta.get("kernel_type")
-    kernel_type = given if isinstance(given, str) and given in CODE_SUFFIXES else None  # a list is no dict key
-    if "kernel_type" in meta and kernel_type is None:
-        found("kernel_type", f"{given!r} is not 'notebook' or 'script'")
-    for key in KERNEL_BOOLEANS:
-        if key in meta and not isinstance(meta[key], bool):
-            found(key, f"must be true or false, got {meta[key]!r}")
+    kernel_type = meta.get("kernel_type") if _KERNEL_RULES["kernel_type"][0](meta.get("kernel_type")) else None
     if "enable_internet" not in meta:
         found("enable_internet", "missing: the kaggle CLI then turns internet ON; set it explicitly (false for a "
                                  "competition notebook)")
@@ -157,7 +176,6 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
                                  "notebooks with internet on")
     _check_machine(found, meta)
     _check_sources(found, meta)
-    _str_list(found, meta, "keywords")
     code_file = meta.get("code_file")
     if isinstance(code_file, str) and code_file:
         code = path.parent / code_file
@@ -167,8 +185,6 @@ def lint_kernel_metadata(path: str | Path, *, fix: bool = False) -> list[Problem
             found("code_file", f"{code_file!r} is not a {kernel_type} ({'/'.join(CODE_SUFFIXES[kernel_type])})")
         elif code.suffix == ".ipynb":
             found += lint_notebook(code, fix=fix)
-    elif "code_file" in meta:
-        found("code_file", f"{code_file!r} is not a file name")
     return found
 
 
@@ -178,31 +194,15 @@ def lint_dataset_metadata(path: str | Path) -> list[Problem]:
     found, meta = _read_json(path, DATASET_KEYS)
     if meta is None:
         return found
-    for key, (low, high), required in (("title", (6, 50), True), ("subtitle", (20, 80), False)):
-        value = meta.get(key)
-        if value is None and required:
-            found(key, "missing")
-        elif value is not None and (not isinstance(value, str) or not low <= len(value) <= high):
-            shown = len(value) if isinstance(value, str) else type(value).__name__
-            found(key, f"{value!r} ({shown} characters): Kaggle wants {low}-{high}")
-    if "id" not in meta:
-        found("id", "missing")
-    else:
+    _check_values(found, meta, ("title", "id", "licenses"), _DATASET_RULES)
+    if "id" in meta:
         _check_id(found, "id", meta["id"], slug_len=(3, 50))
-    licenses = meta.get("licenses")
-    if not (isinstance(licenses, list) and len(licenses) == 1 and isinstance(licenses[0], dict)
-            and isinstance(licenses[0].get("name"), str) and licenses[0]["name"]):
-        found("licenses", f"{licenses!r}: Kaggle wants exactly one, e.g. " '[{"name": "apache-2.0"}]')
-    resources = meta.get("resources", [])
-    if not isinstance(resources, list):
-        found("resources", f"must be a list of {{path, description}}, got {resources!r}")
-        resources = []
+    resources = meta["resources"] if isinstance(meta.get("resources"), list) else []
     for i, res in enumerate(resources):
         if not isinstance(res, dict) or not isinstance(res.get("path"), str):
             found(f"resources[{i}]", f"{res!r} has no \"path\"")
         elif not (path.parent / res["path"]).exists():
             found(f"resources[{i}]", f"path {res['path']!r} does not exist beside the metadata")
-    _str_list(found, meta, "keywords")
     return found
 
 
@@ -262,8 +262,9 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
     if notebook is None:
         return found
     if not isinstance(notebook.get("cells"), list):
-        return [Problem(str(path), "cells", "missing: not a Jupyter notebook")]
-    _notebook_shape(found, notebook)
+        found("cells", "missing: not a Jupyter notebook")
+    else:
+        _notebook_shape(found, notebook)
     if found:
         return found
     removed = strip_pinned_image(notebook)
@@ -271,12 +272,12 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
     fixed_stale = fix and stale is not None and _bootstrap_issue(notebook) is None
     if fix and (removed or fixed_stale):
         write_json(path, notebook, indent=1)
-    problems = [Problem(str(path), key, "Kaggle's pinned image: with it the kernel keeps that image (the CPU one, "
-                                        "even with enable_tpu); remove it (lint --fix, or package strips copies)",
-                        fixed=fix) for key in removed]
+    for key in removed:
+        found(key, "Kaggle's pinned image: with it the kernel keeps that image (the CPU one, even with enable_tpu); "
+                   "remove it (lint --fix, or package strips copies)", fixed=fix)
     if stale is not None:
-        problems.append(Problem(str(path), "cells[bootstrap]", stale, fixed=fixed_stale))
-    return problems
+        found("cells[bootstrap]", stale, fixed=fixed_stale)
+    return found
 
 
 def lint_markdown(path: str | Path) -> list[Problem]:

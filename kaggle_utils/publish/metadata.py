@@ -18,7 +18,8 @@ ONLINE_NOTEBOOKS = ("03_port_pytorch_weights.ipynb",)  # fetches timm's pretrain
 KIT_SLUG, KIT_TITLE = "kaggle-utils", "Kaggle Utils"
 WEIGHTS_SLUG, WEIGHTS_TITLE = "efficientnetv2-jax", "EfficientNetV2 JAX"
 KIT_PACKAGES = ("kaggle_utils", "weights_port")
-KIT_FILES = ("README.md", "requirements.txt", "pyproject.toml")
+KIT_FILES = {"README.md": "how to use the kit", "requirements.txt": "the tested versions",  # shipped beside the code
+             "pyproject.toml": "pip install --no-deps --no-build-isolation ."}
 KERNEL_METADATA, DATASET_METADATA = "kernel-metadata.json", "dataset-metadata.json"
 # titles fix the slugs, hence the kernels' URLs: a notebook's heading can change without moving it
 NOTEBOOK_TITLES = {
@@ -97,9 +98,7 @@ def dataset_metadata_for_kit(user: str = DEFAULT_USER) -> dict:
     return {
         "title": KIT_TITLE, "subtitle": "EfficientNet(V2) in JAX/Flax, TFRecord input, TPU/GPU training",
         "description": description, "id": f"{user}/{KIT_SLUG}", "licenses": [{"name": "apache-2.0"}],
-        "resources": [{"path": name, "description": desc} for name, desc in (
-            ("README.md", "how to use the kit"), ("requirements.txt", "the tested versions"),
-            ("pyproject.toml", "pip install --no-deps --no-build-isolation ."))],
+        "resources": [{"path": name, "description": desc} for name, desc in KIT_FILES.items()],
         "keywords": [],
     }
 

@@ -100,10 +100,7 @@ def package(out: str | Path, *, user: str = DEFAULT_USER, notebooks_dir: str | P
     notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else repo / "notebooks"
     notebooks = sorted(notebooks_dir.glob("*.ipynb")) if notebooks_dir.is_dir() else []
     notes = [] if notebooks else [f"no notebooks in {notebooks_dir}: only the kit and weights folders"]
-    for name in KIT_PACKAGES:
-        if not (repo / name / "__init__.py").is_file():
-            raise PackagingError(f"the kit package {repo / name} is missing")
-    for name in KIT_FILES:
+    for name in [*(f"{package}/__init__.py" for package in KIT_PACKAGES), *KIT_FILES]:
         if not (repo / name).is_file():
             raise PackagingError(f"{repo / name} is missing; the kit dataset ships it")
     checked = _check_weights(weights)
@@ -113,15 +110,15 @@ def package(out: str | Path, *, user: str = DEFAULT_USER, notebooks_dir: str | P
         if str(m.get("source", "")).startswith("random init"):
             notes.append(f"{f.name} is a random initialisation ({m['source']}), not pretrained weights")
     plan = _plan(out, notebooks, checked, overwrite)
+    stripped = {src.name: keys for _, src, notebook in plan.values()  # the copies' pinned-image keys, in memory
+                if notebook is not None and (keys := strip_pinned_image(notebook))}
     try:
         out.mkdir(parents=True, exist_ok=True)
-        folders, stripped = {}, {}
+        folders = {}
         for name, (kind, src, notebook) in plan.items():
             staged = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=out))
             try:
-                removed = _build(kind, staged, user, repo, checked, src, notebook)
-                if removed:
-                    stripped[src.name] = removed
+                _build(kind, staged, user, repo, checked, src, notebook)
                 _replace_dir(staged, out / name)
             finally:
                 if staged.exists():
@@ -133,25 +130,23 @@ def package(out: str | Path, *, user: str = DEFAULT_USER, notebooks_dir: str | P
 
 
 def _build(kind: str, dest: Path, user: str, repo: Path, weights: dict[Path, dict], src: Path | None,
-           notebook: dict | None) -> list[str]:
-    """Fills ``dest`` with one folder's files; returns the pinned keys removed from a notebook's copy."""
+           notebook: dict | None) -> None:
+    """Fills ``dest`` with one folder's files (a notebook's copy already stripped of its pinned-image keys)."""
     if kind == "notebook":
-        removed = strip_pinned_image(notebook)
         write_json(dest / src.name, notebook, indent=1)
         write_json(dest / KERNEL_METADATA, kernel_metadata(src, user=user))
-        return removed
+        return
     if kind == "kit":
         for name in KIT_PACKAGES:
             shutil.copytree(repo / name, dest / name, ignore=_COPY_IGNORE)
         for name in KIT_FILES:
             shutil.copy2(repo / name, dest / name)
         write_json(dest / DATASET_METADATA, dataset_metadata_for_kit(user))
-        return []
+        return
     for f in weights:
         shutil.copy2(f, dest / f.name)
         shutil.copy2(manifest_path(f), dest / manifest_path(f).name)
     write_json(dest / DATASET_METADATA, dataset_metadata_for_weights({f.name: m for f, m in weights.items()}, user))
-    return []
 
 
 def _replace_dir(staged: Path, target: Path) -> None:

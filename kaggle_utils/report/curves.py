@@ -30,34 +30,26 @@ def _series(history: Sequence[dict], column: str) -> list[float]:
     return [math.nan if row.get(column) is None else float(row[column]) for row in history]
 
 
-def _score_columns(history: Sequence[dict]) -> list[str]:
-    """Every accuracy-like column: train_acc and the validation metrics other than the loss."""
-    columns = list(history[0]) if history else []
-    return [c for c in columns if c == "train_acc" or (c.startswith("val_") and "loss" not in c and c != "val_count")]
-
-
 def write_curves(out: str | Path, report: dict, *, title: str | None = None) -> Path:
     """``OUT/curves.png`` from a ``metrics.json`` record (its history rows and best row)."""
     history = report.get("history") or []
     steps = [row["step"] for row in history]
     style = "o-" if len(history) < 30 else "-"
     figure = new_figure(15, 4.2)
-    loss_ax, score_ax, lr_ax = figure.subplots(1, 3)
-    for column in ("train_loss", "val_loss"):
-        if history and column in history[0]:
-            loss_ax.plot(steps, _series(history, column), style, label=column, markersize=3)
-    for column in _score_columns(history):
-        score_ax.plot(steps, _series(history, column), style, label=column, markersize=3)
-    if history and "lr" in history[0]:
-        lr_ax.plot(steps, _series(history, "lr"), style, color="C2", markersize=3)
+    columns = list(history[0]) if history else []
+    scores = [c for c in columns if c == "train_acc" or (c.startswith("val_") and "loss" not in c and c != "val_count")]
+    panels = (("loss", [c for c in ("train_loss", "val_loss") if c in columns]), ("accuracy / F1", scores),
+              ("learning rate", [c for c in ("lr",) if c in columns]))
     best = report.get("best")
-    for ax, name in ((loss_ax, "loss"), (score_ax, "accuracy / F1"), (lr_ax, "learning rate")):
+    for ax, (name, plotted) in zip(figure.subplots(1, 3), panels):
+        for column in plotted:
+            ax.plot(steps, _series(history, column), style, label=column, markersize=3)
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if best:
             ax.axvline(best["step"], color="grey", linestyle="--", linewidth=1)
-        if ax.get_legend_handles_labels()[0]:
+        if plotted:
             ax.legend(fontsize=8)
     monitor = report.get("monitor")
     if best and monitor and best.get(monitor) is not None:

@@ -75,12 +75,16 @@ def finish_run(out: str | Path, sums: dict, class_names: Sequence[str], best: di
 
 
 def _best(report: dict) -> tuple[str, float | None]:
-    """``best MONITOR V at epoch E, step S`` of a run's metrics, and V (None: there is no best row)."""
+    """``best MONITOR V at epoch E, step S (its other validation scores)`` of a run's metrics, and V (None: there is
+    no best row)."""
     best, monitor = report.get("best"), report.get("monitor", "?")
     value = best.get(monitor) if best else None
     if value is None:
         return f"best: none ({monitor} was never finite); stop: {report.get('stop_reason')}", None
-    return f"best {monitor} {value:.4f} at epoch {best['epoch']}, step {best['step']}", float(value)
+    others = [f"{k} {v:.4g}" for k, v in best.items() if k.startswith("val_") and k != monitor
+              and isinstance(v, (int, float))]
+    return (f"best {monitor} {value:.4f} at epoch {best['epoch']}, step {best['step']}"
+            + (f" ({', '.join(others)})" if others else "")), float(value)
 
 
 def report_command(path: str | Path) -> list[str]:
@@ -88,9 +92,7 @@ def report_command(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_dir():
         raise ReportError(f"{path} is not a folder (give a run folder or a CV folder of foldK/ run folders)")
-    if (path / METRICS_FILE).is_file():
-        return redraw(path) + [f"{path.name}: {_best(read_metrics(path))[0]}"]
-    folds = fold_folders(path)
+    folds = [path] if (path / METRICS_FILE).is_file() else fold_folders(path)
     if not folds:
         raise ReportError(f"{path} is neither a run folder (no {METRICS_FILE}) nor a CV folder "
                           f"(no fold0/, fold1/, ... holding {METRICS_FILE})")
@@ -122,22 +124,11 @@ def _duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {seconds:02d} s"
 
 
-def _best_line(report: dict) -> str:
-    """The best row with its other validation scores."""
-    line, value = _best(report)
-    best, monitor = report.get("best"), report.get("monitor")
-    others = [f"{k} {v:.4g}" for k, v in (best or {}).items()
-              if k.startswith("val_") and k != monitor and isinstance(v, (int, float))] if value is not None else []
-    return line + (f" ({', '.join(others)})" if others else "")
-
-
 def _time_lines(report: dict, wall_s: float | None) -> list[str]:
     """Total time; the first interval (it pays the compile) against the later ones; training images/s."""
     history = report.get("history") or []
     seconds = [row["seconds"] for row in history if row.get("seconds") is not None]
-    lines = []
-    total = f"{_duration(wall_s)} total" if wall_s is not None else f"{_duration(sum(seconds))} in the loop"
-    parts = [total]
+    parts = [f"{_duration(wall_s)} total" if wall_s is not None else f"{_duration(sum(seconds))} in the loop"]
     if "compile_s" in report and report["compile_s"] is not None:
         parts.append(f"compile {_duration(report['compile_s'])}")
     if report.get("checkpoint_s") is not None:  # the training thread's part; the writes are a background thread's
@@ -147,7 +138,7 @@ def _time_lines(report: dict, wall_s: float | None) -> list[str]:
         parts.append(f"first {unit} {_duration(seconds[0])} (with compile)")
         if len(seconds) > 1:
             parts.append(f"later ones {_duration(statistics.mean(seconds[1:]))} on average")
-    lines.append("time: " + ", ".join(parts))
+    lines = ["time: " + ", ".join(parts)]
     speeds = [row["img_per_s"] for row in history if row.get("img_per_s") is not None]
     if speeds:
         speed = (f"{statistics.median(speeds[1:]):.0f} images/s training (median after the first interval)"
@@ -190,7 +181,7 @@ def summary_lines(out: str | Path, *, wall_s: float | None = None, next_steps: S
     last = history[-1] if history else {}
     head = (f"run finished: {out} (step {last.get('step', 0)}, epoch {last.get('epoch', 0)}; "
             f"{report.get('stop_reason', '?')})")
-    return _block(head, [_best_line(report), *_time_lines(report, wall_s), _file_line(out), *next_steps])
+    return _block(head, [_best(report)[0], *_time_lines(report, wall_s), _file_line(out), *next_steps])
 
 
 def _model_line(member, tta: bool | None) -> str:

@@ -82,21 +82,19 @@ def multilabel_rows(tp, fp, fn, class_names: Sequence[str] = ()) -> list[dict]:
              "recall": recall[c], "f1": f1[c], "predicted": int(tp[c] + fp[c])} for c, name in enumerate(names)]
 
 
-def _write_rows(out: Path, rows: list[dict], columns: Sequence[str]) -> Path:
-    path = Path(out) / PER_CLASS_FILE
-    checkpoint.atomic_write_csv(path, columns, [{k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()}
-                                                for row in rows])
-    return path
-
-
 def write_per_class(out: Path, confusion, class_names: Sequence[str] = ()) -> Path:
     """``OUT/per_class.csv`` of a single-label task's confusion matrix."""
-    return _write_rows(out, confusion_rows(confusion, class_names), _COLUMNS)
+    return write_per_class_from_counts(out, {"confusion": confusion, "class_names": class_names})
 
 
 def write_per_class_from_counts(out: Path, record: dict) -> Path:
     """``OUT/per_class.csv`` from a ``val_counts.json`` record, single- or multi-label."""
     names = record.get("class_names", ())
     if "confusion" in record:
-        return write_per_class(out, record["confusion"], names)
-    return _write_rows(out, multilabel_rows(record["tp"], record["fp"], record["fn"], names), _COLUMNS[:7])
+        rows, columns = confusion_rows(record["confusion"], names), _COLUMNS
+    else:
+        rows, columns = multilabel_rows(record["tp"], record["fp"], record["fn"], names), _COLUMNS[:7]
+    path = Path(out) / PER_CLASS_FILE
+    checkpoint.atomic_write_csv(path, columns, [{k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()}
+                                                for row in rows])
+    return path

@@ -22,18 +22,13 @@ def carry_optimizer_state(opt_state: Any, tx: optax.GradientTransformation, para
     return inherit(opt_state, tx.init(params))
 
 
-def _module_paths(flat_params: dict) -> dict[str, list[str]]:
-    modules: dict[str, list[str]] = {}
+def _frozen_modules(flat_params: dict, frozen: set[str]) -> frozenset[str]:
+    """Modules (paths) all of whose own parameters are among the ``frozen`` paths."""
+    modules: dict[str, bool] = {}
     for path in flat_params:
-        modules.setdefault(path.rpartition("/")[0], []).append(path)
-    return modules
-
-
-def _frozen_modules(params: Any, patterns: Patterns) -> frozenset[str]:
-    """Modules (paths) all of whose own parameters are frozen."""
-    flat = flatten(params)
-    frozen = select_paths(flat, patterns, "freeze")
-    return frozenset(m for m, leaves in _module_paths(flat).items() if all(p in frozen for p in leaves))
+        module = path.rpartition("/")[0]
+        modules[module] = modules.get(module, True) and path in frozen
+    return frozenset(m for m, all_frozen in modules.items() if all_frozen)
 
 
 def _flax_batchnorm_inference(module, next_fun, arguments):
@@ -82,7 +77,8 @@ class FrozenBatchNorm:
         return self.model.init(*args, **kwargs)
 
     def apply(self, variables, *args, **kwargs):
-        frozen = _frozen_modules(variables.get("params", {}), self.patterns)
+        flat = flatten(variables.get("params", {}))
+        frozen = _frozen_modules(flat, select_paths(flat, self.patterns, "freeze"))
         with nn.intercept_methods(_batchnorm_interceptor(frozen)):
             return self.model.apply(variables, *args, **kwargs)
 
@@ -124,14 +120,11 @@ class FrozenModelAndOptimizer(NamedTuple):
 def freeze(model, tx: optax.GradientTransformation, variables: dict, patterns: Patterns) -> FrozenModelAndOptimizer:
     """Freezes the parameters ``patterns`` match: the model (BatchNorm) and the optimizer, with a report.
     Unfreeze by calling it again with fewer patterns, then :func:`carry_optimizer_state`."""
-    params = variables["params"]
-    mask = flatten(freeze_mask(params, patterns))
-    flat = flatten(params)
-    frozen_modules = _frozen_modules(params, patterns)
-    stats_modules = sorted(_module_paths(flatten(variables.get("batch_stats", {}))))
-    report = FreezeReport(
-        frozen_leaves=sum(mask.values()), frozen_values=sum(leaf_size(flat[p]) for p, f in mask.items() if f),
-        trainable_leaves=sum(not f for f in mask.values()),
-        trainable_values=sum(leaf_size(flat[p]) for p, f in mask.items() if not f),
-        inference_batchnorms=tuple(m for m in stats_modules if m in frozen_modules))
+    flat = flatten(variables["params"])
+    frozen = {p for p, f in flatten(freeze_mask(variables["params"], patterns)).items() if f}
+    frozen_values = sum(leaf_size(flat[p]) for p in frozen)
+    stats_modules = {path.rpartition("/")[0] for path in flatten(variables.get("batch_stats", {}))}
+    report = FreezeReport(len(frozen), frozen_values, len(flat) - len(frozen),
+                          sum(map(leaf_size, flat.values())) - frozen_values,
+                          tuple(sorted(stats_modules & _frozen_modules(flat, frozen))))
     return FrozenModelAndOptimizer(freeze_batchnorm(model, patterns), freeze_optimizer(tx, patterns), report)

@@ -17,15 +17,6 @@ def padded_width(num_classes: int, multiple: int = 1) -> int:
     return -(-num_classes // multiple) * multiple
 
 
-def _zero_columns_from(init: Callable, first: int) -> Callable:
-    """An initialiser whose output columns ``first:`` are zero: padded logits start (and stay) 0."""
-
-    def padded_init(key, shape, dtype=jnp.float32):
-        return init(key, shape, dtype).at[..., first:].set(0)
-
-    return padded_init
-
-
 class ClassifierHead(nn.Module):
     """Any backbone + global average pooling + dropout + a Dense ``classifier``.
 
@@ -65,22 +56,23 @@ class ClassifierHead(nn.Module):
     def classify(self, features, train: bool = False):
         """Dropout and the Dense ``classifier`` on pooled features ``[B, C]`` (initialisable alone)."""
         features = nn.Dropout(self.drop_rate, deterministic=not train)(features)
-        init = _zero_columns_from(self.kernel_init, self.num_classes)
+        def init(key, shape, dtype=jnp.float32):  # padded logits start (and stay) 0
+            return self.kernel_init(key, shape, dtype).at[..., self.num_classes:].set(0)
+
         logits = nn.Dense(self.num_outputs, dtype=self.dtype, kernel_init=init, name="classifier")(features)
         return logits.astype(jnp.float32)
 
 
-def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int, sample_input, *,
-                drop_rate: float = 0.0, pad_to: int = 1, num_features: int | None = None,
-                dtype: Any = jnp.float32, seed: int = 0, head_init: str = "zeros") -> ModelAndVariables:
-    """A :class:`ClassifierHead` on ``backbone``: a fresh head, the backbone's variables unchanged.
+def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int, sample_input, *, seed: int = 0,
+                head_init: str = "zeros", **head_fields) -> ModelAndVariables:
+    """A :class:`ClassifierHead` on ``backbone`` (``head_fields``: its ``drop_rate``, ``pad_to``, ``num_features``
+    (default: the backbone's), ``dtype``): a fresh head, the backbone's variables unchanged.
 
     ``backbone_variables`` must fit ``backbone`` exactly; only the classifier is initialised. ``head_init``:
     ``"zeros"`` (the first loss is ln C, so random logits do not push pretrained features around) or ``"random"``.
     """
-    num_features = num_features or getattr(backbone, "num_features", None)
-    head = ClassifierHead(backbone, num_classes, drop_rate=drop_rate, pad_to=pad_to, num_features=num_features,
-                          dtype=dtype)
+    head_fields["num_features"] = head_fields.get("num_features") or getattr(backbone, "num_features", None)
+    head = ClassifierHead(backbone, num_classes, **head_fields)
     fresh = abstract_variables(head, sample_input)
     width = fresh["params"]["classifier"]["kernel"].shape[0]
     classifier = init_variables(head, jax.ShapeDtypeStruct((1, width), jnp.float32), seed=seed,

@@ -1,4 +1,5 @@
 """Looking inside a model: intermediate features, parameter counts, FLOPs; and casting its variables."""
+import collections
 import dataclasses
 import re
 from typing import Any
@@ -91,12 +92,11 @@ def param_table(variables: dict, *, frozen: Patterns | Any | None = None, depth:
     for path, leaf in flat.items():
         row = counts.setdefault("/".join(path.split("/")[:depth]), [0, 0])
         row[1 if mask[path] else 0] += leaf_size(leaf)
-    bytes_by_dtype: dict[str, int] = {}
+    bytes_by_dtype = collections.Counter()
     for leaf in jax.tree.leaves(variables):
-        name = str(np.dtype(leaf.dtype))
-        bytes_by_dtype[name] = bytes_by_dtype.get(name, 0) + _nbytes(leaf)
+        bytes_by_dtype[str(np.dtype(leaf.dtype))] += _nbytes(leaf)
     natural = sorted(counts, key=lambda m: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", m)])
-    return ParamTable(tuple((m, *counts[m]) for m in natural), bytes_by_dtype)
+    return ParamTable(tuple((m, *counts[m]) for m in natural), dict(bytes_by_dtype))
 
 
 def count_flops(model, variables: dict, sample_input) -> float:
