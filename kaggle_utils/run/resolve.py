@@ -54,9 +54,10 @@ def check_config(config: TrainConfig, task: Task | None = None) -> None:
         import_wandb()  # a missing package is named before the output folder changes
 
 
-def global_batch(config: TrainConfig) -> int:
-    """The global batch of ``--batch-size`` or ``--batch-per-device`` (default 16 per device, at least 64)."""
-    n, data = jax.device_count(), config.data
+def global_batch(config: TrainConfig, devices: int | None = None) -> int:
+    """The global batch of ``--batch-size`` or ``--batch-per-device`` (default 16 per device, at least 64) on
+    ``devices`` (default this machine's; a plan's target has its own)."""
+    n, data = devices or jax.device_count(), config.data
     data.check()
     if data.batch_per_device == "auto":
         raise ConfigError("--batch-per-device auto is chosen by run.resolve (it compiles the train step); "
@@ -65,9 +66,9 @@ def global_batch(config: TrainConfig) -> int:
     size = runtime.global_batch(n) if size is None else size
     flag = "--batch-per-device" if data.batch_per_device is not None else "--batch-size"
     if size < 1 or size % n or size % jax.process_count():
+        where = f" ({jax.local_device_count()} per process x {jax.process_count()} process(es))" if not devices else ""
         raise ConfigError(f"{flag} gives a global batch of {size}, which must be a positive multiple of the {n} "
-                          f"devices ({jax.local_device_count()} per process x {jax.process_count()} process(es)), "
-                          f"e.g. {runtime.global_batch(n)}")
+                          f"devices{where}, e.g. {runtime.global_batch(n)}")
     return size
 
 

@@ -24,7 +24,7 @@ from ..config import ConfigError, TrainConfig
 from ..efficientnet import pretrained_cfg
 from ..models import registered
 from ..parallel import make_mesh
-from . import RunData, memory_plan, open_data, resolve  # the package's public names (run/__init__ is loaded first)
+from . import RunData, global_batch, memory_plan, open_data, resolve  # public names (run/__init__ is loaded first)
 from .memory_plan import GIB, gib_text
 
 __all__ = ["FLOWER_CLASSES", "FLOWER_TRAIN_IMAGES", "TARGETS", "Target", "no_data", "plan", "plan_command",
@@ -122,19 +122,6 @@ def _source_data(config: TrainConfig) -> RunData:
                                multi_label=source.multi_label, description=f"--source {data.source}")
 
 
-def _given_per_chip(config: TrainConfig, chips: int) -> int | None:
-    """The per-chip batch the flags give on ``chips`` devices (None: ``auto``), as ``train`` would on the target."""
-    data = config.data
-    if data.batch_per_device == "auto":
-        return None
-    if data.batch_size is not None and data.batch_per_device is not None:
-        raise ConfigError("--batch-size (global) and --batch-per-device exclude each other: give one")
-    size = data.batch_size or (data.batch_per_device or 0) * chips or runtime.global_batch(chips)
-    if size % chips or size < 1:
-        raise ConfigError(f"--batch-size {size}: must be a positive multiple of the target's {chips} devices")
-    return size // chips
-
-
 def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None = None, task=None) -> dict:
     """The run's steps compiled for ``target``: bytes per device against its budget, the largest batch that fits,
     FLOPs per image and the peak's bound on images/s; written to ``out/plan.json`` when ``out`` is given. A run
@@ -145,7 +132,9 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
         raise ConfigError("--train-images is for a plan without data: --data-dir / --source give their own count")
     data = (_source_data(config) if config.data.source else open_data(config, config.data.data_dir)
             if config.data.data_dir else no_data(config, train_images))
-    per_chip, k = _given_per_chip(config, chips), config.optim.accumulate_steps
+    auto, k = config.data.batch_per_device == "auto", config.optim.accumulate_steps
+    # as train would on the target; --memory-budget is the plan's budget, with any batch
+    per_chip = None if auto else global_batch(config.replace(memory_budget=None), chips) // chips
     if (per_chip or k) * chips > data.num_train:
         raise ConfigError(f"a global batch of {(per_chip or k) * chips} on {target} is more than the "
                           f"{data.num_train} training images")
@@ -160,17 +149,17 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
                                 compile_step=compiled)
     per_chip = per_chip or fit.per_device
     steps = {name: compiled(name, per_chip) for name in ("train", "eval", "predict")}
-    global_batch = per_chip * chips
+    per_step = per_chip * chips
     flops = {name: steps[name].flops / per_chip / 1e9 for name in ("train", "eval")}
     peak = next((t.peak_tflops for t in TARGETS.values() if t.device_kind == devices[0].device_kind), None)
     images_per_s = chips * peak * 1e12 / (flops["train"] * 1e9) if peak and flops["train"] else None
-    epoch_images = data.num_train // global_batch * global_batch
+    epoch_images = data.num_train // per_step * per_step
     result = {
         "target": target, "devices": chips, "device_kind": devices[0].device_kind, "model": resolved.model.name,
         "image_size": resolved.model.image_size, "precision": resolved.model.precision, "mode": resolved.loop.mode,
         "remat": resolved.model.remat, "accumulate_steps": k, "data": data.description, "train_images": data.num_train,
-        "classes": resolved.model.num_classes, "per_device_batch": per_chip, "global_batch": global_batch,
-        "steps_per_epoch": data.num_train // global_batch, "budget_bytes": budget[0], "budget_source": budget[1],
+        "classes": resolved.model.num_classes, "per_device_batch": per_chip, "global_batch": per_step,
+        "steps_per_epoch": data.num_train // per_step, "budget_bytes": budget[0], "budget_source": budget[1],
         "usable_bytes": int(budget[0] * (1 - memory_plan.MARGIN)), "fits": steps["train"].bytes <= budget[0] *
         (1 - memory_plan.MARGIN), "largest_per_device_batch": fit.per_device, "search": fit.describe(),
         "steps": {name: {**dataclasses.asdict(s), "bytes": s.bytes} for name, s in steps.items()},
