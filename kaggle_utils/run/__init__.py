@@ -3,17 +3,15 @@
 Read :func:`train` in ``trainer`` first: the whole run, top to bottom; the other modules are its steps' helpers
 (the README's layout section maps them).
 """
-from .build import (Plan, Training, build_model, build_training, device_augmentation, eval_dataset, initial_variables,
-                    make_task, model_size, open_writers, train_crop, train_dataset, val_dataset)
+from .build import (Plan, Training, build_model, build_training, device_augmentation, epoch_config, eval_dataset,
+                    initial_variables, make_task, model_size, open_writers, train_crop, train_dataset, val_dataset)
 from .cv import CVResult, cross_validate
 from .data import RunData, SAMPLE, data_root, infer_image_size, open_data, sample_or_folder, scan_test_ids
 from .lr_find import LrFinding, find_lr
-from .predict import (Member, load_members, open_test_split, predict, predict_ensemble, predict_split,
+from .predict import (Member, load_members, load_run, open_test_split, predict, predict_ensemble, predict_split,
                       prediction_steps, write_predictions)
 from .resolve import check_config, global_batch, resolve
-from .saved import load_run, run_manifest, write_config
-from .stages import epoch_config
-from .trainer import RunResult, fit_run, train
+from .trainer import RunResult, fit_run, run_manifest, train, write_config
 from .tune import TuneResult, parse_space, tune
 
 __all__ = [

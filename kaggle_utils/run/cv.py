@@ -26,9 +26,8 @@ from ..train import Hook, Task
 from .build import eval_dataset, make_task
 from .data import RunData, converted_source, open_data, sample_or_folder
 from .folds import FOLDS_FILE, FoldGroups, assign_folds, group_file, read_groups, settle_folds
-from .predict import load_members, predict, predict_ensemble, prediction_steps, write_predictions
+from .predict import load_members, load_run, predict, predict_ensemble, prediction_steps, write_predictions
 from .resolve import check_config, resolve
-from .saved import load_run
 from .trainer import RunResult, train
 
 FOLD_OOF = "oof.csv"  # in fold{k}/: its held-out predictions; present = the fold is finished

@@ -73,6 +73,17 @@ def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def run_data(config: TrainConfig, out_dir: str | Path, data: RunData | None = None) -> Iterator[RunData]:
+    """``data`` as given, or the config's data opened and checked in :func:`data_root` (``out_dir`` stages a
+    ``--source`` conversion)."""
+    if data is not None:
+        yield data
+        return
+    with data_root(config, out_dir) as root:
+        yield open_data(config, root)
+
+
+@contextlib.contextmanager
 def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
     """The data folder of ``config``: its ``data_dir``, or the digits sample written to a temporary folder."""
     if config.data.data_dir not in (None, SAMPLE):

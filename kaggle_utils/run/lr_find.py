@@ -8,7 +8,6 @@ curve that never falls ``MIN_DROP`` below its start picks nothing and the defaul
 bench/README.md, "Learning rate of a short fine-tune". The found rate is the run's ``lr`` in ``config.json``,
 with a note (``lr_find``) that ``--resume`` reads instead of testing again.
 """
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -28,7 +27,7 @@ from ..train import Task, scaled_lr
 from ..train.optim import OPTIMIZERS
 from ..train.progress import progress_bar
 from .build import Plan, Training, build_model, build_training, initial_variables, train_dataset
-from .data import RunData, data_root, open_data
+from .data import RunData, run_data
 from .resolve import resolve
 
 LR_MIN, LR_MAX = 1e-7, 10.0  # per 256 images: from "changes nothing" to "destroys any network"
@@ -220,10 +219,8 @@ def find_lr(config: TrainConfig, data: RunData | None = None, *, task: Task | No
             out: str | Path | None = None, steps: int | None = None, progress: bool = True) -> LrFinding:
     """The range test of ``config`` alone, for a notebook (``data``: opened here unless given; nothing written
     unless ``out`` is given). Use the pick with ``config.replace(lr=finding.lr)``."""
-    with contextlib.ExitStack() as stack:
-        if data is None:
-            staging = stack.enter_context(tempfile.TemporaryDirectory(prefix="kaggle_utils_lr_find_"))
-            data = open_data(config, stack.enter_context(data_root(config, staging)))
+    with (tempfile.TemporaryDirectory(prefix="kaggle_utils_lr_find_") as staging,
+          run_data(config, staging, data) as data):
         resolved, plan = resolve(config.replace(lr="auto"), data, task)
         model = build_model(resolved)
         finding = range_test(resolved, plan, data, model, initial_variables(resolved, model), task=task,

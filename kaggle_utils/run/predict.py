@@ -23,10 +23,9 @@ from ..data import Source, count_data_items, list_tfrecords, load_dataset
 from ..data.convert import convert_test_split
 from ..parallel import local_rows
 from ..train import StepConfig, Steps, TrainState, inference_state, make_steps
-from .build import eval_crop, make_task
+from .build import build_model, eval_crop, make_task
 from .data import find_splits, infer_image_size, named_classes, scan_test_ids
-from .init_from import checkpoint_file
-from .saved import load_run
+from .init_from import checkpoint_file, run_config, run_variables
 
 Records = Callable[[TrainConfig], tuple[list[str], int]]  # (config) -> (test split's TFRecords, their stored size)
 
@@ -73,6 +72,15 @@ def predict_split(steps: Steps, variables: dict, files: list[str], config: Train
         dupes = sorted({t for t in texts if texts.count(t) > 1})[:5]
         raise ValueError(f"test ids repeat (e.g. {dupes}): refusing to write an ambiguous submission")
     return texts, probs
+
+
+def load_run(path: str | Path) -> tuple[nn.Module, dict, TrainConfig]:
+    """``(model, variables, config)`` of a run folder (its best checkpoint) or one of its checkpoints: the evaluation
+    variables (EMA weights where kept), checked leaf by leaf against the model the config builds."""
+    file = checkpoint_file(Path(path))
+    config = run_config(file)
+    model = build_model(config)
+    return model, run_variables(file, model, config), config
 
 
 def prediction_steps(config: TrainConfig, model: nn.Module, *, tta: bool | None = None, mode: str | None = None

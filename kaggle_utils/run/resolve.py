@@ -19,10 +19,9 @@ from ..train import Task, group_multipliers, history_columns, scaled_lr
 from ..train.optim import OPTIMIZERS
 from ..train.writers import import_wandb
 from . import memory_plan
-from .build import Plan, build_model, make_task
+from .build import Plan, build_model, make_task, progressive_stages
 from .data import RunData
 from .init_from import check_parent
-from .stages import progressive_stages
 
 
 def check_config(config: TrainConfig, task: Task | None = None) -> None:

@@ -7,8 +7,9 @@ before anything in ``out`` is written or removed, so a refused ``--overwrite`` l
 """
 import contextlib
 import dataclasses
+import json
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -16,19 +17,17 @@ import optax
 from jax.experimental import multihost_utils
 
 from .. import checkpoint, compilation, outdir, report
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, overrides
 from ..data import HostDataset
 from ..train import FitResult, FitSettings, Hook, MetricWriter, Steps, Task, evaluate, fit, inference_state
 from ..train.writers import close_writers
-from .build import (Plan, Training, build_model, build_training, initial_variables, model_size, open_writers,
-                    train_dataset, val_dataset)
-from .data import RunData, commit_conversion, data_root, open_data
+from .build import (Plan, Training, build_model, build_training, epoch_config, initial_variables, model_size,
+                    open_writers, train_dataset, val_dataset)
+from .data import RunData, commit_conversion, run_data
 from .lr_find import reuse_found_lr, settle_lr
 from .memory_plan import recorded_batch
 from .predict import predict_split, write_predictions
 from .resolve import check_config, resolve
-from .saved import run_manifest, write_config
-from .stages import epoch_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +72,8 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
         raise ConfigError("--lr auto sweeps the rate of the kit's optimizer; with run.train(tx=...) give a number")
     notes = {"tx": _custom_tx_note(tx)} if tx is not None else {}
     out, main = Path(out), jax.process_index() == 0
-    with _owned(out), _opened(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
+    owned = outdir.owned(out) if main else contextlib.nullcontext()  # the lock on out (the others write nothing)
+    with owned, run_data(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
         chosen, batch_note = recorded_batch(config, out) if resume else (config, "")
         resolved, plan = resolve(chosen, data, task)  # 3. resolve: what the config left open, for this machine
         plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
@@ -116,19 +116,20 @@ def _custom_tx_note(tx: optax.GradientTransformation | Callable) -> str:
             f"replaced --optimizer and its settings{', --lr and --schedule (history lr: NaN)' if fixed else ''}")
 
 
-def _owned(out: Path):
-    """The lock on ``out`` (process 0; the others write nothing)."""
-    return outdir.owned(out) if jax.process_index() == 0 else contextlib.nullcontext(out)
+def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None,
+                 notes: dict | None = None) -> Path:
+    """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan and
+    ``notes`` (e.g. ``lr_find``: how ``--lr auto`` found the lr)."""
+    path = Path(out_dir) / "config.json"
+    record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan),
+              **(notes or {})}
+    checkpoint.atomic_write_text(path, json.dumps(record, indent=2, default=list) + "\n")
+    return path
 
 
-@contextlib.contextmanager
-def _opened(config: TrainConfig, out: Path, data: RunData | None) -> Iterator[RunData]:
-    """``data`` as given, or the config's data opened and checked (a ``--source`` converted into a staging folder)."""
-    if data is not None:
-        yield data
-        return
-    with data_root(config, out) as root:
-        yield open_data(config, root)
+def run_manifest(config: TrainConfig, plan: Plan) -> dict:
+    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model."""
+    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
 
 
 def fit_settings(config: TrainConfig, plan: Plan) -> FitSettings:
