@@ -4,6 +4,18 @@ The pool is the run data's train + val records. Fold k (``OUT/fold{k}/``, a run 
 :func:`train` on the other folds' records, chosen by (file, record index) inside ``tf.data``, never by rewriting
 the records. ``fold{k}/oof.csv`` is written last: that file makes a fold finished, so ``--resume`` skips it.
 Records are named by their ``id`` feature when every pool record has a unique one, else by ``split/file#index``.
+
+The folds (``OUT/folds.csv``) are stratified by label, seeded and group-aware (``--fold-group``).
+The assignment is a pure function of (labels, groups, K, seed), so ``--resume`` and later ``--only-folds``
+calls recompute it and check it against ``folds.csv``: a changed seed, K or pool would otherwise train fold 1
+on examples that fold 0 validated on, and the out-of-fold score would be optimistic without saying so.
+
+Groups (a patient, a photographer, a video) live in no TFRecord, so they are read from a CSV keyed by the
+run's id column: a CSV ``--source``'s own ``COLUMN``, or ``--fold-group-file CSV`` (with ``--data-dir``,
+class folders or tfds). The file, both columns, an empty or conflicting group and records whose id the file
+lacks are all refused, named, before anything is written.
+
+Size: the folds and the runs over them are one concern (a CV folder); the folds' checks are most of it.
 """
 import contextlib
 import csv
@@ -21,15 +33,16 @@ from .. import checkpoint
 from ..config import ConfigError, TrainConfig
 from ..data.convert import source_from_spec
 from ..data.selection import scan_records
+from ..data.stratify import iterative_stratification
 from ..report import read_metrics
 from ..train import Hook, Task
 from .build import eval_dataset, make_task
 from .data import RunData, converted_source, open_data, sample_or_folder
-from .folds import FOLDS_FILE, FoldGroups, assign_folds, group_file, read_groups, settle_folds
 from .predict import load_members, load_run, predict, predict_ensemble, prediction_steps, write_predictions
 from .resolve import check_config, resolve
 from .trainer import RunResult, train
 
+FOLDS_FILE = "folds.csv"
 FOLD_OOF = "oof.csv"  # in fold{k}/: its held-out predictions; present = the fold is finished
 CV_FILES = ("oof.csv", "oof.npy", "cv.json", "submission.csv", "test_probabilities.csv")
 
@@ -150,7 +163,7 @@ def _check_source_groups(config: TrainConfig, path: Path, column: str) -> None:
         groups.lookup(source.ids, f"images of --source {data.source}")
 
 
-def _pool(data: RunData, k: int, seed: int, groups: FoldGroups | None = None) -> Pool:
+def _pool(data: RunData, k: int, seed: int, groups: "FoldGroups | None" = None) -> Pool:
     records = scan_records(data.splits["train"] + data.splits["val"])
     labels = records.multi_hot(data.max_label + 1) if data.multi_label else records.labels
     ids = records.ids
@@ -244,3 +257,213 @@ def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: n
     summary = {name: {"mean": float(np.mean([p[name] for p in per_fold])),
                       "std": float(np.std([p[name] for p in per_fold], ddof=1))} for name in names}
     return {"folds": per_fold, "fold_mean_std": summary, "oof": score(np.ones(len(labels), bool))}
+
+
+# --------------------------------------------------------------------------- the folds
+
+
+def assign_folds(labels: Sequence[int], k: int, seed: int, groups: Sequence | None = None) -> np.ndarray:
+    """The fold (0..k-1) of each example: each class's examples, shuffled by ``seed``, dealt round-robin from
+    where the previous class stopped (every fold holds each class's count / k, within 1); multi-hot ``labels``
+    by iterative stratification; with ``groups``, whole groups (:func:`_group_folds`)."""
+    labels = np.asarray(labels)
+    if k < 2:
+        raise ConfigError(f"--folds {k}: cross-validation needs at least 2 folds")
+    if len(labels) < k:
+        raise ConfigError(f"--folds {k}: only {len(labels)} labelled examples")
+    rng = np.random.default_rng(seed)
+    folds = np.full(len(labels), -1, np.int64)
+    if groups is not None:
+        return _group_folds(labels, np.asarray(groups), k, rng)
+    if labels.ndim == 2:
+        return iterative_stratification(labels, [1.0] * k, seed)
+    start = 0
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        folds[members] = (start + np.arange(len(members))) % k
+        start = (start + len(members)) % k
+    return folds
+
+
+def _group_folds(labels: np.ndarray, groups: np.ndarray, k: int, rng) -> np.ndarray:
+    """Whole groups to folds by scikit-learn's StratifiedGroupKFold rule (shuffled): the groups most concentrated
+    on few classes first, each to the fold where the spread of each class's share over the folds is smallest
+    (a tie: the fold with fewer examples). A greedy balance, not a guarantee: a large group is not split.
+    """
+    names, group_of = np.unique(groups, return_inverse=True)
+    if len(names) < k:
+        raise ConfigError(f"--folds {k}: --fold-group gives only {len(names)} groups; each fold needs one")
+    labels = np.asarray(labels)
+    hot = labels if labels.ndim == 2 else labels[:, None] == np.unique(labels)[None]  # [N, C] multi-hot / one-hot
+    per_group = np.zeros((len(names), hot.shape[1]))
+    np.add.at(per_group, group_of, hot.astype(np.float64))
+    order = rng.permutation(len(names))
+    order = order[np.argsort(-per_group[order].std(axis=1), kind="stable")]
+    class_totals = np.maximum(per_group.sum(axis=0), 1.0)  # a multi-hot class nobody has: no share
+    in_fold = np.zeros((k, hot.shape[1]))
+    fold_of = np.zeros(len(names), np.int64)
+    trial = np.eye(k)[:, :, None]  # [candidate fold, fold, 1]: where the group is added in each trial
+    for g in order:
+        shares = (in_fold[None] + trial * per_group[g]) / class_totals  # [candidate, fold, class]
+        spread = shares.std(axis=1).mean(axis=1)
+        best = np.flatnonzero(np.isclose(spread, spread.min()))
+        fold_of[g] = best[np.argmin(in_fold[best].sum(axis=1))]
+        in_fold[fold_of[g]] += per_group[g]
+    empty = sorted(set(range(k)) - set(fold_of.tolist()))
+    if empty:
+        raise ConfigError(f"--folds {k}: --fold-group's {len(names)} groups leave fold {empty[0]} empty "
+                          "(a few groups hold most examples); use fewer folds")
+    return fold_of[group_of]
+
+
+def _read_rows(out: str | Path) -> list[list[str]] | None:
+    """The rows of ``OUT/folds.csv`` (header first), checked to be the kit's; None when there is none."""
+    path = Path(out) / FOLDS_FILE
+    if not path.is_file():
+        return None
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or rows[0][:2] != ["id", "fold"] or len(rows[0]) > 3:
+        raise ConfigError(f"{path} is not a folds file of the kit (expected the header id,fold or id,fold,GROUP); "
+                          "remove it or choose another --out")
+    if any(len(row) != len(rows[0]) for row in rows[1:]):
+        raise ConfigError(f"{path} has a row with another number of columns than its header; remove it or choose "
+                          "another --out")
+    return rows
+
+
+def read_folds(out: str | Path) -> dict[str, int] | None:
+    """``{id: fold}`` of ``OUT/folds.csv``, or None when there is none."""
+    rows = _read_rows(out)
+    if rows is None:
+        return None
+    try:
+        return {row[0]: int(row[1]) for row in rows[1:]}
+    except ValueError:
+        raise ConfigError(f"{Path(out) / FOLDS_FILE} has a row without an integer fold; remove it or choose another "
+                          "--out") from None
+
+
+def read_fold_groups(out: str | Path) -> tuple[str, dict[str, str]] | None:
+    """``(column, {id: group})`` of a grouped ``OUT/folds.csv`` (its third column); None when it has none."""
+    rows = _read_rows(out)
+    if rows is None or len(rows[0]) < 3:
+        return None
+    return rows[0][2], {row[0]: row[2] for row in rows[1:]}
+
+
+def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: int, seed: int,
+                 groups: tuple[str, Sequence[str]] | None = None, overwrite: bool = False) -> None:
+    """Writes ``OUT/folds.csv`` the first time; afterwards refuses folds or a grouping that differ from it.
+    ``groups``: ``(column, each id's group)``, kept as a third column so the grouping is checked too."""
+    path = Path(out) / FOLDS_FILE
+    recorded = None if overwrite else read_folds(out)
+    if recorded is None:
+        checkpoint.atomic_write_csv(path, ["id", "fold", *([groups[0]] if groups else [])],
+                         zip(ids, map(int, folds), *([groups[1]] if groups else [])))
+        return
+    grouped = (groups[0], dict(zip(ids, map(str, groups[1])))) if groups else None
+    difference = (_group_difference(read_fold_groups(out), grouped)
+                  or _difference(recorded, dict(zip(ids, map(int, folds)))))
+    if difference:
+        grouping = f" --fold-group {groups[0]}" if groups else ""
+        raise ConfigError(f"{path} was made for other folds than --folds {k} --seed {seed}{grouping} give now "
+                          f"({difference}): the folds of one CV folder must not change; use the settings it was made "
+                          "with, or another --out (or --overwrite to start the whole CV again)")
+
+
+def _group_difference(recorded: tuple[str, dict[str, str]] | None, now: tuple[str, dict[str, str]] | None) -> str:
+    """How the grouping differs, in words ('' when it does not): with or without groups, the column, the ids' groups."""
+    if recorded is None or now is None:
+        if recorded is None and now is None:
+            return ""
+        return (f"made without --fold-group, grouped by {now[0]} now" if recorded is None
+                else f"grouped by {recorded[0]} then, without --fold-group now")
+    if recorded[0] != now[0]:
+        return f"grouped by {recorded[0]} then, by {now[0]} now"
+    changed = sorted(i for i in set(recorded[1]) & set(now[1]) if recorded[1][i] != now[1][i])
+    if changed:
+        return (f"{len(changed)} id(s) in another {now[0]} group, e.g. {changed[0]}: {recorded[1][changed[0]]!r} "
+                f"then, {now[1][changed[0]]!r} now")
+    return ""
+
+
+def _difference(recorded: dict[str, int], now: dict[str, int]) -> str:
+    """What differs between two assignments, in words ('' when nothing does)."""
+    parts = []
+    k_then, k_now = max(recorded.values(), default=-1) + 1, max(now.values(), default=-1) + 1
+    if k_then != k_now:
+        parts.append(f"{k_then} folds then, {k_now} now")
+    gone, new = sorted(set(recorded) - set(now)), sorted(set(now) - set(recorded))
+    if gone:
+        parts.append(f"{len(gone)} id(s) no longer in the data, e.g. {gone[0]}")
+    if new:
+        parts.append(f"{len(new)} id(s) not in the file, e.g. {new[0]}")
+    moved = sorted(i for i in set(recorded) & set(now) if recorded[i] != now[i])
+    if moved:
+        parts.append(f"{len(moved)} id(s) in another fold, e.g. {moved[0]}: fold {recorded[moved[0]]} then, "
+                     f"{now[moved[0]]} now")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- --fold-group
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldGroups:
+    """``{id: group}`` of one CSV column, and where it was read (for the messages)."""
+
+    column: str
+    path: Path
+    id_column: str
+    of: dict[str, str]
+
+    def lookup(self, ids: Sequence[str], where: str) -> np.ndarray:
+        """The group of each id; refuses ids the file has no row for (``where``: what the ids are)."""
+        missing = sorted(str(i) for i in ids if i not in self.of)
+        if missing:
+            shown = ", ".join(map(repr, missing[:3])) + (", ..." if len(missing) > 3 else "")
+            raise ConfigError(f"--fold-group {self.column}: {len(missing)} of the {len(ids)} {where} have no row in "
+                              f"{self.path} (matched by its {self.id_column!r} column), e.g. {shown}: every record "
+                              "needs a group")
+        return np.array([self.of[i] for i in ids], dtype=object)
+
+
+def group_file(config: TrainConfig, column: str | None, path: str | None) -> Path | None:
+    """The CSV ``--fold-group`` is read from: ``--fold-group-file``, else a CSV ``--source``; None without a group."""
+    if column is None:
+        if path is not None:
+            raise ConfigError(f"--fold-group-file {path} needs --fold-group COLUMN: the column of the groups")
+        return None
+    if path is not None:
+        return Path(path)
+    source = config.data.source
+    if source is not None and source.lower().endswith(".csv"):
+        return Path(source)
+    where = f"--source {source}" if source else f"--data-dir {config.data.data_dir or '(the digits sample)'}"
+    raise ConfigError(f"--fold-group {column}: {where} has no columns to read groups from; give "
+                      f"--fold-group-file CSV (a CSV with the run's id column and {column})")
+
+
+def read_groups(path: Path, column: str, id_column: str) -> FoldGroups:
+    """``{id: group}`` of ``path``'s ``column``, refusing a missing file or column, an empty group, a repeated id."""
+    if not path.is_file():
+        raise ConfigError(f"--fold-group {column}: {path} does not exist")
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        absent = [c for c in (id_column, column) if c not in header]
+        if absent:
+            raise ConfigError(f"--fold-group {column}: {path} has no column {' or '.join(map(repr, absent))} "
+                              f"(columns: {', '.join(header)}); the groups are matched to the records by the run's "
+                              "id column (--id-column)")
+        of: dict[str, str] = {}
+        for row in reader:
+            key, group = row[id_column], (row[column] or "").strip()
+            if not group:
+                raise ConfigError(f"--fold-group {column}: {path}, line {reader.line_num}: no {column} value for id "
+                                  f"{key!r}")
+            if of.setdefault(key, group) != group:
+                raise ConfigError(f"--fold-group {column}: {path}, line {reader.line_num}: id {key!r} is given "
+                                  f"groups {of[key]!r} and {group!r}")
+    return FoldGroups(column, path, id_column, of)
