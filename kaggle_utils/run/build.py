@@ -28,7 +28,7 @@ from ..train import (AXIS, MetricWriter, StepConfig, Steps, Task, TensorBoardWri
 from ..train import make_task as task_named
 from ..train.progressive import SIZE_MULTIPLE, Stage, progressive_schedule
 from .data import RunData
-from .init_from import parent_variables
+from .init_from import check_parent, run_variables
 
 DEFAULT_MIN_SIZE = 128  # --progressive-min-size's default: the official code's ibase
 
@@ -100,8 +100,11 @@ def initial_variables(config: TrainConfig, model: nn.Module) -> dict:
     """Random init, ``--init-from``'s run's weights, or ported weights for the backbone with a zero classifier: equal
     logits, so the first loss is ln C (timm's init, sized for 1000 outputs, gives a few classes large logits the
     features must unlearn; ``--no-zero-head`` keeps it)."""
-    if config.model.init_from:
-        return parent_variables(config, model)
+    if config.model.init_from:  # classifier included
+        file = check_parent(config)
+        if jax.process_index() == 0:
+            print(f"--init-from {file}: {config.model.name}, {config.model.num_classes} classes, classifier kept")
+        return run_variables(file, model, config)
     variables = init_variables(model, config.model.image_size, seed=config.seed)
     if config.model.weights is None:
         return variables

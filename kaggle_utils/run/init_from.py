@@ -17,7 +17,7 @@ from ..config import ConfigError, TrainConfig
 from ..surgery import padded_width
 from ..variable_trees import abstract_variables
 
-__all__ = ["check_parent", "checkpoint_file", "parent_variables", "run_config", "run_variables"]
+__all__ = ["check_parent", "checkpoint_file", "run_config", "run_variables"]
 
 
 def checkpoint_file(path: Path) -> Path:
@@ -85,11 +85,3 @@ def check_parent(config: TrainConfig) -> Path | None:
             raise ConfigError(f"--init-from {file}: its run trained {what} {theirs}, this run has {ours}; the "
                               "classifier is kept, so both must match (--weights starts a new head)")
     return file
-
-
-def parent_variables(config: TrainConfig, model: nn.Module) -> dict:
-    """``--init-from``'s variables for ``model`` (this run's), classifier included."""
-    file = check_parent(config)
-    if jax.process_index() == 0:
-        print(f"--init-from {file}: {config.model.name}, {config.model.num_classes} classes, classifier kept")
-    return run_variables(file, model, config)

@@ -149,18 +149,15 @@ def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | N
 
 def _check_same_classes(first: Member, other: Member) -> None:
     """Probabilities are averaged by column: refuses members whose columns mean different classes."""
-    a, b = first.config.model.num_classes, other.config.model.num_classes
-    multi = [m.config.task.task == "multilabel" for m in (first, other)]
-    names_a, names_b = named_classes(first.config.data.class_names), named_classes(other.config.data.class_names)
-    what = None
-    if multi[0] != multi[1]:
-        what = "one is multi-label (independent sigmoid probabilities), the other not (a softmax over the classes)"
-    elif a != b:
-        what = f"{a} vs {b} classes"
-    elif names_a != names_b:
-        index = next(i for i in range(a) if names_a[i:i + 1] != names_b[i:i + 1])
-        show = lambda names: repr(names[index]) if names else "unnamed"  # noqa: E731
-        what = f"class {index} is {show(names_a)} vs {show(names_b)}"
+    a, b = first.config, other.config
+    names = named_classes(a.data.class_names), named_classes(b.data.class_names)
+    index = next((i for i in range(a.model.num_classes) if names[0][i:i + 1] != names[1][i:i + 1]), 0)
+    show = lambda names: repr(names[index]) if index < len(names) else "unnamed"  # noqa: E731
+    what = next((what for differs, what in (
+        ((a.task.task == "multilabel") != (b.task.task == "multilabel"),
+         "one is multi-label (independent sigmoid probabilities), the other not (a softmax over the classes)"),
+        (a.model.num_classes != b.model.num_classes, f"{a.model.num_classes} vs {b.model.num_classes} classes"),
+        (names[0] != names[1], f"class {index} is {show(names[0])} vs {show(names[1])}")) if differs), None)
     if what:
         raise ConfigError(f"--checkpoint {first.path} and {other.path} disagree ({what}): their probabilities "
                           "cannot be averaged")
