@@ -360,7 +360,7 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
     recorded = None if overwrite else read_folds(out)
     if recorded is None:
         checkpoint.atomic_write_csv(path, ["id", "fold", *([groups[0]] if groups else [])],
-                         zip(ids, map(int, folds), *([groups[1]] if groups else [])))
+                                    zip(ids, map(int, folds), *([groups[1]] if groups else [])))
         return
     grouped = (groups[0], dict(zip(ids, map(str, groups[1])))) if groups else None
     difference = (_group_difference(read_fold_groups(out), grouped)
@@ -375,35 +375,29 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
 def _group_difference(recorded: tuple[str, dict[str, str]] | None, now: tuple[str, dict[str, str]] | None) -> str:
     """How the grouping differs, in words ('' when it does not): with or without groups, the column, the ids' groups."""
     if recorded is None or now is None:
-        if recorded is None and now is None:
-            return ""
-        return (f"made without --fold-group, grouped by {now[0]} now" if recorded is None
-                else f"grouped by {recorded[0]} then, without --fold-group now")
+        return "" if recorded is now else (f"made without --fold-group, grouped by {now[0]} now" if recorded is None
+                                           else f"grouped by {recorded[0]} then, without --fold-group now")
     if recorded[0] != now[0]:
         return f"grouped by {recorded[0]} then, by {now[0]} now"
-    changed = sorted(i for i in set(recorded[1]) & set(now[1]) if recorded[1][i] != now[1][i])
-    if changed:
-        return (f"{len(changed)} id(s) in another {now[0]} group, e.g. {changed[0]}: {recorded[1][changed[0]]!r} "
-                f"then, {now[1][changed[0]]!r} now")
-    return ""
+    return _moved(recorded[1], now[1], f"{now[0]} group", repr)
 
 
 def _difference(recorded: dict[str, int], now: dict[str, int]) -> str:
     """What differs between two assignments, in words ('' when nothing does)."""
-    parts = []
     k_then, k_now = max(recorded.values(), default=-1) + 1, max(now.values(), default=-1) + 1
-    if k_then != k_now:
-        parts.append(f"{k_then} folds then, {k_now} now")
     gone, new = sorted(set(recorded) - set(now)), sorted(set(now) - set(recorded))
-    if gone:
-        parts.append(f"{len(gone)} id(s) no longer in the data, e.g. {gone[0]}")
-    if new:
-        parts.append(f"{len(new)} id(s) not in the file, e.g. {new[0]}")
+    parts = [f"{k_then} folds then, {k_now} now" if k_then != k_now else "",
+             f"{len(gone)} id(s) no longer in the data, e.g. {gone[0]}" if gone else "",
+             f"{len(new)} id(s) not in the file, e.g. {new[0]}" if new else "",
+             _moved(recorded, now, "fold", lambda fold: f"fold {fold}")]
+    return "; ".join(filter(None, parts))
+
+
+def _moved(recorded: dict, now: dict, where: str, show=str) -> str:
+    """How many ids of both are in another ``where`` now, the first of them shown ('' when none is)."""
     moved = sorted(i for i in set(recorded) & set(now) if recorded[i] != now[i])
-    if moved:
-        parts.append(f"{len(moved)} id(s) in another fold, e.g. {moved[0]}: fold {recorded[moved[0]]} then, "
-                     f"{now[moved[0]]} now")
-    return "; ".join(parts)
+    return (f"{len(moved)} id(s) in another {where}, e.g. {moved[0]}: {show(recorded[moved[0]])} then, "
+            f"{show(now[moved[0]])} now") if moved else ""
 
 
 # --------------------------------------------------------------------------- --fold-group
