@@ -37,7 +37,7 @@ from ..data.stratify import iterative_stratification
 from ..report import read_metrics
 from ..train import Hook, Task
 from .build import eval_dataset, make_task
-from .data import RunData, converted_source, open_data, sample_or_folder
+from .data import RunData, commit_conversion, data_root, open_data
 from .predict import load_members, load_run, predict, predict_ensemble, prediction_steps, write_predictions
 from .resolve import check_config, resolve
 from .trainer import RunResult, train
@@ -142,15 +142,13 @@ def _check_args(folds: int, only_folds: Sequence[int] | None, resume: bool, over
 
 @contextlib.contextmanager
 def _pool_data(config: TrainConfig, out: Path) -> Iterator[tuple[TrainConfig, RunData]]:
-    """(the config each fold trains with, the data opened and checked): ``--source`` converted once into OUT/data."""
-    if config.data.source is None:
-        with sample_or_folder(config) as root:
-            yield config, open_data(config, root)
-        return
-    root = converted_source(config, out)
-    fold_config = config.replace(source=None, test_source=None, image_dir=None, test_image_dir=None,
-                                 tfds_data_dir=None, data_dir=str(root.resolve()))
-    yield fold_config, open_data(fold_config, root)
+    """(the config each fold trains with, the data opened and checked): ``--source`` converted once into OUT/data,
+    which the folds then read as their ``--data-dir``."""
+    with data_root(config, out) as root:
+        data = commit_conversion(open_data(config, root), out)
+        yield (config if config.data.source is None else
+               config.replace(source=None, test_source=None, image_dir=None, test_image_dir=None, tfds_data_dir=None,
+                              data_dir=str(data.root.resolve()))), data
 
 
 def _check_source_groups(config: TrainConfig, path: Path, column: str) -> None:
