@@ -170,8 +170,8 @@ class _Loop:
         self.pending = self.steps.put_state(pending_host) if pending_host else None
         host_state = state
         self.clock = {"log": time.perf_counter(), "row": time.perf_counter()}
-        self.compiled_before, self.first_step_done = compilation.seconds(), False
-        self.first_step_from = (self.clock["row"], self.compiled_before)  # (time, compile seconds) it is timed from
+        self.compiled_before = compilation.seconds()
+        self.first_step_from = (self.clock["row"], self.compiled_before)  # (time, compile seconds); None once reported
         self._call_hooks("on_run_start", state, self.history)
         step = int(state.step)
         try:
@@ -207,7 +207,7 @@ class _Loop:
             dev_state, metrics = train(dev_state, batch)
             self.pending, self.window = _accumulate(self.pending, metrics), _accumulate(self.window, metrics)
             step += 1
-            if not self.first_step_done:
+            if self.first_step_from is not None:
                 self._report_first_step(metrics)
             bar.update(1)
             if step % settings.log_every == 0 or step == end:
@@ -232,8 +232,7 @@ class _Loop:
             return self.steps.train
         stage, steps = self.staged.at(epoch)
         if stage != self.stage:
-            self.stage, self.first_step_done = stage, False
-            self.first_step_from = (time.perf_counter(), compilation.seconds())
+            self.stage, self.first_step_from = stage, (time.perf_counter(), compilation.seconds())
         return steps.train
 
     # ---- actions
@@ -322,8 +321,7 @@ class _Loop:
     def _report_first_step(self, metrics) -> None:
         """One line (one sync) per run or stage: its first step's seconds, and how many of them were compiling."""
         jax.block_until_ready(metrics)
-        self.first_step_done = True
-        started, compiled_before = self.first_step_from
+        (started, compiled_before), self.first_step_from = self.first_step_from, None
         took, compiled = time.perf_counter() - started, compilation.seconds() - compiled_before
         where = ""
         if self.stage is not None:
