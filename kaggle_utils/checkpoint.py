@@ -10,8 +10,8 @@ import io
 import json
 import os
 import re
+import secrets
 import socket
-import tempfile
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,7 +29,7 @@ __all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_
            "remove_stale_temp_files", "save"]
 
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-# .<name>.<pid>.<host tag>.<mkstemp's 8 random characters>.tmp
+# .<name>.<pid>.<host tag>.<8 random hex digits>.tmp
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})\.[a-z0-9_]{8}\.tmp$")
 STALE_TEMP_AGE_S = 3600.0
 
@@ -42,10 +42,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that ``path`` is always either old or complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.{_HOST_TAG}.", suffix=".tmp", dir=path.parent)
+    tmp = str(path.parent / f".{path.name}.{os.getpid()}.{_HOST_TAG}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide weights and submissions
+        # created with the umask applied, as any new file (mkstemp's 0600 would hide weights and submissions)
+        with os.fdopen(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -72,20 +72,6 @@ def atomic_write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Iter
     for row in rows:
         (by_name if isinstance(row, Mapping) else in_order).writerow(row)
     atomic_write_text(path, text.getvalue())
-
-
-def _umask() -> int:
-    """The process umask; read from /proc where possible, since setting it to read it races with threads."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def pid_alive(pid: int) -> bool:
