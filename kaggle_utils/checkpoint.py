@@ -10,11 +10,11 @@ import io
 import json
 import os
 import re
+import secrets
 import socket
-import tempfile
-import threading
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -22,14 +22,14 @@ import jax
 import numpy as np
 from flax import serialization
 
-from .variable_trees import flatten
+from .variable_trees import flatten, listing
 
 __all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_csv",
            "atomic_write_text", "check_digest", "check_format", "check_tree", "load", "manifest_path", "pid_alive",
            "remove_stale_temp_files", "save"]
 
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-# .<name>.<pid>.<host tag>.<mkstemp's 8 random characters>.tmp
+# .<name>.<pid>.<host tag>.<8 random hex digits>.tmp
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})\.[a-z0-9_]{8}\.tmp$")
 STALE_TEMP_AGE_S = 3600.0
 
@@ -42,10 +42,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that ``path`` is always either old or complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.{_HOST_TAG}.", suffix=".tmp", dir=path.parent)
+    tmp = str(path.parent / f".{path.name}.{os.getpid()}.{_HOST_TAG}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide weights and submissions
+        # created with the umask applied, as any new file (mkstemp's 0600 would hide weights and submissions)
+        with os.fdopen(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -72,20 +72,6 @@ def atomic_write_csv(path: str | os.PathLike, columns: Sequence[str], rows: Iter
     for row in rows:
         (by_name if isinstance(row, Mapping) else in_order).writerow(row)
     atomic_write_text(path, text.getvalue())
-
-
-def _umask() -> int:
-    """The process umask; read from /proc where possible, since setting it to read it races with threads."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def pid_alive(pid: int) -> bool:
@@ -187,24 +173,6 @@ def check_digest(path: str | os.PathLike) -> None:
         raise CheckpointError(problem)
 
 
-def _read_state_dict(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    data = path.read_bytes()
-    _check_head(path, data)
-    problem = _digest_problem(path, data)
-    if problem:  # it may still load (an edited manifest), so say it and go on; --weights refuses (check_digest)
-        warnings.warn(problem, RuntimeWarning, stacklevel=3)
-    try:
-        state = serialization.msgpack_restore(data)
-    except Exception as e:  # msgpack raises several unrelated types for damaged input
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({len(data)} bytes): "
-                              f"{type(e).__name__}: {e}") from e
-    if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a tree of arrays")
-    return state
-
-
 def _torch_format(data: bytes) -> str | None:
     """What PyTorch file ``data`` is, by its first bytes; None for anything else (msgpack included)."""
     if data.startswith(b"PK\x03\x04"):
@@ -229,8 +197,7 @@ def check_tree(actual: Any, expected: Any, *, what: str = "tree") -> None:
         lines = [f"{what} does not match the expected structure:"]
         for title, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
             if keys:
-                shown = ", ".join(keys[:12]) + (f", ... ({len(keys)} in all)" if len(keys) > 12 else "")
-                lines.append(f"  {title} ({len(keys)}): {shown}")
+                lines.append(f"  {title} ({len(keys)}): {listing(keys, 12)}")
         raise CheckpointError("\n".join(lines))
 
 
@@ -238,7 +205,20 @@ def load(path: str | os.PathLike, target: Any = None) -> Any:
     """A checkpoint of :func:`save` as a nested dict of numpy arrays, or with ``target`` (arrays or
     ``jax.ShapeDtypeStruct``) every key and shape checked and the values in ``target``'s structure and dtypes."""
     path = Path(path)
-    state = _read_state_dict(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    data = path.read_bytes()
+    _check_head(path, data)
+    problem = _digest_problem(path, data)
+    if problem:  # it may still load (an edited manifest), so say it and go on; --weights refuses (check_digest)
+        warnings.warn(problem, RuntimeWarning, stacklevel=2)
+    try:
+        state = serialization.msgpack_restore(data)
+    except Exception as e:  # msgpack raises several unrelated types for damaged input
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({len(data)} bytes): "
+                              f"{type(e).__name__}: {e}") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a tree of arrays")
     if target is None:
         return state
     check_tree(state, serialization.to_state_dict(target), what=f"checkpoint {path}")
@@ -250,29 +230,20 @@ def load(path: str | os.PathLike, target: Any = None) -> Any:
 class BackgroundWrites:
     """Runs write jobs (of host data) in a thread, one at a time, so training goes on while a checkpoint reaches the
     disk. :meth:`submit` first waits for the job before it; :meth:`wait` for the last, raising its error if it had
-    one. Not a daemon thread: a process that ends finishes its last write; a killed one leaves the old file whole.
+    one. The executor's thread is joined at exit: a process that ends finishes its last write; a killed one leaves the
+    old file whole.
     """
 
     def __init__(self):
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+        self._last: Future | None = None
 
     def submit(self, job, *args, **kwargs) -> None:
         self.wait()
-
-        def run():
-            try:
-                job(*args, **kwargs)
-            except BaseException as err:  # raised in the caller's thread by the next wait
-                self._error = err
-
-        self._thread = threading.Thread(target=run, name="checkpoint-writer")
-        self._thread.start()
+        self._last = self._pool.submit(job, *args, **kwargs)
 
     def wait(self, *, raise_error: bool = True) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        error, self._error = self._error, None
+        last, self._last = self._last, None
+        error = None if last is None else last.exception()  # waits for it
         if error is not None and raise_error:
             raise error

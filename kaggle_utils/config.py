@@ -41,15 +41,17 @@ def int_in(low: int, high: int | None = None):
     return parse
 
 
-def _int_or_auto(text: str) -> int | str:
-    """The flag type of a field that is a number or ``"auto"`` (metadata ``parse``: its annotation cannot say)."""
-    return "auto" if text.lower() == "auto" else int(text)
+def _or_word(parse, word: str, value, name: str | None = None):
+    """A flag type that also takes ``word`` as ``value``: ``none`` for a field whose default is None, ``auto`` where
+    the kit chooses (metadata ``parse``: the annotation cannot say)."""
+    def parse_or_word(text: str):
+        return value if text.strip().lower() == word else parse(text)
+    parse_or_word.__name__ = name or parse.__name__  # argparse names the type in its message
+    return parse_or_word
 
 
-def learning_rate(text: str) -> float | str:
-    """``--lr``: a number > 0 (per 256 images) or ``auto`` (an LR range test picks it)."""
-    if text.strip().lower() == "auto":
-        return "auto"
+def learning_rate(text: str) -> float:
+    """``--lr``'s number: > 0, per 256 images."""
     try:
         value = float(text)
     except ValueError:
@@ -60,8 +62,6 @@ def learning_rate(text: str) -> float | str:
                                          "images, e.g. 0.01) or auto")
     return value
 
-
-_int_or_auto.__name__, learning_rate.__name__ = "integer or auto", "learning rate"  # argparse names the type
 
 # what a field may hold: (test, the words of the refusal "--flag VALUE: words")
 AT_LEAST_1 = (lambda v: v >= 1, "must be at least 1")
@@ -157,7 +157,7 @@ class DataConfig(_Section):
     batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
     batch_per_device: int | str | None = _field(None, "batch per device instead of --batch-size; auto: the largest "
                                                       "whose compiled train step fits the device, less a margin",
-                                                parse=_int_or_auto)
+                                                parse=_or_word(int, "auto", "auto", "integer or auto"))
     memory_budget: float | None = _field(None, "with --batch-per-device auto: GiB a device may use (default: what "
                                                "a GPU or TPU reports; a CPU needs it)", resume_may_change=True,
                                          valid=POSITIVE)
@@ -215,7 +215,8 @@ class OptimConfig(_Section):
                                      "and --weight-decay", choices=("adamw", "sgd", "lamb", "lion", "adafactor"))
     lr: float | str | None = _field(None, "peak learning rate per 256 images (scaled to the global batch), or auto: an "
                                           "LR range test picks it before the run (default: the optimizer's, 1e-2; "
-                                          "lion 1e-3; sgd 0.1)", parse=learning_rate, valid=POSITIVE)
+                                          "lion 1e-3; sgd 0.1)",
+                                    parse=_or_word(learning_rate, "auto", "auto", "learning rate"), valid=POSITIVE)
     lr_find_steps: int | None = _field(None, "with --lr auto: steps of the range test (default: 100, fewer for a "
                                              "shorter run, at least 40)", resume_may_change=True,
                                        valid=(lambda v: v >= 10, "must be at least 10 (the range test's curve)"))
@@ -434,17 +435,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
             options.update(action="append", metavar=typing.get_args(scalar)[0].__name__.upper())
         else:
             parse = field.metadata.get("parse", scalar)
-            options.update(type=_or_none(parse) if optional else parse, choices=field.metadata.get("choices"))
+            options.update(type=_or_word(parse, "none", None) if optional else parse,
+                           choices=field.metadata.get("choices"))
             options.update({k: field.metadata[k] for k in ("nargs", "const") if k in field.metadata})
         groups[section].add_argument(flag_of(options["dest"]), **options)
-
-
-def _or_none(parse):
-    """A flag type that also takes ``none`` (the field's default of None)."""
-    def or_none(text: str):
-        return None if text.lower() == "none" else parse(text)
-    or_none.__name__ = parse.__name__  # argparse names the type in its message
-    return or_none
 
 
 def config_from_args(args: argparse.Namespace, cls: type = None, *, base: TrainConfig | None = None) -> TrainConfig:

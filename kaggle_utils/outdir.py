@@ -52,14 +52,6 @@ def check_writable(out: str | os.PathLike, flag: str = "--out") -> Path:
     return out
 
 
-def _make_folder(out: Path) -> None:
-    check_writable(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise OutDirError(f"--out {out} cannot be created ({err.strerror or err}): choose a writable folder") from None
-
-
 def _holder_text(info: dict) -> str:
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("time", 0)))
     return f"pid {info.get('pid')} on {info.get('host')}, since {since}"
@@ -81,7 +73,11 @@ def owned(out: str | os.PathLike) -> Iterator[Path]:
     call created and nothing was written to is removed again on exit."""
     out = Path(out)
     created = not out.exists()
-    _make_folder(out)
+    check_writable(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutDirError(f"--out {out} cannot be created ({err.strerror or err}): choose a writable folder") from None
     lock = out / LOCK_NAME
     me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()), "time": time.time()}
     while not _take_lock(lock, me):

@@ -5,7 +5,6 @@ on ``sys.path`` and :func:`setup` returns a :class:`Runtime` whose ``config`` th
 on a CPU without the competition data). Probes take ``root`` (``$KAGGLE_UTILS_ROOT``), so tests fake Kaggle.
 """
 import argparse
-import glob
 import json
 import os
 import platform as _platform_module
@@ -150,8 +149,7 @@ def find_weights(model: str | None = None, root: str | os.PathLike | None = None
         candidates = [base] if base.is_file() else sorted(base.glob("*.msgpack")) + sorted(base.glob("*/*.msgpack"))
     else:
         inputs = kaggle_root(root) / "input"
-        candidates = [Path(p) for depth in ("*", "*/*", "*/*/*")
-                      for p in sorted(glob.glob(f"{inputs}/{depth}/*.msgpack"))]
+        candidates = [p for depth in ("*", "*/*", "*/*/*") for p in sorted(inputs.glob(f"{depth}/*.msgpack"))]
     wanted = resolve_name(model) if model is not None else None  # short names ("m") too
     found = [p for p in candidates if (m := _ported_model(p)) is not None and (wanted is None or m == wanted)]
     if requested and not found:

@@ -22,16 +22,9 @@ class VariableTreeError(ValueError):
     """A request on a variable tree that cannot be carried out as asked (``surgery.SurgeryError`` too)."""
 
 
-def _key_name(key) -> str:
-    for attr in ("key", "name", "idx"):  # DictKey / GetAttrKey / SequenceKey (and FlattenedIndexKey)
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
 def path_name(keypath) -> str:
     """The ``/``-joined name of a jax key path (``params/conv/kernel``), as :func:`flatten` names leaves."""
-    return "/".join(_key_name(k) for k in keypath)
+    return jax.tree_util.keystr(keypath, simple=True, separator="/")
 
 
 def flatten(tree: Any) -> dict[str, Any]:
@@ -77,9 +70,8 @@ def as_patterns(patterns: Patterns) -> tuple[str, ...]:
 
 def _nearby(paths: Sequence[str], pattern: str, n: int = 6) -> str:
     """A few paths to show beside a pattern that matched nothing: the closest, then the first."""
-    shown = difflib.get_close_matches(pattern, paths, n=n // 2, cutoff=0.0)
-    shown += [p for p in paths if p not in shown][:n - len(shown)]
-    return ", ".join(shown) + (f", ... ({len(paths)} in all)" if len(paths) > len(shown) else "")
+    close = difflib.get_close_matches(pattern, paths, n=n // 2, cutoff=0.0)
+    return listing(close + [p for p in paths if p not in close], n)
 
 
 def select_paths(paths: Iterable[str], patterns: Patterns, what: str) -> set[str]:

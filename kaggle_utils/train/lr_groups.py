@@ -6,7 +6,7 @@ its stages, timm's ``coarse=True``); a part at depth ``d`` learns at ``lr x D **
 by ``head_lr_mult``. Scaling AdamW's update equals a per-group rate: its moments do not depend on the rate
 and its decoupled decay is multiplied by it, as with timm's per-group ``lr``.
 """
-import math
+import itertools
 import re
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -87,11 +87,7 @@ def _short(value: float) -> str:
 def describe_lr_groups(peak_lr: float, multipliers_by_group: Mapping[str, float]) -> str:
     """``lr by group: stem 1.2e-4, stage0 1.6e-4, ..., classifier 2e-3`` for the plan line; neighbouring
     groups at the same rate are shown once (``stem..head 2e-3``)."""
-    runs: list[list] = []  # [first group, last group, multiplier]
-    for group, m in multipliers_by_group.items():
-        if runs and math.isclose(runs[-1][2], m, rel_tol=1e-9):
-            runs[-1][1] = group
-        else:
-            runs.append([group, group, m])
-    parts = [f"{first if first == last else f'{first}..{last}'} {_short(peak_lr * m)}" for first, last, m in runs]
+    runs = [[group for group, _ in run] for _, run in itertools.groupby(multipliers_by_group.items(), lambda g: g[1])]
+    parts = [f"{run[0] if len(run) == 1 else f'{run[0]}..{run[-1]}'} {_short(peak_lr * multipliers_by_group[run[0]])}"
+             for run in runs]
     return "lr by group: " + ", ".join(parts)

@@ -11,6 +11,17 @@ __all__ = ["TIMING_COLUMNS", "FitSettings", "make_monitor"]
 TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
 
 
+def _steps(value) -> bool:
+    return isinstance(value, int) and value >= 1
+
+
+_RULES = [*((name, _steps, "a positive number of steps") for name in (
+    "steps_per_epoch", "epochs", "total_steps", "log_every", "eval_every", "checkpoint_every", "keep")),
+          ("monitor_mode", lambda v: v in ("auto", "min", "max"), "auto, min or max"),
+          ("min_delta", lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
+          ("patience", lambda v: v >= 1, ">= 1 evaluation")]  # (field, test of a value given, the refusal's words)
+
+
 @dataclasses.dataclass(frozen=True)
 class FitSettings:
     """When :func:`fit` does what, and what it watches. Give ``epochs`` (of ``steps_per_epoch`` steps) or
@@ -31,15 +42,10 @@ class FitSettings:
     def __post_init__(self):
         if (self.epochs is None) == (self.total_steps is None):
             raise ValueError("give exactly one of epochs or total_steps")
-        _check_positive(steps_per_epoch=self.steps_per_epoch, epochs=self.epochs, total_steps=self.total_steps,
-                        log_every=self.log_every, eval_every=self.eval_every,
-                        checkpoint_every=self.checkpoint_every, keep=self.keep)
-        if self.monitor_mode not in ("auto", "min", "max"):
-            raise ValueError(f"monitor_mode must be auto, min or max, got {self.monitor_mode!r}")
-        if self.min_delta < 0 or not math.isfinite(self.min_delta):
-            raise ValueError(f"min_delta must be a finite number >= 0, got {self.min_delta}")
-        if self.patience is not None and self.patience < 1:
-            raise ValueError(f"patience must be >= 1 evaluation, got {self.patience}")
+        for name, test, words in _RULES:
+            value = getattr(self, name)
+            if value is not None and not test(value):
+                raise ValueError(f"{name} must be {words}, got {value!r}")
         if self.total_steps is None:
             object.__setattr__(self, "total_steps", self.epochs * self.steps_per_epoch)
 
@@ -77,12 +83,6 @@ class _Monitor:
             return None
         return (f"early stopping after epoch {history[-1]['epoch']} (step {history[-1]['step']}): {self.name} did "
                 f"not improve for {self.patience} evaluation(s) (best {best[self.name]:.4f} at step {best['step']})")
-
-
-def _check_positive(**values) -> None:
-    for name, value in values.items():
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
 
 
 def make_monitor(settings: FitSettings, columns, task: Task) -> _Monitor:

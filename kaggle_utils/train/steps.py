@@ -190,21 +190,11 @@ class Steps:
 
     def put_state(self, tree: Any) -> Any:
         """Host tree -> replicated device tree (pmap: leading device axis; jit: replicated)."""
-        if self.mode == "pmap":
-            devices = local_devices(self.mesh)
-            sharding = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))
-
-            def put(x):
-                x = np.asarray(x)
-                pieces = [jax.device_put(x[None], d) for d in devices]
-                return jax.make_array_from_single_device_arrays((len(devices), *x.shape), sharding, pieces)
-        else:
-            sharding = NamedSharding(self.mesh, P())
-
-            def put(x):
-                x = np.asarray(x)
-                return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-        return jax.tree.map(put, tree)
+        if self.mode == "jit":
+            return jax.device_put(jax.tree.map(np.asarray, tree), NamedSharding(self.mesh, P()))  # a copy: donated
+        devices = local_devices(self.mesh)
+        sharding = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))
+        return jax.tree.map(lambda x: jax.device_put(np.broadcast_to(x, (len(devices), *np.shape(x))), sharding), tree)
 
     def get(self, tree: Any) -> Any:
         """Replicated device tree -> numpy tree, read from this process's first device."""

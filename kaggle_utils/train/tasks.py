@@ -239,10 +239,7 @@ def make_task(name: str, *, label_smoothing: float = 0.0, focal_gamma: float = 2
         raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
-    if name == "focal":
-        return FocalClassification(label_smoothing=label_smoothing, gamma=focal_gamma)
-    if name == "multilabel":
-        if not 0.0 < threshold < 1.0:
-            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
-        return MultiLabelClassification(label_smoothing=label_smoothing, threshold=threshold)
-    return TASKS[name](label_smoothing=label_smoothing)
+    if name == "multilabel" and not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+    options = {"focal": {"gamma": focal_gamma}, "multilabel": {"threshold": threshold}}.get(name, {})
+    return TASKS[name](label_smoothing=label_smoothing, **options)
