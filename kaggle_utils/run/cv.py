@@ -15,7 +15,9 @@ run's id column: a CSV ``--source``'s own ``COLUMN``, or ``--fold-group-file CSV
 class folders or tfds). The file, both columns, an empty or conflicting group and records whose id the file
 lacks are all refused, named, before anything is written.
 
-Size: the folds and the runs over them are one concern (a CV folder); the folds' checks are most of it.
+Size: one concern, a CV folder. The folds (assignment, groups, ``folds.csv`` and its checks on resume) and
+the runs over them change together: the runs are written, resumed and scored fold by fold against that
+assignment, and most of the module is the checks that keep the two consistent.
 """
 import contextlib
 import csv
