@@ -10,8 +10,6 @@ from typing import Sequence
 
 from .. import checkpoint
 
-__all__ = ["CURVES_FILE", "LR_FIND_PLOT", "write_curves", "write_lr_find_plot"]
-
 CURVES_FILE, LR_FIND_PLOT = "curves.png", "lr_find.png"
 
 

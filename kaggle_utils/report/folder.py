@@ -11,9 +11,6 @@ from .. import checkpoint
 from .curves import CURVES_FILE, write_curves
 from .tables import COUNTS_FILE, PER_CLASS_FILE, counts_record, read_counts, write_counts, write_per_class_from_counts
 
-__all__ = ["METRICS_FILE", "ReportError", "finish_run", "fold_folders", "next_lines", "prediction_lines",
-           "read_metrics", "redraw", "report_command", "summary_lines"]
-
 METRICS_FILE = "metrics.json"
 _FOLD = re.compile(r"^fold(\d+)$")
 

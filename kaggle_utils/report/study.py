@@ -4,8 +4,6 @@ from pathlib import Path
 
 from .curves import new_figure, save_png
 
-__all__ = ["IMPORTANCE_FILE", "tune_lines", "write_importance"]
-
 IMPORTANCE_FILE = "importance.png"
 
 

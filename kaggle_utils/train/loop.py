@@ -27,9 +27,6 @@ from .settings import TIMING_COLUMNS, FitSettings, make_monitor
 from .steps import Steps
 from .tasks import Task
 
-__all__ = ["TIMING_COLUMNS", "FitResult", "FitSettings", "Hook", "TrainingDiverged", "evaluate", "fit",
-           "history_columns"]
-
 LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
 PREFETCH = 2  # batches put on the devices ahead of the step
 

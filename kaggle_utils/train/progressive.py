@@ -19,8 +19,6 @@ import dataclasses
 import math
 from typing import Sequence
 
-__all__ = ["RULES", "SIZE_MULTIPLE", "STAGE_COLUMNS", "Stage", "StagedSteps", "progressive_schedule"]
-
 SIZE_MULTIPLE = 8
 RULES = {"official": lambda i, n: (i + 1) / n, "paper": lambda i, n: i / (n - 1)}  # stage i's share of the growth
 STAGE_COLUMNS = ("stage", "image_size")  # history columns of a staged run
