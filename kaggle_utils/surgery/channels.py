@@ -29,7 +29,7 @@ def _stem_kernel(flat: dict, kernel: Patterns | None) -> str:
         hits = [p for p, leaf in flat.items() if np.ndim(leaf) == 4 and np.shape(leaf)[2] == 3]
     if len(hits) != 1:
         raise VariableTreeError(f"adapt_input_channels: cannot tell the stem kernel: {len(hits)} candidates "
-                           f"({listing(hits) or 'no 4-D kernel with 3 input channels'}); pass kernel=<pattern>")
+                                f"({listing(hits) or 'no 4-D kernel with 3 input channels'}); pass kernel=<pattern>")
     return hits[0]
 
 
@@ -48,7 +48,7 @@ def adapt_input_channels(variables: dict, in_chans: int, *, kernel: Patterns | N
     old = flat[path]
     if np.shape(old)[2] != 3:
         raise VariableTreeError(f"adapt_input_channels: {path} has shape {np.shape(old)}: expected an HWIO kernel "
-                           "with 3 input channels")
+                                "with 3 input channels")
     w = jnp.asarray(old, jnp.float32)
     if in_chans == 1:
         new, rule = w.sum(axis=2, keepdims=True), "summed over RGB"
