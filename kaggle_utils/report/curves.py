@@ -1,4 +1,5 @@
-"""The pictures: ``curves.png`` (loss, scores, learning rate by step, from ``metrics.json``) and ``lr_find.png``.
+"""The pictures: ``curves.png`` (loss, scores, learning rate by step, from ``metrics.json``), ``lr_find.png`` and a
+``tune`` study's ``importance.png``.
 
 matplotlib's Agg canvas, never ``pyplot`` (a notebook's backend stays); imported when a picture is drawn,
 so a kit without it still trains.
@@ -10,7 +11,7 @@ from typing import Sequence
 
 from .. import checkpoint
 
-CURVES_FILE, LR_FIND_PLOT = "curves.png", "lr_find.png"
+CURVES_FILE, LR_FIND_PLOT, IMPORTANCE_FILE = "curves.png", "lr_find.png", "importance.png"
 
 
 def new_figure(width: float, height: float):
@@ -86,3 +87,14 @@ def write_lr_find_plot(out: str | Path, finding) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_png(figure, Path(out) / LR_FIND_PLOT)
+
+
+def write_importance(out: str | Path, importance: dict, monitor: str) -> Path | None:
+    """A bar per searched flag: how much of the objective's variance it explains (Optuna's fANOVA); None: no bars."""
+    if not importance:
+        return None
+    figure = new_figure(6, 1 + 0.4 * len(importance))
+    axes = figure.add_subplot()
+    axes.barh(list(importance)[::-1], list(importance.values())[::-1])
+    axes.set_xlabel(f"importance for {monitor} (Optuna's fANOVA)")
+    return save_png(figure, Path(out) / IMPORTANCE_FILE)
