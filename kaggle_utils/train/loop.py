@@ -323,7 +323,7 @@ class _Loop:
         where = ""
         if self.stage is not None:
             self.stage_compile_s[str(self.stage.number)] = round(compiled, 3)
-            where = f"stage {self.stage.number}/{self.staged.count} at {self.stage.image_size}px: "
+            where = f"stage {self.stage.number}/{len(self.staged.stages)} at {self.stage.image_size}px: "
         if _is_main():
             tqdm.write(f"{where}first step after {took:.1f} s, {compiled:.1f} s of it compiling")
 
