@@ -185,7 +185,7 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
         decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
         ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
     task_sums = lax.psum(task_sums, AXIS)
-    optim = {"grad_norm": optax.global_norm(grads), "param_norm": optax.global_norm(params),  # fp32, as the state
+    optim = {"grad_norm": optax.tree.norm(grads), "param_norm": optax.tree.norm(params),  # fp32, as the state
              "steps": jnp.ones((), jnp.int32)}
     stepped = state.replace(params=params, batch_stats=batch_stats, opt_state=opt_state, ema_params=ema)
     if state.loss_scale is not None:
