@@ -15,8 +15,7 @@ CURVES_FILE, LR_FIND_PLOT, IMPORTANCE_FILE = "curves.png", "lr_find.png", "impor
 
 
 def new_figure(width: float, height: float):
-    """A matplotlib figure on an Agg canvas (no pyplot: see the module's docstring)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # drawing only: see the module's docstring
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # drawing only; no pyplot: see the docstring
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height))

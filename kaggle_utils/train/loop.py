@@ -246,12 +246,10 @@ class _Loop:
         scale = None if dev_state.loss_scale is None else self.steps.get(dev_state.loss_scale)
         scalars.update(_loss_scale_figures(scale))
         scalars.update(StagedSteps.fields(self.stage) if self.stage is not None else {})
-        if scale is not None:
-            stuck = overflow_verdict(scale)
-            if stuck:
-                raise TrainingDiverged(f"{stuck} by step {step} (epoch {epoch}): skipped steps change nothing, so "
-                                       "the checkpoints hold the last good state (try --precision bf16 or fp32, or "
-                                       "a lower --lr)")
+        if scale is not None and (stuck := overflow_verdict(scale)):
+            raise TrainingDiverged(f"{stuck} by step {step} (epoch {epoch}): skipped steps change nothing, so the "
+                                   "checkpoints hold the last good state (try --precision bf16 or fp32, or a "
+                                   "lower --lr)")
         scalars["lr"] = self._lr(step - scalars.get("skipped_steps", 0))
         bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}",
                         img_s=f"{scalars['train/img_per_s']:.0f}")
