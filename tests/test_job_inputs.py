@@ -325,7 +325,7 @@ def test_convert_quality_outside_1_to_100_is_a_usage_error(tmp_path, capsys):
     ("nb.ipynb", {"cells": [{"cell_type": "code", "source": [1]}], "metadata": {}}, "cells[0].source"),
 ])
 def test_lint_names_a_metadata_value_of_the_wrong_json_type(tmp_path, capsys, name, content, key):
-    from kaggle_utils.publish.cli import main
+    from kaggle_utils.publish import main
 
     (tmp_path / name).write_text(json.dumps(content))
     assert main(["lint", str(tmp_path / name)]) == 1

@@ -116,7 +116,7 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_cycle_finder_finds_a_cycle_and_the_resolver_reads_relative_imports():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert cycles(graph) == [frozenset({"a", "b", "c"})]
-    assert "kaggle_utils.variable_trees" in GRAPH["kaggle_utils.train.state"]  # `from .. import variable_trees`
+    assert "kaggle_utils.variable_trees" in GRAPH["kaggle_utils.train.steps"]  # `from .. import variable_trees`
     assert "kaggle_utils.checkpoint" in GRAPH["kaggle_utils.runtime"]  # a lazy import inside a function
     assert "kaggle_utils.surgery.inheritance" in GRAPH["kaggle_utils.surgery.variants"]
 

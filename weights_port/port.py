@@ -54,18 +54,6 @@ def check_output(out: str | Path) -> Path:
     return out
 
 
-def _fit_report(model, state: dict, limit: int = 4) -> str:
-    """The keys and shapes of ``state`` that do not fit ``model``; empty when all fit (counters may be absent)."""
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    got = {k: tuple(getattr(v, "shape", ())) for k, v in state.items()}
-    missing = sorted(k for k in set(want) - set(got) if not is_batchnorm_counter(k))
-    unexpected = sorted(set(got) - set(want))
-    misshaped = [f"{k} file {got[k]} vs model {want[k]}" for k in sorted(set(got) & set(want)) if got[k] != want[k]]
-    parts = [f"{title} {len(keys)} ({', '.join(keys[:limit])}{', ...' if len(keys) > limit else ''})"
-             for title, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)) if keys]
-    return "; ".join(parts)
-
-
 @dataclasses.dataclass
 class PortResult:
     name: str
@@ -108,10 +96,12 @@ def timm_model(name: str, *, checkpoint_path: str | Path | None = None, pretrain
         head = state.get("classifier.weight")
         n = num_classes if num_classes is not None else (int(head.shape[0]) if head is not None else 0)
         model = timm.create_model(name, pretrained=False, num_classes=n)
-        problems = _fit_report(model, state)
-        if problems:  # checked here: torch's own error is a page of "size mismatch" lines
-            raise ConversionError(f"{checkpoint_path} is not a {name} checkpoint (another architecture or "
-                                  f"variant?): {problems}")
+        shapes = lambda sd: {k: jax.ShapeDtypeStruct(np.shape(v), np.float32) for k, v in sd.items()}  # noqa: E731
+        want = {k: v for k, v in model.state_dict().items() if k in state or not is_batchnorm_counter(k)}
+        try:  # checked here: torch's own error is a page of "size mismatch" lines; exports may omit the counters
+            checkpoint.check_tree(shapes(state), shapes(want), what=f"checkpoint {checkpoint_path} for {name}")
+        except checkpoint.CheckpointError as e:
+            raise ConversionError(str(e)) from None
         counters = {k: v for k, v in model.state_dict().items() if is_batchnorm_counter(k) and k not in state}
         model.load_state_dict({**state, **counters})  # strict: only the counters may come from the fresh model
         return model.eval()

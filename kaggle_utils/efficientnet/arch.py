@@ -22,13 +22,10 @@ class BlockArgs:
     skip: bool | None = None  # None: the type's default rule; True/False: forced
 
 
-_BLOCK_TYPES = ("cn", "er", "ir", "ds", "dsa")
-
-
 def decode_block_str(block_str: str) -> tuple[BlockArgs, int]:
     """``'ir_r2_k3_s2_e6_c24_se0.25'`` -> (BlockArgs, repeats=2)."""
     block_type, *ops = block_str.split("_")
-    if block_type not in _BLOCK_TYPES:
+    if block_type not in ("cn", "er", "ir", "ds", "dsa"):
         raise ValueError(f"unknown block type {block_type!r} in block string {block_str!r}")
     skip = True if "skip" in ops else False if "noskip" in ops else None
     options: dict[str, str] = {}

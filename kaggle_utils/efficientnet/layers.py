@@ -49,14 +49,6 @@ def pad_amounts(size: int, kernel: int, stride: int, mode: str) -> tuple[int, in
     raise ValueError(f"unknown padding mode {mode!r}; use 'same' or 'symmetric'")
 
 
-def _use_cpu_kernels(impl: str) -> bool:
-    if impl == "auto":
-        return jax.default_backend() == "cpu"
-    if impl not in ("xla", "cpu"):
-        raise ValueError(f"unknown conv_impl {impl!r}; use 'auto', 'xla' or 'cpu'")
-    return impl == "cpu"
-
-
 def _taps(xp: jax.Array, k: int, stride: int, out_hw: tuple[int, int]):
     """The k*k shifted (and strided) windows of the padded input ``xp``, each ``[N, *out_hw, C]``: window
     ``(i, j)`` holds what tap ``(i, j)`` multiplies, so a depthwise conv is ``sum_ij window_ij * kernel[i, j]``."""
@@ -149,7 +141,9 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, stride: int = 1, groups: int = 1,
     """
     kh, kw, _, _ = kernel.shape
     pads = (pad_amounts(x.shape[1], kh, stride, padding), pad_amounts(x.shape[2], kw, stride, padding))
-    cpu = _use_cpu_kernels(impl) and kh == kw
+    if impl not in ("auto", "xla", "cpu"):
+        raise ValueError(f"unknown conv_impl {impl!r}; use 'auto', 'xla' or 'cpu'")
+    cpu = (jax.default_backend() == "cpu" if impl == "auto" else impl == "cpu") and kh == kw
     if cpu and kh == 1 and stride == 1 and groups == 1:
         # 2-D operands: the weight gradient is then one [N*H*W, Cin]^T @ [N*H*W, Cout] matmul,
         # faster on CPU than the 4-D contraction autodiff gives for jnp.dot(x, w) (bench/README.md).

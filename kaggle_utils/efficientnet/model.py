@@ -20,12 +20,6 @@ from .blocks import BLOCKS
 from .layers import BatchNorm, Conv2d, LayerCfg
 
 
-def _classifier_init(key, shape, dtype=jnp.float32):
-    """timm's Linear init for EfficientNet: U(-1/sqrt(out), 1/sqrt(out))."""
-    bound = 1.0 / np.sqrt(shape[1])
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-
 class EfficientNet(nn.Module):
     """Any timm EfficientNet / EfficientNetV2 / Lite variant, from its :class:`ModelSpec`.
 
@@ -110,7 +104,8 @@ class EfficientNet(nn.Module):
         if not self.num_classes:
             return x
         x = nn.Dropout(self.drop_rate, deterministic=not train)(x)
-        x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=_classifier_init, name="classifier")(x)
+        init = nn.initializers.variance_scaling(1 / 3, "fan_out", "uniform")  # timm's: U(+-1/sqrt(num_classes))
+        x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=init, name="classifier")(x)
         return x.astype(jnp.float32)
 
 

@@ -1,4 +1,4 @@
 """``python -m kaggle_utils.publish package|lint``."""
-from .cli import main
+from . import main
 
 raise SystemExit(main())

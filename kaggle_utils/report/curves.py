@@ -1,4 +1,5 @@
-"""The pictures: ``curves.png`` (loss, scores, learning rate by step, from ``metrics.json``) and ``lr_find.png``.
+"""The pictures: ``curves.png`` (loss, scores, learning rate by step, from ``metrics.json``), ``lr_find.png`` and a
+``tune`` study's ``importance.png``.
 
 matplotlib's Agg canvas, never ``pyplot`` (a notebook's backend stays); imported when a picture is drawn,
 so a kit without it still trains.
@@ -10,14 +11,11 @@ from typing import Sequence
 
 from .. import checkpoint
 
-__all__ = ["CURVES_FILE", "LR_FIND_PLOT", "write_curves", "write_lr_find_plot"]
-
-CURVES_FILE, LR_FIND_PLOT = "curves.png", "lr_find.png"
+CURVES_FILE, LR_FIND_PLOT, IMPORTANCE_FILE = "curves.png", "lr_find.png", "importance.png"
 
 
 def new_figure(width: float, height: float):
-    """A matplotlib figure on an Agg canvas (no pyplot: see the module's docstring)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # drawing only: see the module's docstring
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # drawing only; no pyplot: see the docstring
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height))
@@ -88,3 +86,14 @@ def write_lr_find_plot(out: str | Path, finding) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_png(figure, Path(out) / LR_FIND_PLOT)
+
+
+def write_importance(out: str | Path, importance: dict, monitor: str) -> Path | None:
+    """A bar per searched flag: how much of the objective's variance it explains (Optuna's fANOVA); None: no bars."""
+    if not importance:
+        return None
+    figure = new_figure(6, 1 + 0.4 * len(importance))
+    axes = figure.add_subplot()
+    axes.barh(list(importance)[::-1], list(importance.values())[::-1])
+    axes.set_xlabel(f"importance for {monitor} (Optuna's fANOVA)")
+    return save_png(figure, Path(out) / IMPORTANCE_FILE)

@@ -1,5 +1,6 @@
 """A run or CV folder in words and pictures (the end of a run or a prediction, ``report OUT``), rebuilt from the
-files a run wrote, with no model and no data: the same lines for a finished, resumed or later-reported run.
+files a run wrote, with no model and no data: the same lines for a finished, resumed or later-reported run; and
+what a ``tune`` study found, from ``OUT/tune.json``.
 """
 import json
 import re
@@ -8,11 +9,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import checkpoint
-from .curves import CURVES_FILE, write_curves
+from .curves import CURVES_FILE, IMPORTANCE_FILE, write_curves
 from .tables import COUNTS_FILE, PER_CLASS_FILE, counts_record, read_counts, write_counts, write_per_class_from_counts
-
-__all__ = ["METRICS_FILE", "ReportError", "finish_run", "fold_folders", "next_lines", "prediction_lines",
-           "read_metrics", "redraw", "report_command", "summary_lines"]
 
 METRICS_FILE = "metrics.json"
 _FOLD = re.compile(r"^fold(\d+)$")
@@ -54,14 +52,11 @@ def redraw(out: Path) -> list[str]:
     try:
         counts = read_counts(out)
     except ValueError as err:
-        counts, reason = None, str(err)
+        lines.append(f"no {PER_CLASS_FILE}: {err}")
     else:
-        reason = (f"the run stored no validation counts ({COUNTS_FILE}; a run before reporting, or a task "
-                  "with neither a confusion matrix nor per-class counts)")
-    if counts is None:
-        lines.append(f"no {PER_CLASS_FILE}: {reason}")
-    else:
-        lines.append(f"wrote {write_per_class_from_counts(out, counts)}")
+        lines.append(f"wrote {write_per_class_from_counts(out, counts)}" if counts is not None else
+                     f"no {PER_CLASS_FILE}: the run stored no validation counts ({COUNTS_FILE}; a run before "
+                     "reporting, or a task with neither a confusion matrix nor per-class counts)")
     return lines
 
 
@@ -214,3 +209,30 @@ def prediction_lines(out: str | Path, members: Sequence, *, tta: bool | None, ro
 def _block(head: str, body: list[str]) -> list[str]:
     rule = "-" * min(max(len(head), 40), 100)
     return [rule, head, *body, rule]
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def tune_lines(out: str | Path) -> list[str]:
+    """The trials as a table, the best one with its flags, the flags' importance, the command that trains it."""
+    out = Path(out)
+    record = json.loads((out / "tune.json").read_text())
+    trials, best = record["trials"], record["best"]
+    names = sorted({name for trial in trials for name in trial["params"]})
+    states = ", ".join(f"{sum(t['state'] == s for t in trials)} {s}" for s in sorted({t["state"] for t in trials}))
+    lines = [f"tune: {len(trials)} trials in {out} ({states}); objective {record['monitor']} ({record['direction']})",
+             "  ".join(f"{c:>12}" for c in ("trial", "state", "value", *names))]
+    for trial in trials:
+        cells = (trial["trial"], trial["state"], trial["value"], *(trial["params"].get(n) for n in names))
+        lines.append("  ".join(f"{_cell(c):>12}" for c in cells))
+    if best is None:
+        return lines + ["best: none (no trial finished with a finite value)"]
+    lines.append(f"best: trial {best['trial']}, {record['monitor']} {best['value']:.4f}: "
+                 + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in best["params"].items()))
+    if record["importance"]:
+        lines.append(f"importance ({out / IMPORTANCE_FILE}): "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in record["importance"].items()))
+    return lines + [f"next: python -m kaggle_utils train --config {out / 'best_config.json'} --out {out}/best "
+                    "(flags override the file, e.g. more --epochs)"]

@@ -10,9 +10,6 @@ import numpy as np
 from .. import checkpoint
 from ..metrics import class_scores, confusion_scores
 
-__all__ = ["COUNTS_FILE", "PER_CLASS_FILE", "confusion_rows", "counts_record", "multilabel_rows", "read_counts",
-           "write_counts", "write_per_class", "write_per_class_from_counts"]
-
 COUNTS_FILE = "val_counts.json"
 PER_CLASS_FILE = "per_class.csv"
 _COLUMNS = ("class", "name", "support", "precision", "recall", "f1", "predicted", "most_confused_with",

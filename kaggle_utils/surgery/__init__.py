@@ -6,13 +6,12 @@ shape still match. Works on any Flax model; every operation returns a report (``
 """
 from ..variable_trees import (VariableTreeError, flatten, freeze_mask, freeze_optimizer, init_variables, shapes,
                               unflatten)
-from .channels import ChannelReport, adapt_input_channels
 from .freezing import (BATCHNORM_INFERENCE, FreezeReport, FrozenBatchNorm, FrozenModelAndOptimizer,
                        carry_optimizer_state, freeze, freeze_batchnorm)
-from .heads import ClassifierHead, attach_head, padded_width
 from .inheritance import InheritReport, inherit
 from .inspection import CastReport, ParamTable, cast, count_flops, extract_features, param_table
-from .variants import ModelAndVariables, replace_classifier, rewire, variant
+from .variants import (ChannelReport, ClassifierHead, ModelAndVariables, adapt_input_channels, attach_head,
+                       padded_width, replace_classifier, rewire, variant)
 
 SurgeryError = VariableTreeError  # every operation here raises it (the base module's error, one class)
 

@@ -40,14 +40,10 @@ def _flax_batchnorm_inference(module, next_fun, arguments):
     return module.clone(parent=module.scope, use_running_average=True)(**arguments)
 
 
-def _kit_batchnorm_inference(module, next_fun, arguments):
-    return next_fun(**{**arguments, "train": False})
-
-
 # BatchNorm layers and how to call each in inference mode (running statistics, no update).
 BATCHNORM_INFERENCE: dict[type, Callable] = {
     nn.BatchNorm: _flax_batchnorm_inference,
-    KitBatchNorm: _kit_batchnorm_inference,
+    KitBatchNorm: lambda module, next_fun, arguments: next_fun(**{**arguments, "train": False}),
 }
 
 

@@ -2,9 +2,8 @@
 from .loop import TIMING_COLUMNS, FitResult, FitSettings, Hook, TrainingDiverged, evaluate, fit, history_columns
 from .lr_groups import LrGroups, assign_lr_groups, describe_lr_groups, group_multipliers
 from .optim import make_optimizer, make_schedule, scaled_lr
-from .state import TrainState, create_train_state, inference_state, init_variables
-from .steps import (AXIS, StepConfig, Steps, eval_step, make_steps, micro_step, normalize, predict_step, replica_key,
-                    train_step)
+from .steps import (AXIS, StepConfig, Steps, TrainState, create_train_state, eval_step, inference_state, init_variables,
+                    make_steps, micro_step, normalize, predict_step, replica_key, train_step)
 from .tasks import FocalClassification, MetricError, MultiLabelClassification, SoftmaxClassification, Task, make_task
 from .writers import MetricWriter, TensorBoardWriter, WandbWriter, WriterError
 

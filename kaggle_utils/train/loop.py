@@ -27,9 +27,6 @@ from .settings import TIMING_COLUMNS, FitSettings, make_monitor
 from .steps import Steps
 from .tasks import Task
 
-__all__ = ["TIMING_COLUMNS", "FitResult", "FitSettings", "Hook", "TrainingDiverged", "evaluate", "fit",
-           "history_columns"]
-
 LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
 PREFETCH = 2  # batches put on the devices ahead of the step
 
@@ -249,12 +246,10 @@ class _Loop:
         scale = None if dev_state.loss_scale is None else self.steps.get(dev_state.loss_scale)
         scalars.update(_loss_scale_figures(scale))
         scalars.update(StagedSteps.fields(self.stage) if self.stage is not None else {})
-        if scale is not None:
-            stuck = overflow_verdict(scale)
-            if stuck:
-                raise TrainingDiverged(f"{stuck} by step {step} (epoch {epoch}): skipped steps change nothing, so "
-                                       "the checkpoints hold the last good state (try --precision bf16 or fp32, or "
-                                       "a lower --lr)")
+        if scale is not None and (stuck := overflow_verdict(scale)):
+            raise TrainingDiverged(f"{stuck} by step {step} (epoch {epoch}): skipped steps change nothing, so the "
+                                   "checkpoints hold the last good state (try --precision bf16 or fp32, or a "
+                                   "lower --lr)")
         scalars["lr"] = self._lr(step - scalars.get("skipped_steps", 0))
         bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['acc']:.3f}",
                         img_s=f"{scalars['train/img_per_s']:.0f}")
@@ -326,7 +321,7 @@ class _Loop:
         where = ""
         if self.stage is not None:
             self.stage_compile_s[str(self.stage.number)] = round(compiled, 3)
-            where = f"stage {self.stage.number}/{self.staged.count} at {self.stage.image_size}px: "
+            where = f"stage {self.stage.number}/{len(self.staged.stages)} at {self.stage.image_size}px: "
         if _is_main():
             tqdm.write(f"{where}first step after {took:.1f} s, {compiled:.1f} s of it compiling")
 

@@ -16,8 +16,6 @@ import optax
 
 from ..variable_trees import VariableTreeError, flatten, listing, path_name
 
-__all__ = ["LrGroups", "Part", "assign_lr_groups", "describe_lr_groups", "group_multipliers", "scale_by_tree"]
-
 Part = tuple[str, str, int]  # (group, regex of the top-level names of its parameters, depth from the input)
 
 

@@ -18,8 +18,6 @@ import optax
 from ..variable_trees import freeze_optimizer
 from .lr_groups import LrGroups, scale_by_tree
 
-__all__ = ["OPTIMIZERS", "make_optimizer", "make_schedule", "scaled_lr"]
-
 # name -> (lr per 256 images, weight decay) when none is given: Lion wants ~10x less lr and ~10x more decay
 # than AdamW (Chen et al. 2023), SGD Goyal et al.'s 0.1 with L2 1e-4
 OPTIMIZERS = {"adamw": (1e-2, 0.05), "sgd": (0.1, 1e-4), "lamb": (1e-2, 0.05), "lion": (1e-3, 0.5),

@@ -7,22 +7,15 @@ import importlib.util
 
 from tqdm.std import tqdm
 
-__all__ = ["progress_bar"]
-
-
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
 
 @functools.cache
 def _bar_class():
     """The tqdm class for this process, or None where no bar renders cleanly."""
-    if not _in_notebook():
+    try:
+        from IPython import get_ipython  # only to ask whether this is a notebook
+    except ImportError:
+        return tqdm
+    if type(get_ipython()).__name__ != "ZMQInteractiveShell":  # a terminal, or no IPython shell (None)
         return tqdm
     if importlib.util.find_spec("ipywidgets") is None:  # tqdm.notebook needs it to draw
         return None

@@ -19,8 +19,6 @@ import dataclasses
 import math
 from typing import Sequence
 
-__all__ = ["RULES", "SIZE_MULTIPLE", "STAGE_COLUMNS", "Stage", "StagedSteps", "progressive_schedule"]
-
 SIZE_MULTIPLE = 8
 RULES = {"official": lambda i, n: (i + 1) / n, "paper": lambda i, n: i / (n - 1)}  # stage i's share of the growth
 STAGE_COLUMNS = ("stage", "image_size")  # history columns of a staged run
@@ -61,12 +59,8 @@ def _stage_size(min_size: int, image_size: int, fraction: float) -> int:
 def progressive_schedule(stages: int, epochs: int, *, image_size: int, min_size: int, magnitude: float,
                          mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0, drop_rate: float = 0.0,
                          schedule_dropout: bool = False, rule: str = "official") -> tuple[Stage, ...]:
-    """The stages of an ``epochs``-epoch run ending at the given values (see the module docstring).
-
-    ``stages`` stages, fewer where sizes coincide (merged). Raises ValueError for a schedule that
-    cannot be: fewer than 2 stages (asked, or left by merging), fewer epochs than stages, or a
-    ``min_size`` outside ``[SIZE_MULTIPLE, image_size)``.
-    """
+    """The stages of an ``epochs``-epoch run ending at the given values (see the module docstring): ``stages`` of
+    them, fewer where sizes coincide (merged); ValueError for a schedule that cannot be."""
     if stages < 2:
         raise ValueError(f"{stages} stage(s): progressive learning needs at least 2 (one stage is a fixed-size run)")
     if epochs < stages:
@@ -104,10 +98,6 @@ class StagedSteps:
             expected = stage.last_epoch + 1
         if not self.stages or expected <= epochs:
             raise ValueError(f"the stages cover epochs 1-{expected - 1} of a {epochs}-epoch run")
-
-    @property
-    def count(self) -> int:
-        return len(self.stages)
 
     def at(self, epoch: int) -> tuple[Stage, object]:
         """The stage of ``epoch`` (1-based) and the steps that train it."""

@@ -7,7 +7,6 @@ resume redoes that interval), the old ``last`` linked as a ``ckpt`` before the n
 import json
 import math
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,9 +17,6 @@ from flax import serialization
 
 from .. import checkpoint
 
-__all__ = ["CHECKPOINT_PATTERN", "RunFolder", "load_last", "previous_checkpoints"]
-
-CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.msgpack$")
 _INT_COLUMNS = ("epoch", "step", "stage", "image_size", "skipped_steps")
 
 
@@ -58,7 +54,7 @@ class RunFolder:
         payload = {"state": serialization.to_state_dict(state), "pending": {} if pending is None else pending,
                    "history": {c: np.asarray([row[c] for row in history], np.float64) for c in self.columns}}
         checkpoint.save(last, payload, manifest={**self.manifest, "epoch": epoch, "step": int(state.step)})
-        kept = previous_checkpoints(self.path)
+        kept = sorted(self.path.glob(f"ckpt-{'[0-9]' * 9}.msgpack"))  # the kept ones, oldest first (zero-padded)
         for old in kept[:max(len(kept) - (self.keep - 1), 0)]:
             old.unlink(missing_ok=True)
             checkpoint.manifest_path(old).unlink(missing_ok=True)
@@ -76,12 +72,6 @@ class RunFolder:
                   "history": [_clean(row) for row in history], **self.report, **extra}
         checkpoint.atomic_write_text(self.path / "metrics.json", json.dumps(report, indent=2, allow_nan=False) + "\n")
         checkpoint.atomic_write_csv(self.path / "history.csv", self.columns, history)
-
-
-def previous_checkpoints(out_dir: Path) -> list[Path]:
-    """The kept ``ckpt-STEP.msgpack`` files, oldest first."""
-    found = [(int(m.group(1)), p) for p in out_dir.glob("ckpt-*.msgpack") if (m := CHECKPOINT_PATTERN.match(p.name))]
-    return [p for _, p in sorted(found)]
 
 
 def _keep_previous_last(out_dir: Path, last: Path) -> None:

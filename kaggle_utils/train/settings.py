@@ -6,16 +6,10 @@ import math
 
 from .tasks import Task
 
-__all__ = ["TIMING_COLUMNS", "FitSettings", "make_monitor"]
-
 TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
 
 
-def _steps(value) -> bool:
-    return isinstance(value, int) and value >= 1
-
-
-_RULES = [*((name, _steps, "a positive number of steps") for name in (
+_RULES = [*((name, lambda v: isinstance(v, int) and v >= 1, "a positive number of steps") for name in (
     "steps_per_epoch", "epochs", "total_steps", "log_every", "eval_every", "checkpoint_every", "keep")),
           ("monitor_mode", lambda v: v in ("auto", "min", "max"), "auto, min or max"),
           ("min_delta", lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),

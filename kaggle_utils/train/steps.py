@@ -5,6 +5,10 @@ metric sums). ``shard_map`` runs with ``check_vma=False``: with the check on, JA
 parameter's gradient across replicas itself and the explicit ``psum`` would count it twice. Losses are sums
 over real examples divided by the *global* real count, so padding never counts and a step on 8 devices
 equals one on a device with the same global batch.
+
+The state is a pytree of arrays only (replicated, donated, saved). Weights and optimizer state stay float32
+whatever the compute dtype (bf16 moments lose small updates). ``rng`` never changes: keys come from
+``(rng, step, replica)``, so a resumed run draws the uninterrupted one's keys.
 """
 import dataclasses
 import functools
@@ -14,16 +18,67 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import struct
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .. import variable_trees
 from ..parallel import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
-from ..precision import all_finite
-from .state import TrainState
+from ..precision import LossScale, all_finite
 from .tasks import SoftmaxClassification, Task
 
-__all__ = ["AXIS", "StepConfig", "Steps", "eval_step", "make_steps", "micro_step", "normalize", "predict_step",
-           "replica_key", "train_step"]
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    batch_stats: Any
+    opt_state: Any
+    rng: jax.Array
+    ema_params: Any = None
+    loss_scale: LossScale | None = None  # with fp16 compute
+
+    def variables(self, *, ema: bool = True) -> dict:
+        """Model variables for evaluation: the EMA weights when the state keeps them."""
+        params = self.ema_params if ema and self.ema_params is not None else self.params
+        return {"params": params, "batch_stats": self.batch_stats}
+
+
+def _fp32(tree):
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else
+                        jnp.asarray(x), tree)
+
+
+def create_train_state(variables: dict, tx: optax.GradientTransformation, *, seed: int = 0,
+                       ema: bool = False, loss_scale: bool = False) -> TrainState:
+    """A fresh fp32 state from model variables; ``loss_scale``: keep fp16's dynamic scale (``precision.LossScale``)."""
+    if "params" not in variables:
+        raise KeyError(f"variables need a 'params' collection; got {sorted(variables)}")
+    params = _fp32(variables["params"])
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        batch_stats=_fp32(variables.get("batch_stats", {})),
+        opt_state=tx.init(params),
+        rng=jax.random.key_data(jax.random.key(seed)),
+        ema_params=jax.tree.map(jnp.copy, params) if ema else None,
+        loss_scale=LossScale.create() if loss_scale else None,
+    )
+
+
+def inference_state(variables: dict) -> TrainState:
+    """A state that only evaluates / predicts: the variables, no optimizer state."""
+    return TrainState(step=jnp.zeros((), jnp.int32), params=variables["params"],
+                      batch_stats=variables.get("batch_stats", {}), opt_state=(),
+                      rng=jax.random.key_data(jax.random.key(0)))
+
+
+def init_variables(model, image_size: int, *, seed: int = 0, channels: int = 3) -> dict:
+    """Random ``params`` / ``batch_stats`` of an image model for square inputs
+    (:func:`kaggle_utils.variable_trees.init_variables`: a jitted init, faster to compile on CPU)."""
+    shape = jax.ShapeDtypeStruct((1, image_size, image_size, channels), jnp.float32)
+    variables = variable_trees.init_variables(model, shape, seed=seed)
+    return {k: v for k, v in variables.items() if k in ("params", "batch_stats")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +116,6 @@ def _class_logits(logits: jax.Array, config: StepConfig) -> jax.Array:
     if logits.shape[-1] < config.num_classes:
         raise ValueError(f"the model outputs {logits.shape[-1]} logits but num_classes is {config.num_classes}")
     return logits.astype(jnp.float32)[:, :config.num_classes]
-
-
-def _global_norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
 def micro_step(params, batch_stats, batch: dict, key, count, scale, *, model, config: StepConfig):
@@ -134,7 +185,8 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
         decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
         ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
     task_sums = lax.psum(task_sums, AXIS)
-    optim = {"grad_norm": _global_norm(grads), "param_norm": _global_norm(params), "steps": jnp.ones((), jnp.int32)}
+    optim = {"grad_norm": optax.tree.norm(grads), "param_norm": optax.tree.norm(params),  # fp32, as the state
+             "steps": jnp.ones((), jnp.int32)}
     stepped = state.replace(params=params, batch_stats=batch_stats, opt_state=opt_state, ema_params=ema)
     if state.loss_scale is not None:
         finite = all_finite(grads)  # the summed gradients: the same verdict on every replica

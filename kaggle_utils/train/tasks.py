@@ -15,22 +15,11 @@ import optax
 
 from ..metrics import confusion_counts, macro_f1, multilabel_f1
 
-__all__ = ["FocalClassification", "MetricError", "MultiLabelClassification", "SoftmaxClassification", "TASKS",
-           "Task", "make_task"]
-
 UserMetric = Callable[[Mapping[str, np.ndarray]], float]
 
 
 class MetricError(RuntimeError):
     """A user metric raised or returned something that is not a number; the message names it."""
-
-
-def _smooth(targets: jax.Array, smoothing: float) -> jax.Array:
-    """timm's rule: off = smoothing / C, on = 1 - smoothing + off (rows of a soft target stay sums of 1)."""
-    if not smoothing:
-        return targets
-    num_classes = targets.shape[-1]
-    return targets * (1.0 - smoothing) + smoothing / num_classes
 
 
 def _sums(loss: jax.Array, correct: jax.Array, mask: jax.Array) -> dict:
@@ -53,8 +42,10 @@ class Task:
 
     # ---- on the device
     def targets(self, labels: jax.Array, num_classes: int) -> jax.Array:
-        """Integer labels ``[B]`` or float rows ``[B, C]`` -> smoothed float targets ``[B, C]``."""
-        return _smooth(self._unsmoothed(labels, num_classes), self.label_smoothing)
+        """Integer labels ``[B]`` or float rows ``[B, C]`` -> smoothed float targets ``[B, C]``: timm's rule, off =
+        smoothing / C, on = 1 - smoothing + off (rows of a soft target stay sums of 1)."""
+        targets, smoothing = self._unsmoothed(labels, num_classes), self.label_smoothing
+        return targets * (1.0 - smoothing) + smoothing / targets.shape[-1] if smoothing else targets
 
     def _unsmoothed(self, labels: jax.Array, num_classes: int) -> jax.Array:
         if labels.ndim == 1:
@@ -146,8 +137,9 @@ class SoftmaxClassification(Task):
         preds = jnp.argmax(logits, -1)
         sums = _sums(self._losses(logits, labels, losses), preds == hard, mask)
         if full:
-            if num_classes > self.top_k:
-                top = _top_k_hits(logits, hard, self.top_k)
+            if num_classes > self.top_k:  # the label among the k largest logits (ties count in its favour)
+                label_logit = jnp.take_along_axis(logits, hard[:, None], axis=-1)
+                top = jnp.sum(logits > label_logit, axis=-1) < self.top_k
                 sums["top_k_correct"] = jnp.sum(top & mask, dtype=jnp.int32)
             sums["confusion"] = confusion_counts(hard, preds, num_classes, mask)
         return sums
@@ -162,12 +154,6 @@ class SoftmaxClassification(Task):
 
     def _metric_names(self, full):
         return ("loss", "acc", f"top{self.top_k}", "f1") if full else ("loss", "acc")
-
-
-def _top_k_hits(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
-    """Whether each label is among its row's ``k`` largest logits (ties count in the label's favour)."""
-    label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)
-    return jnp.sum(logits > label_logit, axis=-1) < k
 
 
 @dataclasses.dataclass(frozen=True)

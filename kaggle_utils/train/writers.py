@@ -14,9 +14,6 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 from urllib.parse import urlparse
 
-__all__ = ["MetricWriter", "TensorBoardWriter", "WandbWriter", "WriterError", "close_writers", "import_wandb",
-           "wandb_offline_reason"]
-
 
 class WriterError(ValueError):
     """A writer cannot write where it was pointed, or its package is missing; raised before training starts."""
