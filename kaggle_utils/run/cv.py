@@ -316,40 +316,25 @@ def _group_folds(labels: np.ndarray, groups: np.ndarray, k: int, rng) -> np.ndar
     return fold_of[group_of]
 
 
-def _read_rows(out: str | Path) -> list[list[str]] | None:
-    """The rows of ``OUT/folds.csv`` (header first), checked to be the kit's; None when there is none."""
+def read_folds(out: str | Path) -> tuple[dict[str, int], tuple[str, dict[str, str]] | None] | None:
+    """``({id: fold}, (column, {id: group}) where the file is grouped, else None)`` of ``OUT/folds.csv``, checked to
+    be the kit's; None when there is none."""
     path = Path(out) / FOLDS_FILE
     if not path.is_file():
         return None
     with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows or rows[0][:2] != ["id", "fold"] or len(rows[0]) > 3:
+        header, *rows = list(csv.reader(f)) or [[]]
+    if header[:2] != ["id", "fold"] or len(header) > 3:
         raise ConfigError(f"{path} is not a folds file of the kit (expected the header id,fold or id,fold,GROUP); "
                           "remove it or choose another --out")
-    if any(len(row) != len(rows[0]) for row in rows[1:]):
+    if any(len(row) != len(header) for row in rows):
         raise ConfigError(f"{path} has a row with another number of columns than its header; remove it or choose "
                           "another --out")
-    return rows
-
-
-def read_folds(out: str | Path) -> dict[str, int] | None:
-    """``{id: fold}`` of ``OUT/folds.csv``, or None when there is none."""
-    rows = _read_rows(out)
-    if rows is None:
-        return None
     try:
-        return {row[0]: int(row[1]) for row in rows[1:]}
+        folds = {row[0]: int(row[1]) for row in rows}
     except ValueError:
-        raise ConfigError(f"{Path(out) / FOLDS_FILE} has a row without an integer fold; remove it or choose another "
-                          "--out") from None
-
-
-def read_fold_groups(out: str | Path) -> tuple[str, dict[str, str]] | None:
-    """``(column, {id: group})`` of a grouped ``OUT/folds.csv`` (its third column); None when it has none."""
-    rows = _read_rows(out)
-    if rows is None or len(rows[0]) < 3:
-        return None
-    return rows[0][2], {row[0]: row[2] for row in rows[1:]}
+        raise ConfigError(f"{path} has a row without an integer fold; remove it or choose another --out") from None
+    return folds, (header[2], {row[0]: row[2] for row in rows}) if len(header) == 3 else None
 
 
 def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: int, seed: int,
@@ -363,8 +348,7 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
                                     zip(ids, map(int, folds), *([groups[1]] if groups else [])))
         return
     grouped = (groups[0], dict(zip(ids, map(str, groups[1])))) if groups else None
-    difference = (_group_difference(read_fold_groups(out), grouped)
-                  or _difference(recorded, dict(zip(ids, map(int, folds)))))
+    difference = _group_difference(recorded[1], grouped) or _difference(recorded[0], dict(zip(ids, map(int, folds))))
     if difference:
         grouping = f" --fold-group {groups[0]}" if groups else ""
         raise ConfigError(f"{path} was made for other folds than --folds {k} --seed {seed}{grouping} give now "
