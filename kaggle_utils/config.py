@@ -208,6 +208,17 @@ class DataConfig(_Section):
             raise ConfigError(f"--memory-budget {self.memory_budget:g} is read only with --batch-per-device auto: "
                               "give both, or neither")
 
+    def global_batch(self, devices: int) -> int:
+        """Images per step on ``devices``: ``--batch-per-device`` on each, ``--batch-size``, or the default: 16 per
+        device, raised to the smallest multiple of ``devices`` that is at least 64 (BatchNorm statistics and the LR
+        scale want some examples per step): 128 on 8 devices, 64 on 1, 66 on 3."""
+        if self.batch_per_device == "auto":
+            raise ConfigError("--batch-per-device auto is chosen by run.resolve (it compiles the train step); "
+                              "global_batch needs a number")
+        if self.batch_per_device is not None:
+            return self.batch_per_device * devices
+        return self.batch_size or max(16 * devices, -(-64 // devices) * devices)
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Section):
