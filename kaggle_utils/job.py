@@ -149,9 +149,8 @@ def _cv_lines(result, wall_s: float) -> list[str]:
     spread = scores["fold_mean_std"]
     lines.append("  folds: " + ", ".join(f"{n} {spread[n]['mean']:.4f} +- {spread[n]['std']:.4f}" for n in names))
     lines.append(f"  out-of-fold: {shown(scores['oof'])} over {scores['oof']['examples']} records")
-    files = [name for name in ("folds.csv", "oof.csv", "oof.npy", "cv.json", "submission.csv",
-                               "test_probabilities.csv") if (out / name).is_file()]
-    lines.append(f"  files: {', '.join(str(out / name) for name in files)}")
+    files = [str(out / name) for name in (run.cv.FOLDS_FILE, *run.cv.CV_FILES) if (out / name).is_file()]
+    lines.append(f"  files: {', '.join(files)}")
     return lines
 
 

@@ -2,22 +2,17 @@
 
 The pool is the run data's train + val records. Fold k (``OUT/fold{k}/``, a run folder like any other) is
 :func:`train` on the other folds' records, chosen by (file, record index) inside ``tf.data``, never by rewriting
-the records. ``fold{k}/oof.csv`` is written last: that file makes a fold finished, so ``--resume`` skips it.
-Records are named by their ``id`` feature when every pool record has a unique one, else by ``split/file#index``.
+the records; its ``oof.csv``, written last, makes it finished, so ``--resume`` skips it. Records are named by
+their ``id`` feature when every pool record has a unique one, else by ``split/file#index``.
 
-The folds (``OUT/folds.csv``) are stratified by label, seeded and group-aware (``--fold-group``).
-The assignment is a pure function of (labels, groups, K, seed), so ``--resume`` and later ``--only-folds``
-calls recompute it and check it against ``folds.csv``: a changed seed, K or pool would otherwise train fold 1
-on examples that fold 0 validated on, and the out-of-fold score would be optimistic without saying so.
+The folds (``OUT/folds.csv``: stratified by label, seeded, group-aware with ``--fold-group``) are a pure function
+of (labels, groups, K, seed): ``--resume`` and ``--only-folds`` recompute them and refuse a change, which would
+train fold 1 on examples fold 0 validated on and make the out-of-fold score optimistic without saying so.
+Groups (a patient, a video) live in no TFRecord: they are read from a CSV keyed by the run's id column (a CSV
+``--source``, or ``--fold-group-file``); every fault of that file is refused, named, before anything is written.
 
-Groups (a patient, a photographer, a video) live in no TFRecord, so they are read from a CSV keyed by the
-run's id column: a CSV ``--source``'s own ``COLUMN``, or ``--fold-group-file CSV`` (with ``--data-dir``,
-class folders or tfds). The file, both columns, an empty or conflicting group and records whose id the file
-lacks are all refused, named, before anything is written.
-
-Size: one concern, a CV folder. The folds (assignment, groups, ``folds.csv`` and its checks on resume) and
-the runs over them change together: the runs are written, resumed and scored fold by fold against that
-assignment, and most of the module is the checks that keep the two consistent.
+Size: one concern, a CV folder: the folds and the runs over them are written, resumed and scored together
+against one assignment, and most of the module is the checks that keep the two consistent.
 """
 import contextlib
 import csv
