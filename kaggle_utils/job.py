@@ -80,7 +80,8 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
                                                        f"competition's {target_plan.FLOWER_TRAIN_IMAGES:,})")
     plan.add_argument("--out", help="folder for plan.json")
     add_config_flags(plan, config_cls)
-    plan.set_defaults(run=plan_command, config_cls=config_cls)
+    plan.set_defaults(config_cls=config_cls, run=lambda args: target_plan.plan_command(
+        _config(args), args.target, out=args.out, train_images=args.train_images))
 
     report = commands.add_parser("report", help="draw curves.png and per_class.csv again for a run or CV folder")
     report.add_argument("out", help="a run folder, or a CV folder of fold0/, fold1/, ... run folders")
@@ -173,11 +174,6 @@ def tune_command(args) -> dict:
                       pruner=args.pruner, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
     print("\n".join(report.tune_lines(result.out)))
     return {"out": str(result.out), "best_config": None if result.best_config is None else result.best_config.flat()}
-
-
-def plan_command(args) -> dict:
-    """Runs ``plan`` (:func:`kaggle_utils.run.target_plan.plan_command`)."""
-    return target_plan.plan_command(_config(args), args.target, out=args.out, train_images=args.train_images)
 
 
 def predict_command(args) -> dict:
