@@ -19,8 +19,6 @@ from .run import target_plan
 from .run.tune import PRUNERS
 from .train import MetricError, TrainingDiverged, WriterError
 
-__all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command", "tune_command"]
-
 
 def _comma_list(kind: type, what: str, example: str):
     """An argparse type: a comma-separated list of ``kind`` values, refused naming ``what`` it should be."""

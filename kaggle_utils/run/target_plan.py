@@ -27,9 +27,6 @@ from ..parallel import make_mesh
 from . import RunData, global_batch, memory_plan, open_data, resolve  # public names (run/__init__ is loaded first)
 from .memory_plan import GIB, gib_text
 
-__all__ = ["FLOWER_CLASSES", "FLOWER_TRAIN_IMAGES", "TARGETS", "Target", "no_data", "plan", "plan_command",
-           "plan_lines", "quiet_libtpu", "target_config", "target_devices"]
-
 FLOWER_TRAIN_IMAGES, FLOWER_CLASSES = 12_753, 104  # a plan without data: the flower competition's train split
 
 
