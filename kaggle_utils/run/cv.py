@@ -343,7 +343,7 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
                                     zip(ids, map(int, folds), *([groups[1]] if groups else [])))
         return
     grouped = (groups[0], dict(zip(ids, map(str, groups[1])))) if groups else None
-    difference = _group_difference(recorded[1], grouped) or _difference(recorded[0], dict(zip(ids, map(int, folds))))
+    difference = _difference(recorded, (dict(zip(ids, map(int, folds))), grouped))
     if difference:
         grouping = f" --fold-group {groups[0]}" if groups else ""
         raise ConfigError(f"{path} was made for other folds than --folds {k} --seed {seed}{grouping} give now "
@@ -351,24 +351,25 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
                           "with, or another --out (or --overwrite to start the whole CV again)")
 
 
-def _group_difference(recorded: tuple[str, dict[str, str]] | None, now: tuple[str, dict[str, str]] | None) -> str:
-    """How the grouping differs, in words ('' when it does not): with or without groups, the column, the ids' groups."""
-    if recorded is None or now is None:
-        return "" if recorded is now else (f"made without --fold-group, grouped by {now[0]} now" if recorded is None
-                                           else f"grouped by {recorded[0]} then, without --fold-group now")
-    if recorded[0] != now[0]:
-        return f"grouped by {recorded[0]} then, by {now[0]} now"
-    return _moved(recorded[1], now[1], f"{now[0]} group", repr)
-
-
-def _difference(recorded: dict[str, int], now: dict[str, int]) -> str:
-    """What differs between two assignments, in words ('' when nothing does)."""
-    k_then, k_now = max(recorded.values(), default=-1) + 1, max(now.values(), default=-1) + 1
-    gone, new = sorted(set(recorded) - set(now)), sorted(set(now) - set(recorded))
+def _difference(recorded: tuple[dict[str, int], tuple[str, dict[str, str]] | None],
+                now: tuple[dict[str, int], tuple[str, dict[str, str]] | None]) -> str:
+    """What differs between two ``({id: fold}, grouping)`` assignments, in words ('' when nothing does): the grouping
+    (with or without groups, the column, the ids' groups) first, else the ids and their folds."""
+    (folds_then, grouped_then), (folds_now, grouped_now) = recorded, now
+    if grouped_then is None or grouped_now is None:
+        if grouped_then is not grouped_now:
+            return (f"made without --fold-group, grouped by {grouped_now[0]} now" if grouped_then is None
+                    else f"grouped by {grouped_then[0]} then, without --fold-group now")
+    elif grouped_then[0] != grouped_now[0]:
+        return f"grouped by {grouped_then[0]} then, by {grouped_now[0]} now"
+    elif moved := _moved(grouped_then[1], grouped_now[1], f"{grouped_now[0]} group", repr):
+        return moved
+    k_then, k_now = max(folds_then.values(), default=-1) + 1, max(folds_now.values(), default=-1) + 1
+    gone, new = sorted(set(folds_then) - set(folds_now)), sorted(set(folds_now) - set(folds_then))
     parts = [f"{k_then} folds then, {k_now} now" if k_then != k_now else "",
              f"{len(gone)} id(s) no longer in the data, e.g. {gone[0]}" if gone else "",
              f"{len(new)} id(s) not in the file, e.g. {new[0]}" if new else "",
-             _moved(recorded, now, "fold", lambda fold: f"fold {fold}")]
+             _moved(folds_then, folds_now, "fold", lambda fold: f"fold {fold}")]
     return "; ".join(filter(None, parts))
 
 
