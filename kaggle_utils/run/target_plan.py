@@ -157,7 +157,7 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
         "classes": resolved.model.num_classes, "per_device_batch": per_chip, "global_batch": per_step,
         "steps_per_epoch": data.num_train // per_step, "budget_bytes": budget[0], "budget_source": budget[1],
         "usable_bytes": usable, "fits": steps["train"].bytes <= usable, "largest_per_device_batch": fit.per_device,
-        "search": fit.describe(), "steps": {name: {**dataclasses.asdict(s), "bytes": s.bytes} for name, s in steps.items()},
+        "search": fit.describe(), "steps": {n: {**dataclasses.asdict(s), "bytes": s.bytes} for n, s in steps.items()},
         "train_gflops_per_image": flops["train"], "eval_gflops_per_image": flops["eval"], "peak_tflops": peak,
         "images_per_s_at_peak": images_per_s, "epoch_seconds_at_peak": epoch_images / images_per_s if images_per_s
         else None, "epoch_images": epoch_images, "libtpu": runtime.package_version("libtpu")}
