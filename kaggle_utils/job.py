@@ -215,14 +215,12 @@ def report_command(args) -> list[str]:
 def _what_is_kept(args, fix: str | None = None) -> str:
     """What a stopped command leaves usable, and the command that goes on from there."""
     then = f"{fix}, then " if fix else ""
-    if args.command == "cv":
-        return (f"finished folds are kept (fold*/oof.csv) and the unfinished one resumes from its last.msgpack: "
-                f"{then}the same command with --resume goes on")
-    if args.command == "tune":
-        return (f"{args.out}/study.db keeps every finished trial and the unfinished one resumes from its checkpoint: "
-                f"{then}the same command with --resume goes on")
+    kept = {"cv": "finished folds are kept (fold*/oof.csv) and the unfinished one resumes from its last.msgpack",
+            "tune": f"{args.out}/study.db keeps every finished trial and the unfinished one resumes from its checkpoint"}
+    if args.command in kept:
+        return f"{kept[args.command]}: {then}the same command with --resume goes on"
     if args.command != "train":
-        return f"no half-written file is left (writes are atomic): {then}run predict again"
+        return f"no half-written file is left (writes are atomic): {then}run {args.command} again"
     try:  # the step last.msgpack holds, per its manifest
         step = json.loads((Path(args.out) / "last.json").read_text()).get("step")
     except (OSError, ValueError, AttributeError):
