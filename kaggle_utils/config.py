@@ -208,6 +208,17 @@ class DataConfig(_Section):
             raise ConfigError(f"--memory-budget {self.memory_budget:g} is read only with --batch-per-device auto: "
                               "give both, or neither")
 
+    def global_batch(self, devices: int) -> int:
+        """Images per step on ``devices``: ``--batch-per-device`` on each, ``--batch-size``, or the default: 16 per
+        device, raised to the smallest multiple of ``devices`` that is at least 64 (BatchNorm statistics and the LR
+        scale want some examples per step): 128 on 8 devices, 64 on 1, 66 on 3."""
+        if self.batch_per_device == "auto":
+            raise ConfigError("--batch-per-device auto is chosen by run.resolve (it compiles the train step); "
+                              "global_batch needs a number")
+        if self.batch_per_device is not None:
+            return self.batch_per_device * devices
+        return self.batch_size or max(16 * devices, -(-64 // devices) * devices)
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Section):
@@ -414,9 +425,8 @@ def _value(config, section: str | None, field: dataclasses.Field):
     return getattr(getattr(config, section) if section else config, field.name)
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
-    """One flag per leaf field of ``cls`` (default :class:`TrainConfig`), in argument groups by section."""
-    cls = cls or TrainConfig
+def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> None:
+    """One flag per leaf field of ``cls``, in argument groups by section."""
     defaults, groups = cls(), {}
     for section, kind, field in _leaves(cls):
         if section not in groups:
@@ -441,17 +451,16 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = None) -> None:
         groups[section].add_argument(flag_of(options["dest"]), **options)
 
 
-def config_from_args(args: argparse.Namespace, cls: type = None, *, base: TrainConfig | None = None) -> TrainConfig:
+def config_from_args(args: argparse.Namespace, cls: type = TrainConfig, *, base: TrainConfig | None = None
+                     ) -> TrainConfig:
     """The config the command line asks for: ``base`` (default: the defaults), changed by the flags that were given."""
-    cls = cls or TrainConfig
     given = {name: getattr(args, name) for name in _flag_table(cls) if hasattr(args, name)}
     return (base or cls()).replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
 
 
-def config_from_file(path, cls: type = None) -> TrainConfig:
+def config_from_file(path, cls: type = TrainConfig) -> TrainConfig:
     """``--config FILE``: a run's ``config.json`` (the flags it was given), ``tune``'s ``best_config.json`` (the
     same), or a :meth:`TrainConfig.to_dict` JSON."""
-    cls = cls or TrainConfig
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
@@ -476,8 +485,8 @@ def differences(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any,
     return [(name, old, new) for name, old, new in pairs if old != new]
 
 
-def resume_may_change(name: str, cls: type = None) -> bool:
-    return bool(_flag_table(cls or TrainConfig)[name][1].metadata.get("resume_may_change"))
+def resume_may_change(name: str, cls: type = TrainConfig) -> bool:
+    return bool(_flag_table(cls)[name][1].metadata.get("resume_may_change"))
 
 
 def _from_dict(cls, data: dict, where: str):

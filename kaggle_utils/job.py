@@ -19,8 +19,6 @@ from .run import target_plan
 from .run.tune import PRUNERS
 from .train import MetricError, TrainingDiverged, WriterError
 
-__all__ = ["build_parser", "cv_command", "main", "predict_command", "report_command", "train_command", "tune_command"]
-
 
 def _comma_list(kind: type, what: str, example: str):
     """An argparse type: a comma-separated list of ``kind`` values, refused naming ``what`` it should be."""
@@ -36,15 +34,23 @@ def _comma_list(kind: type, what: str, example: str):
 
 
 def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
+    """The job's parser; ``config_cls``: a :class:`TrainConfig` subclass whose added fields become flags too."""
     parser = argparse.ArgumentParser(prog="python -m kaggle_utils",
                                      description="Train an EfficientNet on TFRecords in the flower competition's "
                                                  "layout, or predict a submission from a run.")
     commands = parser.add_subparsers(dest="command", required=True)
-
-    train = _run_parser(commands, "train", "train, evaluate, keep the best checkpoint, predict the test split",
-                        out="output folder (one run per folder)", resume="continue the run in --out from last.msgpack",
-                        overwrite="replace the run in --out")
-    add_config_flags(train, config_cls)
+    for name, command, own_flags, help, out, resume, overwrite in _RUN_COMMANDS:  # --out, --resume, ..., the config
+        sub = commands.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        job = sub.add_argument_group("job")
+        job.add_argument("--out", required=True, help=out)
+        job.add_argument("--resume", action="store_true", help=resume)
+        job.add_argument("--overwrite", action="store_true", help=overwrite)
+        job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+        job.add_argument("--config", metavar="FILE", help="start from a run's config.json or tune's best_config.json; "
+                                                          "the flags given override it")
+        own_flags(sub)
+        add_config_flags(sub, config_cls)
+        sub.set_defaults(run=command, config_cls=config_cls)
 
     predict = commands.add_parser("predict", help="write submission.csv and probabilities.csv from runs")
     predict.add_argument("--checkpoint", action="append", required=True,
@@ -63,9 +69,7 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     predict.add_argument("--tta", action=argparse.BooleanOptionalAction, help="flip TTA (default: the run's)")
     predict.add_argument("--mode", choices=("jit", "pmap"), default="jit")
     predict.add_argument("--no-progress", dest="progress", action="store_false")
-
-    _add_cv_parser(commands, config_cls)
-    _add_tune_parser(commands, config_cls)
+    predict.set_defaults(run=predict_command)
 
     plan = commands.add_parser("plan", help="compile the run's steps for a TPU or this device: memory, batch, FLOPs",
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # kaggle_utils.run.target_plan
@@ -74,17 +78,25 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
                                                        f"competition's {target_plan.FLOWER_TRAIN_IMAGES:,})")
     plan.add_argument("--out", help="folder for plan.json")
     add_config_flags(plan, config_cls)
+    plan.set_defaults(config_cls=config_cls, run=lambda args: target_plan.plan_command(
+        _config(args), args.target, out=args.out, train_images=args.train_images))
 
     report = commands.add_parser("report", help="draw curves.png and per_class.csv again for a run or CV folder")
     report.add_argument("out", help="a run folder, or a CV folder of fold0/, fold1/, ... run folders")
+    report.set_defaults(run=report_command)
     return parser
 
 
-def train_command(args, config_cls: type = TrainConfig) -> dict:
+def _config(args) -> TrainConfig:
+    """The flags given, over ``--config FILE`` where one is given, else over the defaults."""
+    base = config_from_file(args.config, args.config_cls) if getattr(args, "config", None) else None
+    return config_from_args(args, args.config_cls, base=base)
+
+
+def train_command(args) -> dict:
     """Runs ``train`` (:func:`kaggle_utils.run.train`); returns a summary (best row, files written)."""
     started = time.perf_counter()
-    result = run.train(_config(args, config_cls), args.out, resume=args.resume, overwrite=args.overwrite,
-                       progress=args.progress)
+    result = run.train(_config(args), args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
     summary = {"best": result.best, "stop_reason": result.fit.stop_reason, "out": str(result.out)}
     if result.submission is not None:
         summary["submission"] = str(result.submission)
@@ -95,32 +107,8 @@ def train_command(args, config_cls: type = TrainConfig) -> dict:
     return summary
 
 
-def _run_parser(commands, name: str, help: str, **helps: str) -> argparse.ArgumentParser:
-    """``train``, ``cv`` or ``tune``'s parser with the job's flags around the config's: --out, --resume, --overwrite,
-    --config."""
-    parser = commands.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    job = parser.add_argument_group("job")
-    job.add_argument("--out", required=True, help=helps["out"])
-    job.add_argument("--resume", action="store_true", help=helps["resume"])
-    job.add_argument("--overwrite", action="store_true", help=helps["overwrite"])
-    job.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    job.add_argument("--config", metavar="FILE", help="start from a run's config.json or tune's best_config.json; "
-                                                      "the flags given override it")
-    return parser
-
-
-def _config(args, config_cls: type) -> TrainConfig:
-    """The flags given, over ``--config FILE`` where one is given, else over the defaults."""
-    base = config_from_file(args.config, config_cls) if args.config else None
-    return config_from_args(args, config_cls, base=base)
-
-
-def _add_cv_parser(commands, config_cls: type) -> None:
-    cv = _run_parser(commands, "cv", "K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
-                     out="CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission",
-                     resume="skip finished folds, continue the unfinished one",
-                     overwrite="start the whole CV in --out again")
-    job = cv.add_argument_group("cross-validation")
+def _cv_flags(parser) -> None:
+    job = parser.add_argument_group("cross-validation")
     job.add_argument("--folds", type=int, required=True, help="K: folds over the train + val records (stratified; "
                      "multi-label: iterative stratification)")
     job.add_argument("--only-folds", type=_comma_list(int, "fold numbers", "0,2"), metavar="0,2",
@@ -130,15 +118,13 @@ def _add_cv_parser(commands, config_cls: type) -> None:
                      "groups allow")
     job.add_argument("--fold-group-file", metavar="CSV", help="with --fold-group: the CSV holding the run's id column "
                      "and COLUMN (needed with --data-dir, class folders or tfds; default: a CSV --source)")
-    add_config_flags(cv, config_cls)
 
 
-def cv_command(args, config_cls: type = TrainConfig) -> dict:
+def cv_command(args) -> dict:
     """Runs ``cv`` (:func:`kaggle_utils.run.cross_validate`); prints each fold's best, the OOF score, the files."""
     started = time.perf_counter()
-    result = run.cross_validate(_config(args, config_cls), args.out, folds=args.folds,
-                                only_folds=args.only_folds, fold_group=args.fold_group,
-                                fold_group_file=args.fold_group_file, resume=args.resume,
+    result = run.cross_validate(_config(args), args.out, folds=args.folds, only_folds=args.only_folds,
+                                fold_group=args.fold_group, fold_group_file=args.fold_group_file, resume=args.resume,
                                 overwrite=args.overwrite, progress=args.progress)
     if jax.process_index() == 0:
         print("\n".join(_cv_lines(result, time.perf_counter() - started)))
@@ -162,18 +148,13 @@ def _cv_lines(result, wall_s: float) -> list[str]:
     spread = scores["fold_mean_std"]
     lines.append("  folds: " + ", ".join(f"{n} {spread[n]['mean']:.4f} +- {spread[n]['std']:.4f}" for n in names))
     lines.append(f"  out-of-fold: {shown(scores['oof'])} over {scores['oof']['examples']} records")
-    files = [name for name in ("folds.csv", "oof.csv", "oof.npy", "cv.json", "submission.csv",
-                               "test_probabilities.csv") if (out / name).is_file()]
-    lines.append(f"  files: {', '.join(str(out / name) for name in files)}")
+    files = [str(out / name) for name in (run.cv.FOLDS_FILE, *run.cv.CV_FILES) if (out / name).is_file()]
+    lines.append(f"  files: {', '.join(files)}")
     return lines
 
 
-def _add_tune_parser(commands, config_cls: type) -> None:
-    tune = _run_parser(commands, "tune", "search train flags with Optuna: a run per trial, pruning, best config",
-                       out="study folder: study.db, trial-K/ runs, tune.json, best_config.json",
-                       resume="continue the study in --out (finished trials are kept)",
-                       overwrite="start the study in --out again")
-    job = tune.add_argument_group("tune")
+def _tune_flags(parser) -> None:
+    job = parser.add_argument_group("tune")
     job.add_argument("--trials", type=int_in(1), required=True, help="trials the study ends with (--resume counts "
                                                                     "those finished before)")
     job.add_argument("--search", required=True, metavar="SPACE", help="the flags searched: NAME=LOW:HIGH[:STEP] "
@@ -183,12 +164,11 @@ def _add_tune_parser(commands, config_cls: type) -> None:
                      "their evaluations: median (below the median of earlier trials at that step, after 2 trials) "
                      "| halving (successive halving) | none")
     job.add_argument("--folds", type=int_in(2), help="score each trial by K-fold cross-validation (the folds' mean)")
-    add_config_flags(tune, config_cls)
 
 
-def tune_command(args, config_cls: type = TrainConfig) -> dict:
+def tune_command(args) -> dict:
     """Runs ``tune`` (:func:`kaggle_utils.run.tune`); prints the trials, the best one, what to run next."""
-    result = run.tune(_config(args, config_cls), args.search, args.out, trials=args.trials, folds=args.folds,
+    result = run.tune(_config(args), args.search, args.out, trials=args.trials, folds=args.folds,
                       pruner=args.pruner, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
     print("\n".join(report.tune_lines(result.out)))
     return {"out": str(result.out), "best_config": None if result.best_config is None else result.best_config.flat()}
@@ -235,14 +215,12 @@ def report_command(args) -> list[str]:
 def _what_is_kept(args, fix: str | None = None) -> str:
     """What a stopped command leaves usable, and the command that goes on from there."""
     then = f"{fix}, then " if fix else ""
-    if args.command == "cv":
-        return (f"finished folds are kept (fold*/oof.csv) and the unfinished one resumes from its last.msgpack: "
-                f"{then}the same command with --resume goes on")
-    if args.command == "tune":
-        return (f"{args.out}/study.db keeps every finished trial and the unfinished one resumes from its checkpoint: "
-                f"{then}the same command with --resume goes on")
+    kept = {"cv": "finished folds are kept (fold*/oof.csv) and the unfinished one resumes from its last.msgpack",
+            "tune": f"{args.out}/study.db keeps every finished trial and the unfinished one resumes from its checkpoint"}
+    if args.command in kept:
+        return f"{kept[args.command]}: {then}the same command with --resume goes on"
     if args.command != "train":
-        return f"no half-written file is left (writes are atomic): {then}run predict again"
+        return f"no half-written file is left (writes are atomic): {then}run {args.command} again"
     try:  # the step last.msgpack holds, per its manifest
         step = json.loads((Path(args.out) / "last.json").read_text()).get("step")
     except (OSError, ValueError, AttributeError):
@@ -264,6 +242,18 @@ def _os_error_line(err: OSError, args) -> str:
     return f"{where}{err.strerror or err}{code}; {_what_is_kept(args, _OS_FIXES.get(err.errno))}"
 
 
+# the commands that run the config: (name, command, its own flags, help, --out, --resume and --overwrite's help)
+_RUN_COMMANDS = (
+    ("train", train_command, lambda parser: None, "train, evaluate, keep the best checkpoint, predict the test split",
+     "output folder (one run per folder)", "continue the run in --out from last.msgpack", "replace the run in --out"),
+    ("cv", cv_command, _cv_flags, "K-fold cross-validation: a run per fold, out-of-fold score, fold ensemble",
+     "CV folder: folds.csv, fold{k}/ runs, oof.csv, cv.json, submission",
+     "skip finished folds, continue the unfinished one", "start the whole CV in --out again"),
+    ("tune", tune_command, _tune_flags, "search train flags with Optuna: a run per trial, pruning, best config",
+     "study folder: study.db, trial-K/ runs, tune.json, best_config.json",
+     "continue the study in --out (finished trials are kept)", "start the study in --out again"))
+
+
 def main(argv=None) -> int:
     """The command, with every way it can stop turned into one line and an exit code (no traceback)."""
     target_plan.quiet_libtpu()  # before any backend starts: a CPU machine with libtpu installed prints no TPU search
@@ -271,10 +261,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     prefix = f"{parser.prog} {args.command}"
     try:
-        {"train": train_command, "cv": cv_command, "tune": tune_command, "predict": predict_command,
-         "report": report_command,
-         "plan": lambda a: target_plan.plan_command(config_from_args(a), a.target, out=a.out,
-                                                    train_images=a.train_images)}[args.command](args)
+        args.run(args)
     except DataError as err:
         hint = ("(--skip-errors skips unreadable records, counts them and names them in the log)\n"
                 if err.skippable and args.command == "train" else "")

@@ -16,8 +16,6 @@ from typing import Callable
 from .config import ConfigError
 from .efficientnet import create_model, get_spec, list_models, resolve_name
 
-__all__ = ["RegisteredModel", "build_model", "register_model", "registered"]
-
 
 @dataclasses.dataclass(frozen=True)
 class RegisteredModel:

@@ -28,8 +28,6 @@ from .precision import choose_precision
 ROOT_ENV, SMOKE_ENV = "KAGGLE_UTILS_ROOT", "KAGGLE_UTILS_SMOKE"
 DATA_ENV, WEIGHTS_ENV = "KAGGLE_UTILS_DATA", "KAGGLE_UTILS_WEIGHTS"
 FLOWER_SIZES = (192, 224, 331, 512)  # the competition's tfrecords-jpeg-SxS folders
-DEFAULT_PER_DEVICE_BATCH = 16
-MIN_GLOBAL_BATCH = 64  # BatchNorm statistics and the LR scale want some examples per step
 
 # What a notebook trains on each machine: TrainConfig flags, RT.config = TrainConfig().replace(**row).
 # A flag a row leaves out keeps TrainConfig's default (the batch: 16 per device, at least 64 per step).
@@ -67,14 +65,6 @@ def defaults(platform: str, *, smoke: bool = False) -> TrainConfig:
     if platform not in ("tpu", "gpu", "cpu"):
         raise ValueError(f"unknown platform {platform!r}: expected one of cpu, gpu, tpu")
     return TrainConfig().replace(**PLATFORM_DEFAULTS["smoke" if smoke else platform])
-
-
-def global_batch(device_count: int, per_device: int = DEFAULT_PER_DEVICE_BATCH) -> int:
-    """Images per step: ``per_device`` on every device, raised to the smallest multiple of
-    ``device_count`` that is at least :data:`MIN_GLOBAL_BATCH` (e.g. 128 on 8 devices, 64 on 1, 66 on 3)."""
-    if device_count < 1 or per_device < 1:
-        raise ValueError(f"device_count={device_count} and per_device={per_device} must be positive")
-    return max(per_device * device_count, -(-MIN_GLOBAL_BATCH // device_count) * device_count)
 
 
 def current_platform() -> str:
@@ -228,10 +218,7 @@ class Runtime:
     @property
     def global_batch(self) -> int:
         """Images per step of ``config`` on this machine."""
-        data = self.config.data
-        if isinstance(data.batch_per_device, int):
-            return data.batch_per_device * self.device_count
-        return data.batch_size or global_batch(self.device_count)
+        return self.config.data.global_batch(self.device_count)
 
     def __str__(self) -> str:
         v = self.versions

@@ -137,7 +137,7 @@ def test_oof_holds_every_record_once_predicted_by_the_fold_that_did_not_train_on
     labels = pool_labels(sample)
     assert sorted(r[0] for r in rows) == sorted(labels)  # every train + val record exactly once
     assert all(int(r[1]) == labels[r[0]] for r in rows)
-    assert read_folds(out) == {r[0]: int(r[2]) for r in rows}
+    assert read_folds(out) == ({r[0]: int(r[2]) for r in rows}, None)
     for k in range(K):  # fold k's run validated on exactly its fold and trained on the rest
         config = json.loads((out / f"fold{k}" / "config.json").read_text())
         assert config["config"]["model"]["name"] == TEST_MODEL
@@ -279,7 +279,7 @@ def test_a_source_is_converted_once_into_out_data_and_the_folds_read_it(tmp_path
     fold_config = json.loads((out / "fold1" / "config.json").read_text())["config"]["data"]
     assert fold_config["source"] is None and fold_config["data_dir"] == str((out / "data").resolve())
     assert not (out / "fold1" / "data").exists()  # one conversion for every fold
-    folds = read_folds(out)
+    folds, _ = read_folds(out)
     # every image, train and val records, named by its id in the source (its path in the class folders)
     assert sorted(folds) == sorted(f"{digit}/{digit}_{i}" for digit, i, _ in _digit_images(14))
     _, rows = read_csv(out / "fold1" / "oof.csv")

@@ -11,7 +11,7 @@ import pytest
 
 from kaggle_utils import job, run
 from kaggle_utils.config import ConfigError, TrainConfig
-from kaggle_utils.run.cv import assign_folds, read_fold_groups
+from kaggle_utils.run.cv import assign_folds, read_folds
 
 from job_helpers import TEST_MODEL
 from test_job_data import _digit_images, _save_png
@@ -135,7 +135,7 @@ def test_a_csv_source_keeps_each_patient_in_one_fold_and_folds_csv_records_the_p
     assert sorted(r[0] for r in rows) == sorted(table)  # named by the CSV's ids, every image once
     assert all(r[2] == table[r[0]][2] for r in rows)
     assert_groups_whole(np.array([r[2] for r in rows]), np.array([int(r[1]) for r in rows]), 3)
-    assert read_fold_groups(out) == ("patient", {r[0]: table[r[0]][2] for r in rows})
+    assert read_folds(out)[1] == ("patient", {r[0]: table[r[0]][2] for r in rows})
 
     before = (out / "folds.csv").read_text()
     for changes, words in (({"fold_group": "site"}, "grouped by patient then, by site now"),

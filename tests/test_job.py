@@ -127,7 +127,7 @@ def test_a_field_added_to_the_config_is_a_flag_and_is_written_to_config_json(sam
 
     monkeypatch.setattr(run.trainer, "fit_run", stop)  # config.json is written before the first step
     with pytest.raises(Stop):
-        job.train_command(args, ExtendedConfig)
+        job.train_command(args)
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["config"]["my_new_knob"] == 3 and written["given"]["my_new_knob"] == 3
 

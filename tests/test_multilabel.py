@@ -255,7 +255,7 @@ def test_cv_on_a_multi_label_csv_writes_oof_and_multilabel_scores(tagged, tmp_pa
         rows = list(csv.reader(f))
     assert rows[0] == ["id", "label", "fold", "0", "1", "2"] and len(rows) == N + 1
     folds = {r[0]: int(r[2]) for r in rows[1:]}
-    assert read_folds(out) == folds  # every record once, in the fold folds.csv gives it
+    assert read_folds(out) == (folds, None)  # every record once, in the fold folds.csv gives it
     labels = np.array([[name in r[1].split() for name in CLASSES] for r in rows[1:]])
     assert sorted(r[1] for r in rows[1:]) == sorted(" ".join(sorted(t)) for t in _tags(tagged / "labels.csv").values())
     in_fold = np.array([int(r[2]) for r in rows[1:]])

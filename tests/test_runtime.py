@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kaggle_utils import run, runtime
-from kaggle_utils.config import TrainConfig
+from kaggle_utils.config import DataConfig, TrainConfig
 
 ENV = (runtime.ROOT_ENV, runtime.SMOKE_ENV, runtime.DATA_ENV, runtime.WEIGHTS_ENV, "KAGGLE_KERNEL_RUN_TYPE")
 REPO = Path(__file__).resolve().parents[1]
@@ -233,9 +233,8 @@ def test_setup_hides_the_accelerator_from_tensorflow_only_on_accelerators(tmp_pa
 
 def test_batch_rules_are_shared_with_the_job():  # the precision's: test_precision
     # 16 per device, at least 64 images, a multiple of the device count
-    assert [runtime.global_batch(n) for n in (1, 2, 3, 8, 16)] == [64, 64, 66, 128, 256]
-    assert runtime.global_batch(8, per_device=2) == 64
-    assert run.global_batch(TrainConfig()) == runtime.global_batch(jax.device_count())
+    assert [DataConfig().global_batch(n) for n in (1, 2, 3, 8, 16)] == [64, 64, 66, 128, 256]
+    assert run.global_batch(TrainConfig()) == 128 == jax.device_count() * 16  # 8 devices
     assert run.global_batch(TrainConfig().replace(batch_per_device=2)) == 2 * jax.device_count()
     with pytest.raises(ValueError, match="unknown platform"):
         runtime.defaults("npu")

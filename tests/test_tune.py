@@ -86,7 +86,7 @@ def test_train_config_reads_a_run_s_flags_and_the_command_line_overrides_them(tm
     for command in (["train"], ["cv", "--folds", "2"]):  # the job's own reading of --config, each command that has it
         args = job.build_parser().parse_args([*command, "--config", str(tmp_path / "config.json"), "--epochs", "3",
                                               "--out", "x"])
-        given = job._config(args, TrainConfig)
+        given = job._config(args)
         assert (given.optim.lr, given.model.freeze, given.loop.epochs) == (0.02, ("stem",), 3), command
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ConfigError, match=f"--config {tmp_path / 'bad.json'}: cannot read it as JSON"):

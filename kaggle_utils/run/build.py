@@ -294,7 +294,7 @@ def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) ->
     return load_dataset(data.splits["train"], image_size=data.stored_size,
                         batch_size=plan.global_batch // jax.process_count(), training=True,
                         seed=config.seed * 100_003 + epoch, crop=train_crop(config, data.stored_size),
-                        augment=host_augment, skip_errors=config.data.skip_errors, select=data.selected("train"),
+                        augment=host_augment, skip_errors=config.data.skip_errors, select=data.select.get("train"),
                         multi_label_classes=config.model.num_classes if data.multi_label else None,
                         deterministic=config.data.deterministic)
 
@@ -305,7 +305,7 @@ def eval_dataset(config: TrainConfig, data: RunData, split: str, *, batch_size: 
     CV fold's out-of-fold prediction (``with_records``: each row's ``file#index``)."""
     return load_dataset(data.splits[split], image_size=data.stored_size, batch_size=batch_size,
                         crop=eval_crop(config, data.stored_size),
-                        skip_errors=config.data.skip_errors, select=data.selected(split), with_records=with_records,
+                        skip_errors=config.data.skip_errors, select=data.select.get(split), with_records=with_records,
                         multi_label_classes=config.model.num_classes if data.multi_label else None)
 
 

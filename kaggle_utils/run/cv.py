@@ -2,22 +2,17 @@
 
 The pool is the run data's train + val records. Fold k (``OUT/fold{k}/``, a run folder like any other) is
 :func:`train` on the other folds' records, chosen by (file, record index) inside ``tf.data``, never by rewriting
-the records. ``fold{k}/oof.csv`` is written last: that file makes a fold finished, so ``--resume`` skips it.
-Records are named by their ``id`` feature when every pool record has a unique one, else by ``split/file#index``.
+the records; its ``oof.csv``, written last, makes it finished, so ``--resume`` skips it. Records are named by
+their ``id`` feature when every pool record has a unique one, else by ``split/file#index``.
 
-The folds (``OUT/folds.csv``) are stratified by label, seeded and group-aware (``--fold-group``).
-The assignment is a pure function of (labels, groups, K, seed), so ``--resume`` and later ``--only-folds``
-calls recompute it and check it against ``folds.csv``: a changed seed, K or pool would otherwise train fold 1
-on examples that fold 0 validated on, and the out-of-fold score would be optimistic without saying so.
+The folds (``OUT/folds.csv``: stratified by label, seeded, group-aware with ``--fold-group``) are a pure function
+of (labels, groups, K, seed): ``--resume`` and ``--only-folds`` recompute them and refuse a change, which would
+train fold 1 on examples fold 0 validated on and make the out-of-fold score optimistic without saying so.
+Groups (a patient, a video) live in no TFRecord: they are read from a CSV keyed by the run's id column (a CSV
+``--source``, or ``--fold-group-file``); every fault of that file is refused, named, before anything is written.
 
-Groups (a patient, a photographer, a video) live in no TFRecord, so they are read from a CSV keyed by the
-run's id column: a CSV ``--source``'s own ``COLUMN``, or ``--fold-group-file CSV`` (with ``--data-dir``,
-class folders or tfds). The file, both columns, an empty or conflicting group and records whose id the file
-lacks are all refused, named, before anything is written.
-
-Size: one concern, a CV folder. The folds (assignment, groups, ``folds.csv`` and its checks on resume) and
-the runs over them change together: the runs are written, resumed and scored fold by fold against that
-assignment, and most of the module is the checks that keep the two consistent.
+Size: one concern, a CV folder: the folds and the runs over them are written, resumed and scored together
+against one assignment, and most of the module is the checks that keep the two consistent.
 """
 import contextlib
 import csv
@@ -316,40 +311,25 @@ def _group_folds(labels: np.ndarray, groups: np.ndarray, k: int, rng) -> np.ndar
     return fold_of[group_of]
 
 
-def _read_rows(out: str | Path) -> list[list[str]] | None:
-    """The rows of ``OUT/folds.csv`` (header first), checked to be the kit's; None when there is none."""
+def read_folds(out: str | Path) -> tuple[dict[str, int], tuple[str, dict[str, str]] | None] | None:
+    """``({id: fold}, (column, {id: group}) where the file is grouped, else None)`` of ``OUT/folds.csv``, checked to
+    be the kit's; None when there is none."""
     path = Path(out) / FOLDS_FILE
     if not path.is_file():
         return None
     with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows or rows[0][:2] != ["id", "fold"] or len(rows[0]) > 3:
+        header, *rows = list(csv.reader(f)) or [[]]
+    if header[:2] != ["id", "fold"] or len(header) > 3:
         raise ConfigError(f"{path} is not a folds file of the kit (expected the header id,fold or id,fold,GROUP); "
                           "remove it or choose another --out")
-    if any(len(row) != len(rows[0]) for row in rows[1:]):
+    if any(len(row) != len(header) for row in rows):
         raise ConfigError(f"{path} has a row with another number of columns than its header; remove it or choose "
                           "another --out")
-    return rows
-
-
-def read_folds(out: str | Path) -> dict[str, int] | None:
-    """``{id: fold}`` of ``OUT/folds.csv``, or None when there is none."""
-    rows = _read_rows(out)
-    if rows is None:
-        return None
     try:
-        return {row[0]: int(row[1]) for row in rows[1:]}
+        folds = {row[0]: int(row[1]) for row in rows}
     except ValueError:
-        raise ConfigError(f"{Path(out) / FOLDS_FILE} has a row without an integer fold; remove it or choose another "
-                          "--out") from None
-
-
-def read_fold_groups(out: str | Path) -> tuple[str, dict[str, str]] | None:
-    """``(column, {id: group})`` of a grouped ``OUT/folds.csv`` (its third column); None when it has none."""
-    rows = _read_rows(out)
-    if rows is None or len(rows[0]) < 3:
-        return None
-    return rows[0][2], {row[0]: row[2] for row in rows[1:]}
+        raise ConfigError(f"{path} has a row without an integer fold; remove it or choose another --out") from None
+    return folds, (header[2], {row[0]: row[2] for row in rows}) if len(header) == 3 else None
 
 
 def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: int, seed: int,
@@ -363,8 +343,7 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
                                     zip(ids, map(int, folds), *([groups[1]] if groups else [])))
         return
     grouped = (groups[0], dict(zip(ids, map(str, groups[1])))) if groups else None
-    difference = (_group_difference(read_fold_groups(out), grouped)
-                  or _difference(recorded, dict(zip(ids, map(int, folds)))))
+    difference = _difference(recorded, (dict(zip(ids, map(int, folds))), grouped))
     if difference:
         grouping = f" --fold-group {groups[0]}" if groups else ""
         raise ConfigError(f"{path} was made for other folds than --folds {k} --seed {seed}{grouping} give now "
@@ -372,24 +351,25 @@ def settle_folds(out: str | Path, ids: Sequence[str], folds: np.ndarray, *, k: i
                           "with, or another --out (or --overwrite to start the whole CV again)")
 
 
-def _group_difference(recorded: tuple[str, dict[str, str]] | None, now: tuple[str, dict[str, str]] | None) -> str:
-    """How the grouping differs, in words ('' when it does not): with or without groups, the column, the ids' groups."""
-    if recorded is None or now is None:
-        return "" if recorded is now else (f"made without --fold-group, grouped by {now[0]} now" if recorded is None
-                                           else f"grouped by {recorded[0]} then, without --fold-group now")
-    if recorded[0] != now[0]:
-        return f"grouped by {recorded[0]} then, by {now[0]} now"
-    return _moved(recorded[1], now[1], f"{now[0]} group", repr)
-
-
-def _difference(recorded: dict[str, int], now: dict[str, int]) -> str:
-    """What differs between two assignments, in words ('' when nothing does)."""
-    k_then, k_now = max(recorded.values(), default=-1) + 1, max(now.values(), default=-1) + 1
-    gone, new = sorted(set(recorded) - set(now)), sorted(set(now) - set(recorded))
+def _difference(recorded: tuple[dict[str, int], tuple[str, dict[str, str]] | None],
+                now: tuple[dict[str, int], tuple[str, dict[str, str]] | None]) -> str:
+    """What differs between two ``({id: fold}, grouping)`` assignments, in words ('' when nothing does): the grouping
+    (with or without groups, the column, the ids' groups) first, else the ids and their folds."""
+    (folds_then, grouped_then), (folds_now, grouped_now) = recorded, now
+    if grouped_then is None or grouped_now is None:
+        if grouped_then is not grouped_now:
+            return (f"made without --fold-group, grouped by {grouped_now[0]} now" if grouped_then is None
+                    else f"grouped by {grouped_then[0]} then, without --fold-group now")
+    elif grouped_then[0] != grouped_now[0]:
+        return f"grouped by {grouped_then[0]} then, by {grouped_now[0]} now"
+    elif moved := _moved(grouped_then[1], grouped_now[1], f"{grouped_now[0]} group", repr):
+        return moved
+    k_then, k_now = max(folds_then.values(), default=-1) + 1, max(folds_now.values(), default=-1) + 1
+    gone, new = sorted(set(folds_then) - set(folds_now)), sorted(set(folds_now) - set(folds_then))
     parts = [f"{k_then} folds then, {k_now} now" if k_then != k_now else "",
              f"{len(gone)} id(s) no longer in the data, e.g. {gone[0]}" if gone else "",
              f"{len(new)} id(s) not in the file, e.g. {new[0]}" if new else "",
-             _moved(recorded, now, "fold", lambda fold: f"fold {fold}")]
+             _moved(folds_then, folds_now, "fold", lambda fold: f"fold {fold}")]
     return "; ".join(filter(None, parts))
 
 

@@ -41,12 +41,9 @@ class RunData:
     class_names: tuple[str, ...] = ()  # submission labels by index (empty: the index)
     columns: tuple[str, str] = ("id", "label")  # the submission's id and label columns
     multi_label: bool = False  # records with a ``labels`` list (several classes per image), read as multi-hot rows
-    # split -> the (file, index) records of its files it reads (a cross-validation fold); absent: all of them
+    # split -> the (file, index) records of its files it reads (a cross-validation fold, load_dataset's select=);
+    # absent: all of them
     select: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
-
-    def selected(self, split: str) -> tuple[tuple[str, int], ...] | None:
-        """The ``select=`` of ``load_dataset`` for ``split``: None reads every record of its files."""
-        return self.select.get(split)
 
 
 def _sync(name: str) -> None:

@@ -17,8 +17,6 @@ from ..config import ConfigError, TrainConfig
 from ..surgery import padded_width
 from ..variable_trees import abstract_variables
 
-__all__ = ["check_parent", "checkpoint_file", "run_config", "run_variables"]
-
 
 def checkpoint_file(path: Path) -> Path:
     """The checkpoint a run folder is read from (its best, else its last); a file as itself."""

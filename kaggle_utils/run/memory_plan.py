@@ -28,9 +28,6 @@ from ..train import inference_state
 from ..variable_trees import abstract_variables
 from .build import build_model, build_training
 
-__all__ = ["MARGIN", "BatchFit", "StepMemory", "device_budget", "fit_batch", "gib_text", "largest_batch",
-           "recorded_batch", "step_compiler"]
-
 MARGIN = 0.10  # of the budget, kept free (see the module docstring)
 FIRST_STEP = 8  # the second probe: micro-batch 8, where the bytes' slope is already the batch's
 GIB = 2 ** 30

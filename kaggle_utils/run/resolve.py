@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 
 from .. import checkpoint, models, runtime
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, DataConfig, TrainConfig
 from ..precision import choose_precision
 from ..surgery import padded_width
 from ..train import Task, group_multipliers, history_columns, scaled_lr
@@ -58,16 +58,12 @@ def global_batch(config: TrainConfig, devices: int | None = None) -> int:
     ``devices`` (default this machine's; a plan's target has its own)."""
     n, data = devices or jax.device_count(), config.data
     data.check()
-    if data.batch_per_device == "auto":
-        raise ConfigError("--batch-per-device auto is chosen by run.resolve (it compiles the train step); "
-                          "global_batch needs a number")
-    size = data.batch_per_device * n if data.batch_per_device is not None else data.batch_size
-    size = runtime.global_batch(n) if size is None else size
+    size = data.global_batch(n)
     flag = "--batch-per-device" if data.batch_per_device is not None else "--batch-size"
     if size < 1 or size % n or size % jax.process_count():
         where = f" ({jax.local_device_count()} per process x {jax.process_count()} process(es))" if not devices else ""
         raise ConfigError(f"{flag} gives a global batch of {size}, which must be a positive multiple of the {n} "
-                          f"devices{where}, e.g. {runtime.global_batch(n)}")
+                          f"devices{where}, e.g. {DataConfig().global_batch(n)}")
     return size
 
 

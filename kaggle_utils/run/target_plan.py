@@ -27,9 +27,6 @@ from ..parallel import make_mesh
 from . import RunData, global_batch, memory_plan, open_data, resolve  # public names (run/__init__ is loaded first)
 from .memory_plan import GIB, gib_text
 
-__all__ = ["FLOWER_CLASSES", "FLOWER_TRAIN_IMAGES", "TARGETS", "Target", "no_data", "plan", "plan_command",
-           "plan_lines", "quiet_libtpu", "target_config", "target_devices"]
-
 FLOWER_TRAIN_IMAGES, FLOWER_CLASSES = 12_753, 104  # a plan without data: the flower competition's train split
 
 
@@ -141,8 +138,7 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
     given = config.data.memory_budget
     resolved, run_plan = resolve(config.replace(batch_per_device=per_chip or k, batch_size=None, memory_budget=None),
                                  data, task)
-    compiled = memory_plan.step_compiler(resolved, run_plan, mesh=make_mesh(devices), mode=resolved.loop.mode,
-                                         task=task)
+    compiled = memory_plan.step_compiler(resolved, run_plan, mesh=make_mesh(devices), task=task)
     budget = (memory_plan.device_budget(given, devices[0]) if given is not None or target == "local" else
               (TARGETS[target].hbm, f"the HBM the TPU compiler gives a {devices[0].device_kind} device"))
     fit = memory_plan.fit_batch(resolved, run_plan, per_device_limit=data.num_train // chips, budget=budget,
@@ -153,16 +149,15 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
     flops = {name: steps[name].flops / per_chip / 1e9 for name in ("train", "eval")}
     peak = next((t.peak_tflops for t in TARGETS.values() if t.device_kind == devices[0].device_kind), None)
     images_per_s = chips * peak * 1e12 / (flops["train"] * 1e9) if peak and flops["train"] else None
-    epoch_images = data.num_train // per_step * per_step
+    epoch_images, usable = data.num_train // per_step * per_step, int(budget[0] * (1 - memory_plan.MARGIN))
     result = {
         "target": target, "devices": chips, "device_kind": devices[0].device_kind, "model": resolved.model.name,
         "image_size": resolved.model.image_size, "precision": resolved.model.precision, "mode": resolved.loop.mode,
         "remat": resolved.model.remat, "accumulate_steps": k, "data": data.description, "train_images": data.num_train,
         "classes": resolved.model.num_classes, "per_device_batch": per_chip, "global_batch": per_step,
         "steps_per_epoch": data.num_train // per_step, "budget_bytes": budget[0], "budget_source": budget[1],
-        "usable_bytes": int(budget[0] * (1 - memory_plan.MARGIN)), "fits": steps["train"].bytes <= budget[0] *
-        (1 - memory_plan.MARGIN), "largest_per_device_batch": fit.per_device, "search": fit.describe(),
-        "steps": {name: {**dataclasses.asdict(s), "bytes": s.bytes} for name, s in steps.items()},
+        "usable_bytes": usable, "fits": steps["train"].bytes <= usable, "largest_per_device_batch": fit.per_device,
+        "search": fit.describe(), "steps": {n: {**dataclasses.asdict(s), "bytes": s.bytes} for n, s in steps.items()},
         "train_gflops_per_image": flops["train"], "eval_gflops_per_image": flops["eval"], "peak_tflops": peak,
         "images_per_s_at_peak": images_per_s, "epoch_seconds_at_peak": epoch_images / images_per_s if images_per_s
         else None, "epoch_images": epoch_images, "libtpu": runtime.package_version("libtpu")}

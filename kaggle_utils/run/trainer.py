@@ -48,7 +48,7 @@ class RunResult:
 
     @property
     def model_size(self) -> dict:
-        """``params_trainable``, ``params_frozen``, ``gflops_per_image`` (one forward at the run's size, XLA's count)."""
+        """``params_trainable``, ``params_frozen``, ``gflops_per_image`` (one forward at the run's size)."""
         return self.plan.model_size
 
     @property
@@ -159,7 +159,8 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
         return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
                    val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
                    writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
-                   report={"model": plan.model_size} if plan.model_size else None, stages=tuple(zip(plan.stages, training.stage_steps)))
+                   report={"model": plan.model_size} if plan.model_size else None,
+                   stages=tuple(zip(plan.stages, training.stage_steps)))
     finally:
         for dataset in [*opened, val]:
             dataset.close()

@@ -23,8 +23,6 @@ from .cv import cross_validate
 from .resolve import check_config
 from .trainer import train
 
-__all__ = ["TuneResult", "parse_space", "tune"]
-
 PRUNERS = ("median", "halving", "none")
 SPACE_HELP = "NAME=LOW:HIGH[:STEP], NAME=log:LOW:HIGH or NAME=A|B|C, comma-separated; NAME a train flag (e.g. lr)"
 
