@@ -162,7 +162,7 @@ def test_none_is_the_identity_and_bad_settings_are_errors():
         RandAugmentConfig(magnitude=31)
     with pytest.raises(ValueError, match="magnitude"):
         RandAugmentConfig(magnitude=(20, 10))
-    with pytest.raises(ValueError, match="unknown ops"):
+    with pytest.raises(ValueError, match="unknown RandAugment ops"):
         RandAugmentConfig(ops=("rotate", "blur"))
     with pytest.raises(ValueError, match="uint8"):
         rand_augment_batch(jax.random.key(0), images.astype(jnp.float32)[0])

@@ -10,9 +10,10 @@ from .randaugment_tf import RANDAUGMENT_OPS, RandAugment
 from .sample import SampleDataset, make_sample_dataset
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfhost import host_cores, tensorflow_on_host
-from .tfrecords import (FLOWER_NUM_CLASSES, BadRecordError, DataError, NoTFRecordsError, RecordProblem, count_data_items,
-                        count_from_name, count_records, encode_jpeg, flower_class_names, list_tfrecords,
-                        locate_competition_data, serialize_example, shard_files, shard_name, write_split, write_tfrecord)
+from .tfrecords import (FLOWER_NUM_CLASSES, BadRecordError, DataError, NoTFRecordsError, RecordProblem,
+                        count_data_items, count_from_name, count_records, encode_jpeg, flower_class_names,
+                        list_tfrecords, locate_competition_data, serialize_example, shard_files, shard_name,
+                        write_split, write_tfrecord)
 from .transforms import CenterCrop, RandomResizedCrop, Resize
 
 __all__ = [

@@ -30,8 +30,8 @@ import numpy as np
 from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfhost import tf
-from .tfrecords import (SPLITS, DataError, atomic_output_path, count_from_name, encode_jpeg, serialize_example, target_of,
-                        write_shards)
+from .tfrecords import (SPLITS, DataError, atomic_output_path, count_from_name, encode_jpeg, serialize_example,
+                        target_of, write_shards)
 
 INFO_FILE = "class_names.json"
 _READ_BATCH = 64

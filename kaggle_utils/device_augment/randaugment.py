@@ -6,16 +6,14 @@ branch) is worth it on a CPU, rarely on an accelerator.
 """
 import dataclasses
 import functools
-import numbers
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..randaugment_ops import MAX_MAGNITUDE, check_policy
 from .ops import RANDAUGMENT_OPS, WARP_MATRICES, warp
-
-MAX_MAGNITUDE = 30  # imgaug's RandAugment scale, as the TF version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,19 +27,8 @@ class RandAugmentConfig:
     sequential: bool = False  # lax.map over the batch instead of vmap (see the module docstring)
 
     def __post_init__(self):
-        magnitude = self.magnitude
-        low, high = (magnitude, magnitude) if isinstance(magnitude, numbers.Real) else tuple(magnitude)
-        if not 0 <= low <= high <= MAX_MAGNITUDE:
-            raise ValueError(f"RandAugmentConfig.magnitude must be in [0, {MAX_MAGNITUDE}] (imgaug's scale) "
-                             f"with low <= high, got {magnitude}")
-        object.__setattr__(self, "magnitude", (float(low), float(high)))
+        object.__setattr__(self, "magnitude", check_policy("RandAugmentConfig", self.num_ops, self.magnitude, self.ops))
         object.__setattr__(self, "ops", tuple(self.ops))
-        unknown = [name for name in self.ops if name not in RANDAUGMENT_OPS]
-        if unknown or not self.ops:
-            raise ValueError(f"RandAugmentConfig.ops: unknown ops {unknown} or none given; choose from "
-                             f"{list(RANDAUGMENT_OPS)}")
-        if self.num_ops < 0:
-            raise ValueError(f"RandAugmentConfig.num_ops must be >= 0, got {self.num_ops}")
 
 
 def _branches(ops: Sequence[str]) -> tuple[list[Callable], jax.Array]:
