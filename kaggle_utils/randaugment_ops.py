@@ -1,7 +1,7 @@
 """RandAugment's operations, written once for the input pipeline's TensorFlow and the train step's JAX.
 
 An op is ``(xp, image, level) -> image``: uint8 ``[H, W, 3]`` (static shape), level in [-1, 1] (sign = direction),
-``xp`` the backend's primitives (``data.randaugment_tf`` and ``device_augment.ops`` each bind theirs), so the two
+``xp`` the backend's primitives (``data.augment`` and ``device_augment.randaugment`` each bind theirs), so the two
 run the same steps, round identically and pick the same pixels; this module imports neither stack. Ops and
 magnitudes follow imgaug's RandAugment (``m`` in [0, 30]). Written for XLA: elementwise float maths it fuses, and
 geometric ops as one nearest-neighbour gather (TF's ImageProjectiveTransform cannot be compiled; nearest neighbour

@@ -10,7 +10,7 @@ from PIL import Image, ImageOps
 
 import kaggle_utils.data as kd
 from kaggle_utils import randaugment_ops
-from kaggle_utils.data import randaugment_tf
+from kaggle_utils.data import augment as pipeline_augment
 
 SIZE = 32
 
@@ -31,14 +31,14 @@ def natural_batch(count: int, size: int = SIZE, seed: int = 0) -> np.ndarray:
 
 def apply_op(name: str, image: np.ndarray, level: float) -> np.ndarray:
     """Eagerly (fast to run); the XLA-compiled versions are checked against these below."""
-    return randaugment_tf.RANDAUGMENT_OPS[name](tf.constant(image), tf.constant(level, tf.float32)).numpy()
+    return pipeline_augment.RANDAUGMENT_OPS[name](tf.constant(image), tf.constant(level, tf.float32)).numpy()
 
 
 EAGER_RANDAUGMENT = kd.RandAugment(2, 15, jit_compile=False)  # tests build it once: tracing takes seconds
 
 
 # ------------------------------------------------------------------ TF-native ops
-@pytest.mark.parametrize("name", sorted(randaugment_tf.RANDAUGMENT_OPS))
+@pytest.mark.parametrize("name", sorted(pipeline_augment.RANDAUGMENT_OPS))
 def test_each_op_keeps_uint8_shape_and_magnitude_zero_is_identity(name):
     image = natural_batch(1)[0]
     out = apply_op(name, image, 0.8)

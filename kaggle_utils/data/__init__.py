@@ -3,10 +3,10 @@
 TensorFlow is imported on first use, with the accelerators hidden from it (:func:`tensorflow_on_host`), so the
 augmentation workers, which import this package, stay light.
 """
-from .augment import ImgaugRandAugment, augment_images, import_imgaug_augmenters, resolve_augment, show_augmented
+from .augment import (RANDAUGMENT_OPS, ImgaugRandAugment, RandAugment, augment_images, import_imgaug_augmenters,
+                      resolve_augment, show_augmented)
 from .augment_workers import AugmentWorkerError, ProcessPoolAugmenter, default_worker_count
 from .pipeline import HostDataset, check_tfrecords, load_dataset, load_source, scan_labels
-from .randaugment_tf import RANDAUGMENT_OPS, RandAugment
 from .sample import SampleDataset, make_sample_dataset
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfhost import host_cores, tensorflow_on_host
