@@ -100,17 +100,13 @@ def tf_check(files=(), *, warn_only: bool = False):
     def check(filename, index, jpeg):
         key = key_of(filename, index)
         problem = tf.cond(passed.known(key), lambda: tf.constant(""), lambda: passed.remember(key, tf.ensure_shape(
-            tf.numpy_function(_problem_bytes, [jpeg], tf.string, stateful=False), [])))
+            tf.numpy_function(lambda data: jpeg_problem(data).encode(), [jpeg], tf.string, stateful=False), [])))
         if not warn_only:
             return problem
         return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
             tf.numpy_function(_warn_and_pass, [filename, index, problem], tf.string), []))
 
     return check
-
-
-def _problem_bytes(data: bytes) -> bytes:
-    return jpeg_problem(data).encode()
 
 
 def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:
