@@ -202,7 +202,8 @@ def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_clas
 
     ``target``: the int32 class, a float32 multi-hot ``[C]`` (``multi_label_classes=C``) or the id; ``problem``:
     ``""`` or what is wrong; ``header``: check the JPEG header and size too; ``jpeg_only``: refuse non-JPEG bytes;
-    ``trusted``: a bool tensor, true for a record read in full before (:mod:`.memo`): parsed without guards.
+    ``trusted``: a bool tensor, true for a record read in full before (:class:`~.tfhost.RecordMemo`): parsed
+    without guards.
     """
     multi = labeled and multi_label_classes is not None
     spec = record_spec(labeled, multi)
