@@ -28,7 +28,7 @@ from .tfrecords import RecordProblem
 # randaugment_ops' primitives as TF ops (lambdas: TensorFlow is imported on first use)
 TF_PRIMITIVES = types.SimpleNamespace(
     float32=lambda x: tf.cast(x, tf.float32), int32=lambda x: tf.cast(x, tf.int32),
-    uint8=lambda x: tf.cast(x, tf.uint8),
+    uint8=lambda x: tf.cast(x, tf.uint8) if tf.is_tensor(x) else tf.constant(x, tf.uint8),
     round_to_uint8=lambda x: tf.saturate_cast(x + 0.5, tf.uint8),  # round half up and saturate to 0..255
     arange=lambda n, dtype="int32": tf.range(n, dtype=dtype), zeros=lambda shape: tf.zeros(shape, tf.int32),
     meshgrid=lambda *args, indexing: tf.meshgrid(*args, indexing=indexing),
