@@ -170,11 +170,11 @@ def clean(args) -> None:
 
 def _forgetful():
     """Records remembered by nothing: every read is checked and guarded (a first epoch, for ever)."""
-    from kaggle_utils.data import memo, tensorflow_on_host
+    from kaggle_utils.data import tensorflow_on_host, tfhost
 
     tf = tensorflow_on_host()
 
-    class Forgetful(memo.RecordMemo):
+    class Forgetful(tfhost.RecordMemo):
         def known(self, key):
             return tf.constant(False)
 
@@ -185,7 +185,7 @@ def speed(args) -> None:
     import numpy as np
 
     import kaggle_utils.data as kd
-    from kaggle_utils.data import jpeg, memo
+    from kaggle_utils.data import jpeg, tfhost
     from input_speed import measure  # this folder's: steady-state images/s of a fresh pipeline
 
     images = [np.roll(photo(name, args.size), 37 * k, axis=1) for k in range(args.images // len(PHOTOS))
@@ -197,13 +197,13 @@ def speed(args) -> None:
         path = os.path.join(tmp, kd.shard_name(0, args.size, len(encoded)))
         kd.write_tfrecord(path, [kd.serialize_example(data, label=0) for data in encoded])
         load = dict(image_size=args.size, batch_size=32, training=True, seed=0)
-        saved = jpeg._decoders["simplejpeg"], jpeg._notice_given, memo._memo
+        saved = jpeg._decoders["simplejpeg"], jpeg._notice_given, tfhost._memo
         jpeg._decoders["simplejpeg"], jpeg._notice_given = None, True
         datasets = {"check off (no simplejpeg)": kd.load_dataset(path, **load)}
         jpeg._decoders["simplejpeg"], jpeg._notice_given = saved[:2]
-        memo._memo = _forgetful()  # the JPEG check's memory and the pipeline's (data/memo.py)
+        tfhost._memo = _forgetful()  # the JPEG check's memory and the pipeline's (data/tfhost.py)
         datasets["check on, every read (first epoch)"] = kd.load_dataset(path, **load)
-        memo._memo = saved[2]
+        tfhost._memo = saved[2]
         datasets["check on, records checked before"] = kd.load_dataset(path, **load)
         runs = {name: [] for name in datasets}
         for _ in range(args.rounds):

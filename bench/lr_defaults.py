@@ -62,7 +62,7 @@ def patches(pictures: dict, per_class: int, rng, *, size: int = SIZE, train_shar
 
 
 def write_set(root: Path, splits: dict) -> Path:
-    from kaggle_utils.data.tfrecord_writer import write_split
+    from kaggle_utils.data import write_split
 
     for split, (images, labels) in splits.items():
         order = np.random.default_rng(0).permutation(len(labels))

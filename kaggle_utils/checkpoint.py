@@ -112,15 +112,11 @@ def manifest_path(path: str | os.PathLike) -> Path:
     return path.with_suffix(".json") if path.suffix == ".msgpack" else Path(f"{path}.json")
 
 
-def _to_numpy(tree: Any) -> Any:
-    # device_get fetches sharded / replicated arrays whole; numpy keeps msgpack happy.
-    return jax.tree.map(np.asarray, jax.device_get(tree))
-
-
 def save(path: str | os.PathLike, tree: Any, *, manifest: dict | None = None) -> str:
     """Serialises ``tree`` (any Flax-serialisable pytree) to msgpack; returns its sha256. ``manifest``: a JSON file
     beside it, with ``sha256`` and ``file`` added, written after it (never describing a file not there)."""
-    data = serialization.msgpack_serialize(serialization.to_state_dict(_to_numpy(tree)))
+    host = jax.tree.map(np.asarray, jax.device_get(tree))  # sharded arrays fetched whole; numpy for msgpack
+    data = serialization.msgpack_serialize(serialization.to_state_dict(host))
     digest = hashlib.sha256(data).hexdigest()
     atomic_write_bytes(path, data)
     if manifest is not None:

@@ -38,10 +38,6 @@ def local_devices(mesh: Mesh) -> list:
     return [d for d in mesh.devices.flat if d.process_index == me]
 
 
-def _is_host_only(x: np.ndarray) -> bool:
-    return np.asarray(x).dtype.kind in "OSU"  # object / bytes / str: ids
-
-
 def _batch_size(batch: Mapping[str, np.ndarray]) -> int:
     sizes = {k: len(v) for k, v in batch.items()}
     if len(set(sizes.values())) != 1:
@@ -63,7 +59,7 @@ def shard_batch(batch: Mapping[str, np.ndarray], *, mode: str, mesh: Mesh) -> di
     out = {}
     for key, value in batch.items():
         value = np.asarray(value)
-        if _is_host_only(value):
+        if value.dtype.kind in "OSU":  # object / bytes / str: ids
             out[key] = value
         elif mode == "pmap":
             per_device = value.reshape(n, size // n, *value.shape[1:])

@@ -42,14 +42,6 @@ class Precision:
                 "fp16": "fp16 + loss scaling, fp32 weights"}[self.name]
 
 
-def _gpu_compute_capability(device) -> float | None:
-    value = getattr(device, "compute_capability", None)
-    try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
 def choose_precision(requested: str = "auto", device=None) -> tuple[Precision, str]:
     """``(precision, why)`` for ``requested`` ("auto" or a name) on ``device`` (default: the first one);
     ``why`` is what the plan prints, e.g. "Tesla T4, compute 7.5, no bf16 hardware"."""
@@ -60,7 +52,10 @@ def choose_precision(requested: str = "auto", device=None) -> tuple[Precision, s
     if device.platform == "tpu":
         return Precision("bf16"), f"{kind}: bf16 matrix units"
     if device.platform == "gpu":
-        capability = _gpu_compute_capability(device)
+        try:
+            capability = float(device.compute_capability)
+        except (AttributeError, TypeError, ValueError):  # a backend that does not say
+            capability = None
         if capability is not None and capability >= 8.0:
             return Precision("bf16"), f"{kind}, compute {capability:g}: bf16 hardware"
         shown = f"compute {capability:g}" if capability is not None else "compute capability unknown"

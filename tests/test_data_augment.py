@@ -9,7 +9,8 @@ import tensorflow as tf
 from PIL import Image, ImageOps
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import randaugment_tf
+from kaggle_utils import randaugment_ops
+from kaggle_utils.data import augment as pipeline_augment
 
 SIZE = 32
 
@@ -30,14 +31,14 @@ def natural_batch(count: int, size: int = SIZE, seed: int = 0) -> np.ndarray:
 
 def apply_op(name: str, image: np.ndarray, level: float) -> np.ndarray:
     """Eagerly (fast to run); the XLA-compiled versions are checked against these below."""
-    return randaugment_tf.RANDAUGMENT_OPS[name](tf.constant(image), tf.constant(level, tf.float32)).numpy()
+    return pipeline_augment.RANDAUGMENT_OPS[name](tf.constant(image), tf.constant(level, tf.float32)).numpy()
 
 
 EAGER_RANDAUGMENT = kd.RandAugment(2, 15, jit_compile=False)  # tests build it once: tracing takes seconds
 
 
 # ------------------------------------------------------------------ TF-native ops
-@pytest.mark.parametrize("name", sorted(randaugment_tf.RANDAUGMENT_OPS))
+@pytest.mark.parametrize("name", sorted(pipeline_augment.RANDAUGMENT_OPS))
 def test_each_op_keeps_uint8_shape_and_magnitude_zero_is_identity(name):
     image = natural_batch(1)[0]
     out = apply_op(name, image, 0.8)
@@ -73,7 +74,7 @@ def test_translate_moves_pixels_and_fills_with_grey():
     image = natural_batch(1)[0]
     out = apply_op("translate_x", image, 0.5)  # 0.5 * 0.33 * 32 = 5.28 -> 5 pixels
     np.testing.assert_array_equal(out[:, :-5], image[:, 5:])
-    assert (out[:, -5:] == randaugment_tf.FILL_VALUE).all()
+    assert (out[:, -5:] == randaugment_ops.FILL_VALUE).all()
 
 
 def test_shear_x_keeps_the_top_row_and_rotate_keeps_the_centre():

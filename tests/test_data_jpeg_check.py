@@ -19,7 +19,7 @@ from PIL import Image
 from skimage import data as skdata
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import convert, jpeg, memo
+from kaggle_utils.data import convert, jpeg, tfhost
 
 from test_data_tfrecords import (SIZE, collect, example, garbled_jpeg, grey_jpeg, level_of, load, needs_simplejpeg,
                                  write_kaggle_split)
@@ -80,7 +80,7 @@ def test_a_record_is_checked_once_until_its_file_changes(tmp_path, monkeypatch):
     monkeypatch.setattr(jpeg, "jpeg_problem", lambda data: calls.append(data) or ("bad" if data == b"x" else ""))
     path = tmp_path / "f.tfrec"
     path.write_bytes(b"one")
-    monkeypatch.setattr(memo, "_memo", memo.RecordMemo())  # the process's memo, empty
+    monkeypatch.setattr(tfhost, "_memo", tfhost.RecordMemo())  # the process's memo, empty
 
     def problems(index, data, times):
         check = jpeg.tf_check([str(path)])  # as a new pipeline over the file makes it

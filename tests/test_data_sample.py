@@ -94,7 +94,7 @@ def test_flower_class_names_are_the_competition_list():
     from pathlib import Path
     import json
 
-    from kaggle_utils.data.flowers import FLOWER_NUM_CLASSES, flower_class_names
+    from kaggle_utils.data import FLOWER_NUM_CLASSES, flower_class_names
 
     raw = flower_class_names(strip=False)
     names = flower_class_names()

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import jpeg, memo
+from kaggle_utils.data import jpeg, tfhost
 
 SIZE = 32
 
@@ -289,7 +289,7 @@ def test_skip_errors_skips_and_counts_bad_records(tmp_path, case, decode_route):
 
 
 def test_later_epochs_read_remembered_records_to_the_same_batches_and_name_the_bad_one_again(tmp_path):
-    """data/memo.py: a record read in full without a problem is read again without its guards; a bad one is
+    """data/tfhost.py's RecordMemo: a record read in full without a problem is read again without its guards; a bad one is
     never remembered."""
     bad_file = write_with_one_bad_record(tmp_path / "split", BAD_RECORDS["wrong size"][0])
     dataset = load(tmp_path / "split", skip_errors=True)
@@ -307,7 +307,7 @@ def test_later_epochs_read_remembered_records_to_the_same_batches_and_name_the_b
 def test_the_memo_trusts_a_record_only_after_a_clean_read_of_the_same_reading_and_file(tmp_path):
     path = tmp_path / "f.tfrec"
     path.write_bytes(b"one")
-    records, reads = memo.RecordMemo(), []
+    records, reads = tfhost.RecordMemo(), []
 
     def read_once(reading, problem):  # as a pipeline's to_example: guarded unless known, then remembered
         key = records.key_of([str(path)], reading)(tf.constant(str(path)), tf.constant(3, tf.int64))

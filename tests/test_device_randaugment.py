@@ -9,8 +9,8 @@ import pytest
 from skimage import data
 
 import kaggle_utils.data as kd
-from kaggle_utils.data import randaugment_tf as tf_augment
-from kaggle_utils.device_augment import RandAugmentConfig, make_device_augment, ops, rand_augment_batch
+from kaggle_utils.data import augment as tf_augment
+from kaggle_utils.device_augment import RandAugmentConfig, make_device_augment, rand_augment_batch, randaugment
 
 tf = kd.tensorflow_on_host()
 
@@ -22,7 +22,7 @@ IMAGES = {  # real photos, small; one not square, one with a narrow range of val
 LEVELS = (-1.0, -0.55, -0.2, 0.3, 0.7, 1.0)
 INTEGER_OPS = ("identity", "equalize", "solarize", "posterize")  # integer maths only: equal to the bit
 FLOAT_OPS = ("autocontrast", "color", "contrast", "brightness", "sharpness")  # float blends, rounded to uint8
-GEOMETRIC_OPS = tuple(ops.WARP_MATRICES)  # nearest neighbour: equal except where a coordinate is a .5 tie
+GEOMETRIC_OPS = tuple(randaugment.WARP_MATRICES)  # nearest neighbour: equal except where a coordinate is a .5 tie
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def tf_ops():
 
 def both(tf_ops, name, image, level):
     tf_out = tf_ops[name](tf.constant(image), tf.constant(level, tf.float32)).numpy()
-    jax_out = np.asarray(jax.jit(ops.RANDAUGMENT_OPS[name])(jnp.asarray(image), jnp.float32(level)))
+    jax_out = np.asarray(jax.jit(randaugment.RANDAUGMENT_OPS[name])(jnp.asarray(image), jnp.float32(level)))
     assert jax_out.dtype == np.uint8 and jax_out.shape == image.shape
     return tf_out.astype(int), jax_out.astype(int)
 
@@ -46,8 +46,8 @@ def compared(tf_ops, name):
 
 
 def test_the_op_tables_name_the_same_ops_in_the_same_order():
-    assert list(ops.RANDAUGMENT_OPS) == list(tf_augment.RANDAUGMENT_OPS)
-    assert set(INTEGER_OPS + FLOAT_OPS + GEOMETRIC_OPS) == set(ops.RANDAUGMENT_OPS)
+    assert list(randaugment.RANDAUGMENT_OPS) == list(tf_augment.RANDAUGMENT_OPS)
+    assert set(INTEGER_OPS + FLOAT_OPS + GEOMETRIC_OPS) == set(randaugment.RANDAUGMENT_OPS)
 
 
 @pytest.mark.parametrize("name", INTEGER_OPS)
@@ -81,7 +81,7 @@ def _tie_pixels(name, shape, level) -> np.ndarray:
     There the nearest neighbour depends on the last bit of a float sum (fused multiply-add or
     not): TF's own eager and XLA-compiled ops pick different neighbours at some of them.
     """
-    m = np.asarray(ops.WARP_MATRICES[name](jnp.float32(level), shape), np.float64)
+    m = np.asarray(randaugment.WARP_MATRICES[name](jnp.float32(level), shape), np.float64)
     ys, xs = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float64)
     near = [np.abs(np.abs(c - np.floor(c)) - 0.5) < 1e-3
             for c in (m[0] * xs + m[1] * ys + m[2], m[3] * xs + m[4] * ys + m[5])]
@@ -102,7 +102,7 @@ def test_geometric_ops_equal_tf_except_at_rounding_ties(tf_ops, name):
 @jax.jit
 def every_op(image, level):
     """Every op at one level, compiled as one program (quicker than one compile per op)."""
-    return {name: fn(image, level) for name, fn in ops.RANDAUGMENT_OPS.items()}
+    return {name: fn(image, level) for name, fn in randaugment.RANDAUGMENT_OPS.items()}
 
 
 def test_magnitude_zero_is_the_identity_for_every_op_with_a_magnitude():
@@ -162,7 +162,7 @@ def test_none_is_the_identity_and_bad_settings_are_errors():
         RandAugmentConfig(magnitude=31)
     with pytest.raises(ValueError, match="magnitude"):
         RandAugmentConfig(magnitude=(20, 10))
-    with pytest.raises(ValueError, match="unknown ops"):
+    with pytest.raises(ValueError, match="unknown RandAugment ops"):
         RandAugmentConfig(ops=("rotate", "blur"))
     with pytest.raises(ValueError, match="uint8"):
         rand_augment_batch(jax.random.key(0), images.astype(jnp.float32)[0])

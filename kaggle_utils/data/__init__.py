@@ -3,18 +3,17 @@
 TensorFlow is imported on first use, with the accelerators hidden from it (:func:`tensorflow_on_host`), so the
 augmentation workers, which import this package, stay light.
 """
-from .augment import ImgaugRandAugment, augment_images, resolve_augment, show_augmented
+from .augment import (RANDAUGMENT_OPS, ImgaugRandAugment, RandAugment, augment_images, import_imgaug_augmenters,
+                      resolve_augment, show_augmented)
 from .augment_workers import AugmentWorkerError, ProcessPoolAugmenter, default_worker_count
-from .flowers import FLOWER_NUM_CLASSES, flower_class_names
-from .imgaug_compat import import_imgaug_augmenters
 from .pipeline import HostDataset, check_tfrecords, load_dataset, load_source, scan_labels
-from .randaugment_tf import RANDAUGMENT_OPS, RandAugment
 from .sample import SampleDataset, make_sample_dataset
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfhost import host_cores, tensorflow_on_host
-from .tfrecord_writer import encode_jpeg, serialize_example, shard_name, write_split, write_tfrecord
-from .tfrecords import (BadRecordError, DataError, NoTFRecordsError, RecordProblem, count_data_items, count_from_name,
-                        count_records, list_tfrecords, locate_competition_data, shard_files)
+from .tfrecords import (FLOWER_NUM_CLASSES, BadRecordError, DataError, NoTFRecordsError, RecordProblem,
+                        count_data_items, count_from_name, count_records, encode_jpeg, flower_class_names,
+                        list_tfrecords, locate_competition_data, serialize_example, shard_files, shard_name,
+                        write_split, write_tfrecord)
 from .transforms import CenterCrop, RandomResizedCrop, Resize
 
 __all__ = [

@@ -1,22 +1,141 @@
 """Augmentation in the input pipeline: per image in TF ops, or per batch in numpy.
 
-``"randaugment"`` / a :class:`~.randaugment_tf.RandAugment`: TF ops inside the parallel decode map, from the
-image's stateless seed. ``"imgaug"`` (:class:`ImgaugRandAugment`) or any numpy callable ``uint8 [B, H, W, 3] ->
-uint8 [B, H, W, 3]``: once per batch through ``tf.py_function``, by default in worker processes (one per core)
-that also decode the JPEGs; ``augment_workers=0`` runs it in the tf.data thread, where the GIL holds it to one
-core however many there are (bench/README.md). ``random`` and ``np.random`` are seeded per batch either way.
+``"randaugment"`` / a :class:`RandAugment`: TF ops inside the parallel decode map, from the image's stateless seed,
+compiled with XLA; each of ``num_ops`` slots runs one drawn op in a ``tf.switch_case`` (Keras' layer computes them
+all), the ops (:mod:`kaggle_utils.randaugment_ops`) the device RandAugment's on TF's primitives. ``"imgaug"``
+(:class:`ImgaugRandAugment`) or any numpy callable ``uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]``: once per batch
+through ``tf.py_function``, by default in worker processes (one per core) that also decode the JPEGs;
+``augment_workers=0`` runs it in the tf.data thread, where the GIL holds it to one core however many there are
+(bench/README.md). ``random`` and ``np.random`` are seeded per batch either way.
 """
 
+import importlib
+import sys
+import threading
+import types
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
+from ..randaugment_ops import MAX_MAGNITUDE, check_policy, op_table
 from .augment_workers import ProcessPoolAugmenter, apply_seeded, default_worker_count
-from .imgaug_compat import import_imgaug_augmenters
-from .randaugment_tf import RandAugment
 from .tfhost import tf
 from .tfrecords import RecordProblem
+
+
+# ---------- RandAugment in TF ops
+# randaugment_ops' primitives as TF ops (lambdas: TensorFlow is imported on first use)
+TF_PRIMITIVES = types.SimpleNamespace(
+    float32=lambda x: tf.cast(x, tf.float32), int32=lambda x: tf.cast(x, tf.int32),
+    uint8=lambda x: tf.cast(x, tf.uint8) if tf.is_tensor(x) else tf.constant(x, tf.uint8),
+    round_to_uint8=lambda x: tf.saturate_cast(x + 0.5, tf.uint8),  # round half up and saturate to 0..255
+    arange=lambda n, dtype="int32": tf.range(n, dtype=dtype), zeros=lambda shape: tf.zeros(shape, tf.int32),
+    meshgrid=lambda *args, indexing: tf.meshgrid(*args, indexing=indexing),
+    reshape=lambda x, shape: tf.reshape(x, shape), stack=lambda xs: tf.stack(xs),
+    concat=lambda xs, axis: tf.concat(xs, axis), pad=lambda x, widths: tf.pad(x, widths),
+    take=lambda x, index: tf.gather(x, index), take_along_rows=lambda x, index: tf.gather(x, index, batch_dims=1),
+    where=lambda c, a, b: tf.where(c, a, b), clip=lambda x, lo, hi: tf.clip_by_value(x, lo, hi),
+    maximum=lambda a, b: tf.maximum(a, b), round=lambda x: tf.round(x), abs=lambda x: tf.abs(x),
+    cos=lambda x: tf.cos(x), sin=lambda x: tf.sin(x),
+    sum=lambda x, axis, keepdims=False: tf.reduce_sum(x, axis=axis, keepdims=keepdims),
+    mean=lambda x: tf.reduce_mean(x), min=lambda x, axis: tf.reduce_min(x, axis=axis),
+    max=lambda x, axis: tf.reduce_max(x, axis=axis), cumsum=lambda x, axis: tf.cumsum(x, axis=axis),
+    histogram=lambda values, size: tf.math.unsorted_segment_sum(tf.ones_like(values), values, size),
+    last_nonzero=lambda x: x.shape[1] - 1 - tf.argmax(tf.reverse(tf.cast(x > 0, tf.int32), [1]), axis=1,
+                                                      output_type=tf.int32),
+    identity_product=lambda x: tf.matmul(x, tf.eye(x.shape[-1])),
+    left_shift=lambda a, b: tf.bitwise.left_shift(a, b), bitwise_and=lambda a, b: tf.bitwise.bitwise_and(a, b),
+)
+RANDAUGMENT_OPS = op_table(TF_PRIMITIVES)
+
+
+class RandAugment:
+    """RandAugment(n, m): ``image uint8 [H, W, 3] (static shape), seed [2] -> uint8 [H, W, 3]``; per slot one op
+    of ``ops``, a magnitude (``m``, or uniform in ``(low, high)``) on imgaug's 0..30 scale and a random sign;
+    ``flip`` first mirrors half the images, as imgaug. ``jit_compile``: XLA, faster on CPU (bench/README.md).
+    """
+
+    def __init__(self, num_ops: int = 2, magnitude: float | tuple[float, float] = 15, *,
+                 ops: Sequence[str] = tuple(RANDAUGMENT_OPS), flip: bool = True, jit_compile: bool = True):
+        self.magnitude = check_policy("RandAugment", num_ops, magnitude, ops)
+        self.num_ops, self.flip, self.ops, self.jit_compile = num_ops, flip, tuple(ops), jit_compile
+        self._compiled = None
+
+    def __repr__(self):
+        return (f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, ops={len(self.ops)}, "
+                f"flip={self.flip}, jit_compile={self.jit_compile})")
+
+    def __call__(self, image, seed):
+        if self._compiled is None:
+            self._compiled = tf.function(self._augment, jit_compile=self.jit_compile)
+        # drawn outside the compiled function: XLA's stateless RNG gives other numbers than TF's
+        draws = tf.random.stateless_uniform([3 * self.num_ops + 1], seed=seed)
+        return self._compiled(tf.convert_to_tensor(image), draws)
+
+    def _augment(self, image, draws):
+        if not image.shape.is_fully_defined() or image.shape[-1] != 3 or image.dtype != tf.uint8:
+            raise ValueError(f"RandAugment needs uint8 images of a static shape [H, W, 3], got {image.dtype} "
+                             f"{image.shape}")
+        if self.flip:
+            image = tf.cond(draws[-1] < 0.5, lambda: tf.reverse(image, [1]), lambda: image)
+        low, high = self.magnitude
+        functions = [RANDAUGMENT_OPS[name] for name in self.ops]
+
+        def apply_one_op(slot, image):  # a loop, not unrolled: the ops are traced and compiled once
+            which, sign_draw, magnitude_draw = draws[3 * slot], draws[3 * slot + 1], draws[3 * slot + 2]
+            index = tf.minimum(tf.cast(which * len(functions), tf.int32), len(functions) - 1)
+            sign = tf.where(sign_draw < 0.5, -1.0, 1.0)
+            level = sign * (low + magnitude_draw * (high - low)) / MAX_MAGNITUDE
+            image = tf.switch_case(index, [lambda fn=fn: fn(image, level) for fn in functions])
+            return slot + 1, tf.ensure_shape(image, shape)
+
+        shape = image.shape
+        _, image = tf.while_loop(lambda slot, _: slot < self.num_ops, apply_one_op, [tf.constant(0), image],
+                                 maximum_iterations=self.num_ops)
+        return image
+
+
+# ---------- imgaug
+_IMPORT_LOCK = threading.Lock()
+
+
+class _NumpyWithLegacyAliases(types.ModuleType):
+    """NumPy plus ``complex``, the alias NumPy 1.24 removed, for imgaug's own modules."""
+
+    complex = complex
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+def import_imgaug_augmenters():
+    """``imgaug.augmenters`` (``iaa``), imgaug 0.4 working on NumPy 2 without changing NumPy for anyone else:
+    ``np.sctypes`` (read at import time) exists only while imgaug's modules execute; ``np.complex`` (read at call
+    time by ``imgaug.parameters``) is given to that module alone. ImportError with the install hint where imgaug is
+    not installed (Kaggle's TPU image)."""
+    with _IMPORT_LOCK:
+        if "imgaug.augmenters" not in sys.modules:
+            added = not hasattr(np, "sctypes")
+            if added:  # the dict NumPy 1.x built, concrete types only
+                np.sctypes = {kind: [getattr(np, n) for n in names.split() if hasattr(np, n)] for kind, names in (
+                    ("int", "int8 int16 int32 int64"), ("uint", "uint8 uint16 uint32 uint64"),
+                    ("float", "float16 float32 float64 longdouble"), ("complex", "complex64 complex128 clongdouble"))}
+                np.sctypes["others"] = [bool, object, bytes, str, np.void]
+            try:
+                importlib.import_module("imgaug.augmenters")
+            except ModuleNotFoundError as err:
+                if err.name != "imgaug":
+                    raise
+                raise ImportError("the 'imgaug' augmentation needs the imgaug package (pip install imgaug==0.4.0); "
+                                  "or use augment='randaugment', the TensorFlow-native version") from err
+            finally:
+                if added:
+                    del np.sctypes
+        parameters = sys.modules["imgaug.parameters"]
+        if not isinstance(parameters.np, _NumpyWithLegacyAliases):
+            parameters.np = _NumpyWithLegacyAliases("numpy")
+        return sys.modules["imgaug.augmenters"]
 
 
 class ImgaugRandAugment:

@@ -1,26 +1,37 @@
 """Any source -> TFRecords in the competition's layout, so it runs at TFRecord speed and through the job.
 
 ``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` (images squashed to ``N`` x ``N``, as JPEGs: crops happen on read)
-and ``DIR/class_names.json`` (classes, columns, counts, and the input's :mod:`.fingerprint`). The validation split
-is stratified; the conversion is staged in ``DIR`` and swapped in whole, so a re-run never mixes old and new shards.
+and ``DIR/class_names.json`` (classes, columns, counts, and the input's fingerprint). The validation split is
+stratified; the conversion is staged in ``DIR`` and swapped in whole, so a re-run never mixes old and new shards.
+
+The fingerprint says what a conversion was made from, so that converted records are reused only for the same
+input: per source, digests of its ``files`` (path, size, mtime: a ``stat`` each) and ``content`` (ids, labels,
+class names, columns), its example count, and the settings.
+
+Multi-label data are split by iterative stratification (Sechidis, Tsoumakas and Vlahavas, ECML PKDD 2011),
+scikit-multilearn's algorithm (order 1) in numpy, seeded (CV folds use it too): each subset ``j`` wants ``p_j * n_c``
+examples of class ``c``; the class with the fewest examples left (ties at random) has each placed where that class
+is most wanted (ties: most examples wanted, then at random), lowering that subset's wants for every class of the
+example; examples with no class go where most examples are wanted.
 """
 
 import dataclasses
+import hashlib
 import inspect
 import json
 import math
 import os
 import shutil
 import tempfile
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from .fingerprint import conversion_fingerprint, fingerprint_changes
 from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
-from .stratify import iterative_stratification
-from .tfrecord_writer import atomic_output_path, encode_jpeg, serialize_example, target_of, write_shards
-from .tfrecords import SPLITS, DataError, count_from_name
+from .tfhost import tf
+from .tfrecords import (SPLITS, DataError, atomic_output_path, count_from_name, encode_jpeg, serialize_example,
+                        target_of, write_shards)
 
 INFO_FILE = "class_names.json"
 _READ_BATCH = 64
@@ -43,6 +54,47 @@ def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_
     return dataclasses.replace(source, id_column=id_column, label_column=label_column)
 
 
+# ---------- Splits
+def _most(wants: np.ndarray, then: np.ndarray, rng: np.random.Generator) -> int:
+    """The index of the largest ``wants``; ties broken by the largest ``then``, then at random."""
+    best = np.flatnonzero(wants == wants.max())
+    if len(best) > 1:
+        best = best[then[best] == then[best].max()]
+    return int(best[0] if len(best) == 1 else rng.choice(best))
+
+
+def iterative_stratification(labels: np.ndarray, proportions: Sequence[float], seed: int = 0) -> np.ndarray:
+    """The subset (0..len(proportions)-1) of each example of multi-hot ``labels`` ``[N, C]``; ``proportions``: each
+    subset's share (normalised), e.g. ``[1] * k`` for k folds; ``seed`` orders the examples and breaks every tie."""
+    present = np.asarray(labels) > 0.5
+    if present.ndim != 2:
+        raise ValueError(f"labels must be multi-hot [N, C], got shape {present.shape}")
+    shares = np.asarray(proportions, np.float64)
+    if shares.ndim != 1 or len(shares) < 2 or np.any(shares < 0) or shares.sum() <= 0:
+        raise ValueError(f"proportions must be two or more shares >= 0, not all 0; got {list(proportions)}")
+    shares = shares / shares.sum()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(present))
+    counts = present.sum(0).astype(np.int64)  # examples of each class not placed yet
+    wanted = np.outer(shares, counts)  # [subsets, C]: examples of each class each subset still wants
+    room = shares * len(present)  # examples each subset still wants
+    subset = np.full(len(present), -1, np.int64)
+    while np.any(counts > 0):
+        rarest = np.flatnonzero(counts == counts[counts > 0].min())
+        label = int(rng.choice(rarest))
+        for i in order[(subset[order] < 0) & present[order, label]]:
+            j = _most(wanted[:, label], room, rng)
+            subset[i] = j
+            wanted[j] -= present[i]
+            room[j] -= 1
+            counts -= present[i]
+    for i in order[subset[order] < 0]:  # no class at all
+        j = _most(room, room, rng)
+        subset[i] = j
+        room[j] -= 1
+    return subset
+
+
 def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) example numbers in random order: ``round(val_fraction * n_c)`` of class c to val, one at least
     kept in train; multi-hot ``labels`` by iterative stratification."""
@@ -62,6 +114,83 @@ def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> 
     return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(val))
 
 
+# ---------- Fingerprints
+def _digest(parts: Iterator[str | bytes]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else part.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")  # a separator, so that ("ab", "c") and ("a", "bc") differ
+    return h.hexdigest()
+
+
+def _file_stats(source: Source) -> Iterator[str]:
+    """Path, size and modification time of each file the source reads (a tfds split: its dataset's files)."""
+    if source.tfds is not None:
+        gfile = tf.io.gfile
+        folder = source.tfds["builder"].data_dir
+        for path in sorted(gfile.glob(os.path.join(folder, "*"))):
+            stat = gfile.stat(path)
+            yield f"{path}|{stat.length}|{stat.mtime_nsec}"
+        return
+    for path in source.paths:
+        try:
+            stat = os.stat(path)
+        except OSError as err:
+            raise DataError(f"{source.description}: cannot read {path}: {err.strerror or err}") from None
+        yield f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
+
+
+def _content(source: Source) -> Iterator[str | bytes]:
+    yield from (source.id_column, str(source.label_column), str(source.multi_label))
+    yield from source.class_names or ()
+    yield "ids"
+    yield from source.ids
+    if source.labels is not None:
+        labels = np.ascontiguousarray(source.labels)
+        yield f"labels {labels.dtype.str} {labels.shape}"
+        yield labels.tobytes()
+
+
+def source_fingerprint(source: Source) -> dict:
+    """``{"source", "examples", "files", "content"}`` of ``source`` as it is now."""
+    return {"source": source.description, "examples": source.num_examples,
+            "files": _digest(_file_stats(source)), "content": _digest(_content(source))}
+
+
+def conversion_fingerprint(train: Source, test: Source | None, **settings) -> dict:
+    """Everything a conversion of ``train`` (and ``test``) with ``settings`` (its keyword arguments) depends on."""
+    return {"train": source_fingerprint(train), "test": None if test is None else source_fingerprint(test),
+            "settings": dict(sorted(settings.items()))}
+
+
+def _source_change(role: str, old: dict | None, new: dict | None) -> str | None:
+    if old == new:
+        return None
+    if old is None or new is None:
+        return f"a {role} source was added: {new['source']}" if old is None else f"the {role} source was dropped"
+    if old["source"] != new["source"]:
+        return f"the {role} source is another one: {old['source']} -> {new['source']}"
+    if old["examples"] != new["examples"]:
+        return f"the {role} source's files changed: {old['examples']} -> {new['examples']} images"
+    if old["files"] != new["files"]:
+        return (f"the {role} source's files changed: as many images ({new['examples']}), but a file was replaced, "
+                "renamed or modified")
+    return f"the {role} source's ids, labels or class names changed"
+
+
+def fingerprint_changes(old: dict | None, new: dict) -> list[str]:
+    """Why a conversion fingerprinted ``old`` is not one of the input fingerprinted ``new`` (settings named as the
+    converter's flags); empty if it is."""
+    if not old:
+        return ["it records no fingerprint of its input (written by an older version)"]
+    changes = [_source_change(role, old.get(role), new.get(role)) for role in ("train", "test")]
+    before, after = old.get("settings", {}), new["settings"]
+    changes += [f"--{name.replace('_', '-')} changed {before.get(name)} -> {after.get(name)}"
+                for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
+    return [c for c in changes if c]
+
+
+# ---------- Conversion
 def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size: int, shards: int, quality: int,
                  skip_errors: bool) -> list[str]:
     """``indices`` of ``source``, in order, as about ``shards`` files."""

@@ -15,8 +15,7 @@ import warnings
 
 import numpy as np
 
-from .memo import records_read
-from .tfhost import tf
+from .tfhost import records_read, tf
 
 DCT_METHOD = "INTEGER_ACCURATE"  # for tf.io.decode_jpeg; the only method PIL and OpenCV also have
 NOT_CHECKED_NOTICE = (
@@ -92,25 +91,21 @@ def jpeg_problem(data: bytes) -> str:
 
 def tf_check(files=(), *, warn_only: bool = False):
     """``(filename, index, jpeg) -> problem`` for tf.data: :func:`jpeg_problem`, once per record until its file
-    changes (``files``, stamped now: the process's :mod:`.memo`); ``warn_only``: a corrupt JPEG is named in a
-    RuntimeWarning and passes (a test image: the submission needs its row)."""
+    changes (``files``, stamped now: the process's :class:`~.tfhost.RecordMemo`); ``warn_only``: a corrupt JPEG is
+    named in a RuntimeWarning and passes (a test image: the submission needs its row)."""
     passed = records_read()
     key_of = passed.key_of(files, "jpeg")
 
     def check(filename, index, jpeg):
         key = key_of(filename, index)
         problem = tf.cond(passed.known(key), lambda: tf.constant(""), lambda: passed.remember(key, tf.ensure_shape(
-            tf.numpy_function(_problem_bytes, [jpeg], tf.string, stateful=False), [])))
+            tf.numpy_function(lambda data: jpeg_problem(data).encode(), [jpeg], tf.string, stateful=False), [])))
         if not warn_only:
             return problem
         return tf.cond(tf.equal(problem, ""), lambda: problem, lambda: tf.ensure_shape(
             tf.numpy_function(_warn_and_pass, [filename, index, problem], tf.string), []))
 
     return check
-
-
-def _problem_bytes(data: bytes) -> bytes:
-    return jpeg_problem(data).encode()
 
 
 def _warn_and_pass(filename: bytes, index, problem: bytes) -> bytes:

@@ -17,11 +17,11 @@ from typing import Iterator
 
 import numpy as np
 
-from . import jpeg, memo
+from . import jpeg
 from .augment import augment_batches, per_image_ops, resolve_augment
 from .selection import record_filter
 from .sources import Source
-from .tfhost import first_success, host_cores, op_message, tf
+from .tfhost import first_success, host_cores, op_message, records_read, tf
 from .tfrecords import (UNDECODABLE, BadRecordError, DataError, RecordProblem, count_data_items, first_problem,
                         list_tfrecords, parse_record, reader_problem, record_spec, shard_files, size_problem)
 from .transforms import Resize, decode_image
@@ -179,7 +179,7 @@ def source_records(source: Source, indices: np.ndarray, *, shuffle_seed: int | N
 def decode(encoded, problem, *, name, index, size: int | None = None, check=None, trusted=False):
     """Image bytes -> ``(uint8 [H, W, 3], problem)``: bytes that do not decode, an image other than ``size`` x
     ``size`` (TFRecords) or corrupt JPEG data (``check``, :func:`~.jpeg.tf_check`) become the problem;
-    ``trusted`` (a bool tensor): bytes that decoded before (:mod:`.memo`), decoded without guards."""
+    ``trusted`` (a bool tensor): bytes that decoded before (:class:`~.tfhost.RecordMemo`), decoded without guards."""
 
     def plain():
         image = decode_image(encoded)
@@ -270,7 +270,7 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
     multi_label_classes = multi_label_classes if labeled else None
 
     # a test split is read without the memo: its corrupt JPEGs pass with a warning, given at every read
-    passed = memo.records_read()
+    passed = records_read()
     key_of = passed.key_of(files, f"{labeled}|{multi_label_classes}|{image_size}|{in_workers}|{check is not None}") \
         if labeled else None
 
@@ -354,7 +354,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     augment_image = per_image_ops(crop, plan.per_image)
     ids, labels = tf.constant(source.ids), None if source.labels is None else tf.constant(source.labels)
 
-    passed = memo.records_read()
+    passed = records_read()
     key_of = passed.key_of(source.paths or (), f"source|{check is not None}") if source.labeled else None
     # a test folder is read without the memo, as a test split
 

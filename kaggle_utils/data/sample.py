@@ -13,9 +13,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .tfrecord_writer import atomic_output_path, write_split
 from .tfhost import tf
-from .tfrecords import SPLITS, TFRECORD_SUFFIXES
+from .tfrecords import SPLITS, TFRECORD_SUFFIXES, atomic_output_path, write_split
 
 SYNTHETIC_NUM_CLASSES = 104
 MANIFEST = "sample_manifest.json"

@@ -1,4 +1,6 @@
-"""TensorFlow for the input pipeline: imported on first use, kept off the accelerators, on this process's cores."""
+"""TensorFlow for the input pipeline: imported on first use, kept off the accelerators, on this process's cores;
+a try/except inside tf.data (:func:`first_success`), and the records read without a problem (:class:`RecordMemo`).
+"""
 
 import os
 import re
@@ -62,3 +64,59 @@ def first_success(fn, value, fallback):
     ``ignore_errors`` on a one-element dataset with the fallback behind it."""
     tried = tf.data.Dataset.from_tensors(value).map(lambda v: (fn(v), True)).ignore_errors()
     return tried.concatenate(tf.data.Dataset.from_tensors((fallback, False))).take(1).get_single_element()
+
+
+# ---------- Records read in full without a problem
+_memo = None
+_memo_lock = threading.Lock()
+
+
+class RecordMemo:
+    """Keys of records this process has read in full without a problem (a TensorFlow hash table), whose next read
+    skips its guards.
+
+    Naming a bad record costs time on every read of every good one: ``first_success`` (a try/except inside tf.data)
+    runs a one-element tf.data pipeline around the parse and around the decode, and the JPEG check decodes the data a
+    second time. A record that once passed them all is read again with plain ops: a pipeline asks
+    :meth:`known` and gives the answer to the parse and the decode as ``trusted``, a ``tf.cond`` between
+    their plain and guarded ops (the same ops on the same bytes, so the same pixels). Keys are
+    ``<reading>|<file>|<size, mtime, inode>|<index>``: ``reading`` says what was read from the record (its labels, its
+    size; ``jpeg``: the JPEG check's), and a file rewritten in place gets new keys, so it is read in full again. The
+    table is a TensorFlow op (no GIL), shared by the process's pipelines and the JPEG check.
+    """
+
+    def __init__(self):
+        self._passed = tf.lookup.experimental.MutableHashTable(tf.string, tf.bool, default_value=False)
+
+    def key_of(self, files=(), reading: str = ""):
+        """``(filename, index) -> key`` for the records of ``files``, whose stamps are taken now."""
+        stamps = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+            tf.constant([os.fsencode(f) for f in files] or [b""]), tf.constant([_stamp(f) for f in files] or [""])),
+            "")
+        return lambda filename, index: tf.strings.join(
+            [reading, filename, stamps.lookup(filename), tf.strings.as_string(index)], "|")[None]
+
+    def known(self, key):
+        return self._passed.lookup(key)[0]
+
+    def remember(self, key, problem):
+        """``problem``, once the record's key is marked as read without a problem where it is ``""`` (an insert, not
+        a ``tf.cond``: as cheap for a record known already, which is marked again)."""
+        with tf.control_dependencies([self._passed.insert(key, tf.equal(problem, "")[None])]):
+            return tf.identity(problem)
+
+
+def records_read() -> RecordMemo:
+    """The process's :class:`RecordMemo` (created on first use)."""
+    global _memo
+    with _memo_lock:
+        _memo = _memo or RecordMemo()
+    return _memo
+
+
+def _stamp(filename: str) -> str:
+    try:
+        info = os.stat(filename)
+    except OSError:
+        return ""
+    return f"{info.st_size}:{info.st_mtime_ns}:{info.st_ino}"

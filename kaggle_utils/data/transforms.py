@@ -50,10 +50,6 @@ def resize_image(image, height, width, interpolation: str = "bilinear"):
     return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
 
 
-def _square(image, size: int):
-    return tf.ensure_shape(image, [size, size, 3])
-
-
 @dataclass(frozen=True)
 class Resize:
     """Squash the whole image to ``size`` x ``size`` (the aspect ratio is not kept; nothing is cut)."""
@@ -64,7 +60,7 @@ class Resize:
         _check_size_and_interpolation(self)
 
     def __call__(self, image, seed=None):
-        return _square(resize_image(image, self.size, self.size, self.interpolation), self.size)
+        return tf.ensure_shape(resize_image(image, self.size, self.size, self.interpolation), [self.size, self.size, 3])
 
 
 @dataclass(frozen=True)
@@ -90,7 +86,7 @@ class CenterCrop:
         resized = resize_image(image, new_h, new_w, self.interpolation)
         top = tf.cast(tf.round(tf.cast(new_h - self.size, tf.float64) / 2), tf.int32)
         left = tf.cast(tf.round(tf.cast(new_w - self.size, tf.float64) / 2), tf.int32)
-        return _square(resized[top:top + self.size, left:left + self.size], self.size)
+        return tf.ensure_shape(resized[top:top + self.size, left:left + self.size], [self.size, self.size, 3])
 
 
 @dataclass(frozen=True)
@@ -142,4 +138,4 @@ class RandomResizedCrop:
         top, left, box_h, box_w = self.box(shape[0], shape[1], box_seed)
         crop = resize_image(image[top:top + box_h, left:left + box_w], self.size, self.size, self.interpolation)
         flip = tf.random.stateless_uniform([], flip_seed) < self.hflip
-        return _square(tf.cond(flip, lambda: tf.reverse(crop, [1]), lambda: crop), self.size)
+        return tf.ensure_shape(tf.cond(flip, lambda: tf.reverse(crop, [1]), lambda: crop), [self.size, self.size, 3])

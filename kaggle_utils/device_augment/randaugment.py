@@ -1,4 +1,5 @@
-"""RandAugment on the accelerator: the TF-native :class:`kaggle_utils.data.RandAugment`'s policy from a JAX key.
+"""RandAugment on the accelerator: the TF-native :class:`kaggle_utils.data.RandAugment`'s policy from a JAX key,
+its ops (:mod:`kaggle_utils.randaugment_ops`) on JAX's primitives, equal to the TF ones.
 
 Under ``vmap`` a ``lax.switch`` with a per-image index computes every branch, so the five geometric ops
 share one branch (one warp per slot, not five); ``sequential=True`` (``lax.map``: each image runs only its
@@ -6,16 +7,36 @@ branch) is worth it on a CPU, rarely on an accelerator.
 """
 import dataclasses
 import functools
-import numbers
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .ops import RANDAUGMENT_OPS, WARP_MATRICES, warp
+from .. import randaugment_ops
+from ..randaugment_ops import MAX_MAGNITUDE, check_policy
 
-MAX_MAGNITUDE = 30  # imgaug's RandAugment scale, as the TF version
+# randaugment_ops' primitives in JAX, rounding as the TF ones
+JAX_PRIMITIVES = SimpleNamespace(
+    float32=lambda x: jnp.asarray(x, jnp.float32), int32=lambda x: jnp.asarray(x, jnp.int32),
+    uint8=lambda x: jnp.asarray(x).astype(jnp.uint8),
+    round_to_uint8=lambda x: jnp.clip(x + 0.5, 0.0, 255.0).astype(jnp.uint8),  # TF's saturate_cast(x + 0.5)
+    arange=lambda n, dtype="int32": jnp.arange(n, dtype=dtype), zeros=lambda shape: jnp.zeros(shape, jnp.int32),
+    meshgrid=jnp.meshgrid, reshape=jnp.reshape, stack=jnp.stack, concat=jnp.concatenate, pad=jnp.pad,
+    take=lambda x, index: jnp.take(x, index, axis=0, mode="clip"),
+    take_along_rows=lambda x, index: jnp.take_along_axis(x, index[:, None], axis=1)[:, 0],
+    where=jnp.where, clip=jnp.clip, maximum=jnp.maximum, round=jnp.round, abs=jnp.abs, cos=jnp.cos, sin=jnp.sin,
+    sum=jnp.sum, mean=jnp.mean, cumsum=jnp.cumsum,
+    min=lambda x, axis: jnp.min(x, axis=tuple(axis)), max=lambda x, axis: jnp.max(x, axis=tuple(axis)),
+    histogram=lambda values, size: jnp.zeros(size, jnp.int32).at[values].add(1, mode="drop"),
+    last_nonzero=lambda x: x.shape[1] - 1 - jnp.argmax(x[:, ::-1] > 0, axis=1),
+    identity_product=lambda x: jnp.dot(x, jnp.eye(x.shape[-1], dtype=jnp.float32), precision=lax.Precision.HIGHEST),
+    left_shift=lambda a, b: jnp.left_shift(jnp.int32(a), b), bitwise_and=jnp.bitwise_and,
+)
+RANDAUGMENT_OPS = randaugment_ops.op_table(JAX_PRIMITIVES)
+WARP_MATRICES = randaugment_ops.warp_matrices(JAX_PRIMITIVES)
+warp = functools.partial(randaugment_ops.warp, JAX_PRIMITIVES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,19 +50,8 @@ class RandAugmentConfig:
     sequential: bool = False  # lax.map over the batch instead of vmap (see the module docstring)
 
     def __post_init__(self):
-        magnitude = self.magnitude
-        low, high = (magnitude, magnitude) if isinstance(magnitude, numbers.Real) else tuple(magnitude)
-        if not 0 <= low <= high <= MAX_MAGNITUDE:
-            raise ValueError(f"RandAugmentConfig.magnitude must be in [0, {MAX_MAGNITUDE}] (imgaug's scale) "
-                             f"with low <= high, got {magnitude}")
-        object.__setattr__(self, "magnitude", (float(low), float(high)))
+        object.__setattr__(self, "magnitude", check_policy("RandAugmentConfig", self.num_ops, self.magnitude, self.ops))
         object.__setattr__(self, "ops", tuple(self.ops))
-        unknown = [name for name in self.ops if name not in RANDAUGMENT_OPS]
-        if unknown or not self.ops:
-            raise ValueError(f"RandAugmentConfig.ops: unknown ops {unknown} or none given; choose from "
-                             f"{list(RANDAUGMENT_OPS)}")
-        if self.num_ops < 0:
-            raise ValueError(f"RandAugmentConfig.num_ops must be >= 0, got {self.num_ops}")
 
 
 def _branches(ops: Sequence[str]) -> tuple[list[Callable], jax.Array]:

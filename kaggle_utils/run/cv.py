@@ -28,9 +28,8 @@ import numpy as np
 
 from .. import checkpoint
 from ..config import ConfigError, TrainConfig
-from ..data.convert import source_from_spec
+from ..data.convert import iterative_stratification, source_from_spec
 from ..data.selection import scan_records
-from ..data.stratify import iterative_stratification
 from ..report import read_metrics
 from ..train import Hook, Task
 from .build import eval_dataset, make_task

@@ -96,7 +96,7 @@ def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
 
 def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = False) -> Path:
     """``--source`` as competition-layout TFRecords in ``OUT/data``, converted again only when its fingerprint
-    (:mod:`kaggle_utils.data.fingerprint`) changed; with ``stage``, into ``OUT/.data.staging`` until committed."""
+    (:mod:`kaggle_utils.data.convert`) changed; with ``stage``, into ``OUT/.data.staging`` until committed."""
     data = config.data
     if config.model.image_size is None:
         raise ConfigError("--source needs --image-size: the size the images are stored at (e.g. 256 to train at 224)")
