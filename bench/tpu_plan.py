@@ -1,11 +1,11 @@
 """The flagship configurations on Kaggle's TPU v5e-8, measured by the TPU compiler on any machine (libtpu installed).
 
-For each model at its size, without and then with ``--remat blocks``: the run's jit train step
-compiled for the v5e:2x4 mesh in bf16 (the plan command's config: a head padded to 128, 104
-classes) at 16, then 8 and 32 images per chip (bytes per chip, fits or not, train GFLOPs per image,
-compile seconds), each for every model (smallest first) before the next, then the largest per-chip
-batch ``--batch-per-device auto`` would choose there (the same search, against the chip's 15.75 GiB
-less the 10% margin), then the eval step's GFLOPs per image.
+For each model at its size, without and with ``--remat blocks``: the run's jit train step compiled
+for the v5e:2x4 mesh in bf16 (the plan command's config: a head padded to 128, 104 classes) at 16,
+8 and 32 images per chip (bytes per chip, fits or not, train GFLOPs per image, compile seconds), the
+eval step's GFLOPs per image, and the largest per-chip batch ``--batch-per-device auto`` would choose
+there (the same search, against the chip's 15.75 GiB less the 10% margin); the cheapest answers
+first (see ``main``).
 
 Compiles are slow on a small machine (minutes each): every result goes to ``--out`` (JSON) as soon
 as it is measured and a rerun skips what is there, so the bench can be killed and resumed::
@@ -127,11 +127,13 @@ def main(argv=None) -> int:
         print(f"tpu_plan: {err}", file=sys.stderr)
         return 2
     configs = [(m, s) for m, s in CONFIGS if not args.models or m in args.models]
-    for remat in ("none", "blocks"):  # what decides most first: 16 per chip everywhere, then 8 and 32, then the search
-        for work in ({"batches": (16,)}, {"batches": (8, 32)}, {"batches": (), "search": True},
-                     {"batches": (), "evaluate": remat == "none"}):
-            for model, size in configs:
-                measure(model, size, remat, results, args.out, devices, **work)
+    # the cheapest answers first, every model (smallest first) before the next: 16 per chip and the eval step,
+    # --remat blocks at 16, then 8 and 32 both ways, then the searches (several compiles each)
+    for remat, work in (("none", {"batches": (16,), "evaluate": True}), ("blocks", {"batches": (16,)}),
+                        ("none", {"batches": (8, 32)}), ("blocks", {"batches": (8, 32)}),
+                        ("none", {"batches": (), "search": True}), ("blocks", {"batches": (), "search": True})):
+        for model, size in configs:
+            measure(model, size, remat, results, args.out, devices, **work)
     print(table(results))
     return 0
 
