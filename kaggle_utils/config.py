@@ -9,7 +9,10 @@ before a run writes anything. ``--resume`` compares ``config.json`` field by fie
 
 Size: one concern, the config. Half of it is the fields of its five sections, each with its help text and valid
 values (the flags' ``--help``), the other half the machinery that turns those fields into flags, checks and JSON;
-the two change together (a field's metadata is what the machinery reads), so they stay in one module.
+the two change together (a field's metadata is what the machinery reads), so they stay in one module. The
+default batch rule (:meth:`DataConfig.global_batch`) sits beside the batch fields it reads, so the notebook's
+defaults and the job's have one home; splitting the sections from the machinery would leave each half unreadable
+without the other.
 """
 import argparse
 import dataclasses
