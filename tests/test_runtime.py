@@ -107,13 +107,13 @@ def test_import_and_cpu_setup_load_neither_tensorflow_nor_torch(tmp_path):
 
 @pytest.mark.parametrize("raw, expected", [("1", True), ("true", True), ("ON", True), ("0", False), ("no", False),
                                            ("", True)])  # unset: a CPU without the competition data is smoke
-def test_smoke_override_reads_the_environment(tmp_path, monkeypatch, raw, expected):
+def test_the_smoke_variable_forces_smoke_mode_either_way(tmp_path, monkeypatch, raw, expected):
     (tmp_path / "input").mkdir()
     monkeypatch.setenv(runtime.SMOKE_ENV, raw)
     assert runtime.detect(root=tmp_path).smoke is expected
 
 
-def test_smoke_override_rejects_other_values(tmp_path, monkeypatch):
+def test_the_smoke_variable_refuses_other_values(tmp_path, monkeypatch):
     monkeypatch.setenv(runtime.SMOKE_ENV, "maybe")
     with pytest.raises(runtime.RuntimeSetupError, match=f"{runtime.SMOKE_ENV}='maybe'"):
         runtime.detect(root=tmp_path)
