@@ -23,9 +23,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
-           "add_config_flags", "config_from_args", "config_from_file", "differences", "flag_of", "int_in", "overrides"]
-
 
 class ConfigError(ValueError):
     """A config value that cannot run; the message names the flag."""
@@ -58,8 +55,7 @@ def learning_rate(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate: give a number > 0 (per 256 images, "
-                                         "e.g. 0.01) or auto") from None
+        value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text} is not a learning rate: it must be a finite number > 0 (per 256 "
                                          "images, e.g. 0.01) or auto")
@@ -351,6 +347,22 @@ class LoopConfig(_Section):
                               f"number of epochs; give at least {n} epochs, or fewer stages")
 
 
+def _from_dict(cls, data: dict, where: str = "config"):
+    """A config (or section) from its :meth:`TrainConfig.to_dict` form; unknown keys are an error naming them."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"{where} has fields this version of {cls.__name__} does not know: {', '.join(unknown)}")
+    values = {}
+    for name, value in data.items():
+        if dataclasses.is_dataclass(hints[name]):
+            value = _from_dict(hints[name], value, f"{where}.{name}")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = ModelConfig()
@@ -368,7 +380,7 @@ class TrainConfig:
         return self
 
     def replace(self, **changes) -> "TrainConfig":
-        """A copy with fields changed by flag name: ``config.replace(lr=1e-3, epochs=3)``."""
+        """A copy with fields changed by flag name: ``config.replace(lr=1e-3, epochs=3)``; lists become tuples."""
         fields = _flag_table(type(self))
         sections: dict[str, dict] = {}
         top: dict[str, Any] = {}
@@ -377,7 +389,8 @@ class TrainConfig:
             if key not in fields:
                 raise ConfigError(f"{type(self).__name__} has no field {name!r}; fields: {', '.join(sorted(fields))}")
             section, field = fields[key]
-            (sections.setdefault(section, {}) if section else top)[field.name] = value
+            (sections.setdefault(section, {}) if section else top)[field.name] = \
+                tuple(value) if isinstance(value, list) else value
         for section, values in sections.items():
             top[section] = dataclasses.replace(getattr(self, section), **values)
         return dataclasses.replace(self, **top)
@@ -389,13 +402,7 @@ class TrainConfig:
         """``{flag name: value}`` of every field: the config as W&B and TensorBoard's HParams list it."""
         return {name: _value(self, section, field) for name, (section, field) in _flag_table(type(self)).items()}
 
-    @classmethod
-    def from_dict(cls, data: dict, *, where: str = "config") -> "TrainConfig":
-        """Rebuilds a config from :meth:`to_dict` output; unknown keys are an error naming them."""
-        return _from_dict(cls, data, where)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+    from_dict = classmethod(_from_dict)
 
 
 # --------------------------------------------------------------------------- fields and flags
@@ -457,8 +464,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -
 def config_from_args(args: argparse.Namespace, cls: type = TrainConfig, *, base: TrainConfig | None = None
                      ) -> TrainConfig:
     """The config the command line asks for: ``base`` (default: the defaults), changed by the flags that were given."""
-    given = {name: getattr(args, name) for name in _flag_table(cls) if hasattr(args, name)}
-    return (base or cls()).replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+    return (base or cls()).replace(**{name: getattr(args, name) for name in _flag_table(cls) if hasattr(args, name)})
 
 
 def config_from_file(path, cls: type = TrainConfig) -> TrainConfig:
@@ -469,9 +475,8 @@ def config_from_file(path, cls: type = TrainConfig) -> TrainConfig:
     except (OSError, ValueError) as err:
         raise ConfigError(f"--config {path}: cannot read it as JSON ({err})") from None
     if isinstance(data, dict) and isinstance(data.get("given"), dict):
-        given = {k: tuple(v) if isinstance(v, list) else v for k, v in data["given"].items()}
         try:
-            return cls().replace(**given)
+            return cls().replace(**data["given"])
         except ConfigError as err:
             raise ConfigError(f"--config {path}: {err}") from None
     return _from_dict(cls, data, f"--config {path}")
@@ -490,18 +495,3 @@ def differences(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any,
 
 def resume_may_change(name: str, cls: type = TrainConfig) -> bool:
     return bool(_flag_table(cls)[name][1].metadata.get("resume_may_change"))
-
-
-def _from_dict(cls, data: dict, where: str):
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a JSON object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise ConfigError(f"{where} has fields this version of {cls.__name__} does not know: {', '.join(unknown)}")
-    values = {}
-    for name, value in data.items():
-        if dataclasses.is_dataclass(hints[name]):
-            value = _from_dict(hints[name], value, f"{where}.{name}")
-        values[name] = tuple(value) if isinstance(value, list) else value
-    return cls(**values)
