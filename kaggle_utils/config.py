@@ -400,7 +400,8 @@ class TrainConfig:
 
     def flat(self) -> dict[str, Any]:
         """``{flag name: value}`` of every field: the config as W&B and TensorBoard's HParams list it."""
-        return {name: _value(self, section, field) for name, (section, field) in _flag_table(type(self)).items()}
+        return {name: getattr(getattr(self, section) if section else self, field.name)
+                for name, (section, field) in _flag_table(type(self)).items()}
 
     from_dict = classmethod(_from_dict)
 
@@ -431,13 +432,9 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _value(config, section: str | None, field: dataclasses.Field):
-    return getattr(getattr(config, section) if section else config, field.name)
-
-
 def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> None:
     """One flag per leaf field of ``cls``, in argument groups by section."""
-    defaults, groups = cls(), {}
+    defaults, groups = cls().flat(), {}
     for section, kind, field in _leaves(cls):
         if section not in groups:
             groups[section] = parser.add_argument_group(f"{section or 'run'} ({kind.__name__})")
@@ -445,10 +442,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -
         union = typing.get_origin(annotation) in (typing.Union, types.UnionType)  # int | None: int, optional
         optional = union and type(None) in typing.get_args(annotation)
         scalar = next(a for a in typing.get_args(annotation) if a is not type(None)) if union else annotation
-        help_text = field.metadata.get("help", "")
-        help_text += "" if "default" in help_text else f" (default: {_value(defaults, section, field)!r})"
-        options: dict[str, Any] = {"dest": field.metadata.get("flag", field.name), "default": argparse.SUPPRESS,
-                                   "help": help_text.replace("%", "%%")}
+        name, help_text = field.metadata.get("flag", field.name), field.metadata.get("help", "")
+        help_text += "" if "default" in help_text else f" (default: {defaults[name]!r})"
+        options: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
         if scalar is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(scalar) is tuple:
@@ -458,7 +454,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -
             options.update(type=_or_word(parse, "none", None) if optional else parse,
                            choices=field.metadata.get("choices"))
             options.update({k: field.metadata[k] for k in ("nargs", "const") if k in field.metadata})
-        groups[section].add_argument(flag_of(options["dest"]), **options)
+        groups[section].add_argument(flag_of(name), **options)
 
 
 def config_from_args(args: argparse.Namespace, cls: type = TrainConfig, *, base: TrainConfig | None = None
@@ -489,8 +485,8 @@ def overrides(config: TrainConfig) -> dict[str, Any]:
 
 def differences(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
     """``(flag name, before, after)`` for every field that differs, in declaration order."""
-    pairs = [(name, _value(before, *where), _value(after, *where)) for name, where in _flag_table(type(after)).items()]
-    return [(name, old, new) for name, old, new in pairs if old != new]
+    old, new = before.flat(), after.flat()
+    return [(name, old[name], value) for name, value in new.items() if old[name] != value]
 
 
 def resume_may_change(name: str, cls: type = TrainConfig) -> bool:
