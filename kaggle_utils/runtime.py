@@ -97,8 +97,7 @@ def find_competition_data(image_size: int, root: str | os.PathLike | None = None
     size there), or None; searches ``$KAGGLE_UTILS_DATA`` when set (then it must be there), else ``root/input``."""
     requested = os.environ.get(DATA_ENV)
     search = [requested] if requested else [str(kaggle_root(root) / "input")]
-    sizes = [image_size] if image_size not in FLOWER_SIZES else []
-    for size in sizes + _nearest_first(image_size):
+    for size in dict.fromkeys([image_size, *_nearest_first(image_size)]):  # the size asked for, else the nearest
         splits = locate_competition_data(size, roots=search)
         if splits is not None:
             return Path(splits["train"]).parent, size
@@ -250,11 +249,10 @@ def detect(*, model: str | None = None, image_size: int | None = None, smoke: bo
     config = defaults(platform, smoke=is_smoke)
     if is_smoke and found is not None and image_size is None:  # smoke on real data: its smallest images
         found = find_competition_data(min(FLOWER_SIZES), root)
-    config = config.replace(model=model or config.model.name,
-                            image_size=found[1] if found is not None else (image_size or config.model.image_size))
-    weights = find_weights(config.model.name, root)
-    config = config.replace(data_dir=str(found[0]) if found is not None else None,
-                            weights=str(weights[0]) if weights else None)
+    weights = find_weights(model or config.model.name, root)
+    config = config.replace(model=model or config.model.name, weights=str(weights[0]) if weights else None,
+                            image_size=found[1] if found is not None else (image_size or config.model.image_size),
+                            data_dir=str(found[0]) if found is not None else None)
     kit = Path(__file__).resolve().parent.parent
     on_kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ or (root / "input").is_dir()
     return Runtime(
