@@ -220,14 +220,6 @@ _OS_FIXES = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EACCE
              errno.EPERM: "make it writable", errno.EROFS: "choose a writable place"}
 
 
-def _os_error_line(err: OSError, args) -> str:
-    """One line for a failed read or write: the file, the system's words, what is kept, what to do."""
-    name = errno.errorcode.get(err.errno, "")
-    where = f"{err.filename}: " if err.filename else ""
-    code = f" [{name}]" if name else ""
-    return f"{where}{err.strerror or err}{code}; {_what_is_kept(args, _OS_FIXES.get(err.errno))}"
-
-
 # the commands that run the config: (name, command, its own flags, help, --out, --resume and --overwrite's help)
 _RUN_COMMANDS = (
     ("train", train_command, lambda parser: None, "train, evaluate, keep the best checkpoint, predict the test split",
@@ -251,13 +243,15 @@ def main(argv=None) -> int:
     except DataError as err:
         hint = ("(--skip-errors skips unreadable records, counts them and names them in the log)\n"
                 if err.skippable and args.command == "train" else "")
-        parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n{hint}")
+        parser.exit(2, f"{prefix}: error: {err}\n{hint}")
     except (ConfigError, checkpoint.CheckpointError, WriterError, MetricError) as err:
         parser.exit(2, f"{prefix}: error: {err}\n")
     except TrainingDiverged as err:
         parser.exit(3, f"{prefix}: {err}\n")
     except OSError as err:  # a full disk, a folder made read-only, a vanished mount: not a bug of the kit
-        parser.exit(2, f"{prefix}: error: {_os_error_line(err, args)}\n")
+        where, code = f"{err.filename}: " if err.filename else "", errno.errorcode.get(err.errno)
+        parser.exit(2, f"{prefix}: error: {where}{err.strerror or err}{f' [{code}]' if code else ''}; "
+                       f"{_what_is_kept(args, _OS_FIXES.get(err.errno))}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{prefix}: interrupted; {_what_is_kept(args)}\n")
     return 0
