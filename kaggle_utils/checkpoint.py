@@ -24,10 +24,6 @@ from flax import serialization
 
 from .variable_trees import flatten, listing
 
-__all__ = ["BackgroundWrites", "CheckpointError", "atomic_write_bytes", "atomic_write_csv",
-           "atomic_write_text", "check_digest", "check_format", "check_tree", "load", "manifest_path", "pid_alive",
-           "remove_stale_temp_files", "save"]
-
 _HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 # .<name>.<pid>.<host tag>.<8 random hex digits>.tmp
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})\.[a-z0-9_]{8}\.tmp$")
@@ -125,16 +121,6 @@ def save(path: str | os.PathLike, tree: Any, *, manifest: dict | None = None) ->
     return digest
 
 
-def _check_head(path: Path, data: bytes) -> None:
-    if not data:
-        raise CheckpointError(f"checkpoint {path} is empty")
-    foreign = _torch_format(data)
-    if foreign:
-        raise CheckpointError(
-            f"checkpoint {path} is a PyTorch {foreign}, not a Flax msgpack checkpoint: convert it with "
-            f"`python -m weights_port MODEL --checkpoint {path} --out {path.stem}.msgpack`")
-
-
 def check_format(path: str | os.PathLike) -> None:
     """Raises :class:`CheckpointError` for a missing, empty or PyTorch file from its first bytes, before any work."""
     path = Path(path)
@@ -143,30 +129,31 @@ def check_format(path: str | os.PathLike) -> None:
     with open(path, "rb") as f:
         head = f.read(8)
         size = int.from_bytes(head, "little") if len(head) == 8 else 0
-        head += f.read(min(size, 1 << 20) + 1 if head[:1] != b"\x80" else 8)
-    _check_head(path, head)
+        head += f.read(min(size, 1 << 20) + 1 if head[:1] != b"\x80" else 8)  # a safetensors header, up to 1 MiB
+    if not head:
+        raise CheckpointError(f"checkpoint {path} is empty")
+    foreign = _torch_format(head)
+    if foreign:
+        raise CheckpointError(
+            f"checkpoint {path} is a PyTorch {foreign}, not a Flax msgpack checkpoint: convert it with "
+            f"`python -m weights_port MODEL --checkpoint {path} --out {path.stem}.msgpack`")
 
 
-def _digest_problem(path: Path, data: bytes | None = None) -> str | None:
-    """Why ``path`` is not the file its manifest describes (another sha256), or None (it is, or no digest recorded)."""
+def check_digest(path: str | os.PathLike, data: bytes | None = None) -> None:
+    """Raises :class:`CheckpointError` when ``path``'s sha256 (of ``data``: its bytes, already read) is not the one
+    its manifest records; a file without a recorded digest passes."""
+    path = Path(path)
     try:
         recorded = json.loads(manifest_path(path).read_text()).get("sha256")
     except (OSError, ValueError, AttributeError):
-        return None
+        recorded = None
     if not isinstance(recorded, str):
-        return None
+        return
     actual = hashlib.sha256(path.read_bytes() if data is None else data).hexdigest()
-    if actual == recorded:
-        return None
-    return (f"checkpoint {path} differs from its manifest {manifest_path(path).name} (sha256 {actual[:12]}... vs "
+    if actual != recorded:
+        raise CheckpointError(
+            f"checkpoint {path} differs from its manifest {manifest_path(path).name} (sha256 {actual[:12]}... vs "
             f"{recorded[:12]}...): it was changed or truncated after it was written")
-
-
-def check_digest(path: str | os.PathLike) -> None:
-    """Raises :class:`CheckpointError` when ``path``'s sha256 is not the one its manifest records."""
-    problem = _digest_problem(Path(path))
-    if problem:
-        raise CheckpointError(problem)
 
 
 def _torch_format(data: bytes) -> str | None:
@@ -201,13 +188,12 @@ def load(path: str | os.PathLike, target: Any = None) -> Any:
     """A checkpoint of :func:`save` as a nested dict of numpy arrays, or with ``target`` (arrays or
     ``jax.ShapeDtypeStruct``) every key and shape checked and the values in ``target``'s structure and dtypes."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+    check_format(path)
     data = path.read_bytes()
-    _check_head(path, data)
-    problem = _digest_problem(path, data)
-    if problem:  # it may still load (an edited manifest), so say it and go on; --weights refuses (check_digest)
-        warnings.warn(problem, RuntimeWarning, stacklevel=2)
+    try:
+        check_digest(path, data)
+    except CheckpointError as problem:  # it may still load (an edited manifest): say it and go on; --weights refuses
+        warnings.warn(str(problem), RuntimeWarning, stacklevel=2)
     try:
         state = serialization.msgpack_restore(data)
     except Exception as e:  # msgpack raises several unrelated types for damaged input

@@ -23,9 +23,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "DataConfig", "LoopConfig", "ModelConfig", "OptimConfig", "TaskConfig", "TrainConfig",
-           "add_config_flags", "config_from_args", "config_from_file", "differences", "flag_of", "int_in", "overrides"]
-
 
 class ConfigError(ValueError):
     """A config value that cannot run; the message names the flag."""
@@ -58,8 +55,7 @@ def learning_rate(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a learning rate: give a number > 0 (per 256 images, "
-                                         "e.g. 0.01) or auto") from None
+        value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text} is not a learning rate: it must be a finite number > 0 (per 256 "
                                          "images, e.g. 0.01) or auto")
@@ -351,6 +347,22 @@ class LoopConfig(_Section):
                               f"number of epochs; give at least {n} epochs, or fewer stages")
 
 
+def _from_dict(cls, data: dict, where: str = "config"):
+    """A config (or section) from its :meth:`TrainConfig.to_dict` form; unknown keys are an error naming them."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"{where} has fields this version of {cls.__name__} does not know: {', '.join(unknown)}")
+    values = {}
+    for name, value in data.items():
+        if dataclasses.is_dataclass(hints[name]):
+            value = _from_dict(hints[name], value, f"{where}.{name}")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = ModelConfig()
@@ -368,7 +380,7 @@ class TrainConfig:
         return self
 
     def replace(self, **changes) -> "TrainConfig":
-        """A copy with fields changed by flag name: ``config.replace(lr=1e-3, epochs=3)``."""
+        """A copy with fields changed by flag name: ``config.replace(lr=1e-3, epochs=3)``; lists become tuples."""
         fields = _flag_table(type(self))
         sections: dict[str, dict] = {}
         top: dict[str, Any] = {}
@@ -377,7 +389,8 @@ class TrainConfig:
             if key not in fields:
                 raise ConfigError(f"{type(self).__name__} has no field {name!r}; fields: {', '.join(sorted(fields))}")
             section, field = fields[key]
-            (sections.setdefault(section, {}) if section else top)[field.name] = value
+            (sections.setdefault(section, {}) if section else top)[field.name] = \
+                tuple(value) if isinstance(value, list) else value
         for section, values in sections.items():
             top[section] = dataclasses.replace(getattr(self, section), **values)
         return dataclasses.replace(self, **top)
@@ -387,15 +400,10 @@ class TrainConfig:
 
     def flat(self) -> dict[str, Any]:
         """``{flag name: value}`` of every field: the config as W&B and TensorBoard's HParams list it."""
-        return {name: _value(self, section, field) for name, (section, field) in _flag_table(type(self)).items()}
+        return {name: getattr(getattr(self, section) if section else self, field.name)
+                for name, (section, field) in _flag_table(type(self)).items()}
 
-    @classmethod
-    def from_dict(cls, data: dict, *, where: str = "config") -> "TrainConfig":
-        """Rebuilds a config from :meth:`to_dict` output; unknown keys are an error naming them."""
-        return _from_dict(cls, data, where)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+    from_dict = classmethod(_from_dict)
 
 
 # --------------------------------------------------------------------------- fields and flags
@@ -424,13 +432,9 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _value(config, section: str | None, field: dataclasses.Field):
-    return getattr(getattr(config, section) if section else config, field.name)
-
-
 def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> None:
     """One flag per leaf field of ``cls``, in argument groups by section."""
-    defaults, groups = cls(), {}
+    defaults, groups = cls().flat(), {}
     for section, kind, field in _leaves(cls):
         if section not in groups:
             groups[section] = parser.add_argument_group(f"{section or 'run'} ({kind.__name__})")
@@ -438,10 +442,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -
         union = typing.get_origin(annotation) in (typing.Union, types.UnionType)  # int | None: int, optional
         optional = union and type(None) in typing.get_args(annotation)
         scalar = next(a for a in typing.get_args(annotation) if a is not type(None)) if union else annotation
-        help_text = field.metadata.get("help", "")
-        help_text += "" if "default" in help_text else f" (default: {_value(defaults, section, field)!r})"
-        options: dict[str, Any] = {"dest": field.metadata.get("flag", field.name), "default": argparse.SUPPRESS,
-                                   "help": help_text.replace("%", "%%")}
+        name, help_text = field.metadata.get("flag", field.name), field.metadata.get("help", "")
+        help_text += "" if "default" in help_text else f" (default: {defaults[name]!r})"
+        options: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
         if scalar is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(scalar) is tuple:
@@ -451,14 +454,13 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -
             options.update(type=_or_word(parse, "none", None) if optional else parse,
                            choices=field.metadata.get("choices"))
             options.update({k: field.metadata[k] for k in ("nargs", "const") if k in field.metadata})
-        groups[section].add_argument(flag_of(options["dest"]), **options)
+        groups[section].add_argument(flag_of(name), **options)
 
 
 def config_from_args(args: argparse.Namespace, cls: type = TrainConfig, *, base: TrainConfig | None = None
                      ) -> TrainConfig:
     """The config the command line asks for: ``base`` (default: the defaults), changed by the flags that were given."""
-    given = {name: getattr(args, name) for name in _flag_table(cls) if hasattr(args, name)}
-    return (base or cls()).replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+    return (base or cls()).replace(**{name: getattr(args, name) for name in _flag_table(cls) if hasattr(args, name)})
 
 
 def config_from_file(path, cls: type = TrainConfig) -> TrainConfig:
@@ -469,9 +471,8 @@ def config_from_file(path, cls: type = TrainConfig) -> TrainConfig:
     except (OSError, ValueError) as err:
         raise ConfigError(f"--config {path}: cannot read it as JSON ({err})") from None
     if isinstance(data, dict) and isinstance(data.get("given"), dict):
-        given = {k: tuple(v) if isinstance(v, list) else v for k, v in data["given"].items()}
         try:
-            return cls().replace(**given)
+            return cls().replace(**data["given"])
         except ConfigError as err:
             raise ConfigError(f"--config {path}: {err}") from None
     return _from_dict(cls, data, f"--config {path}")
@@ -484,24 +485,9 @@ def overrides(config: TrainConfig) -> dict[str, Any]:
 
 def differences(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
     """``(flag name, before, after)`` for every field that differs, in declaration order."""
-    pairs = [(name, _value(before, *where), _value(after, *where)) for name, where in _flag_table(type(after)).items()]
-    return [(name, old, new) for name, old, new in pairs if old != new]
+    old, new = before.flat(), after.flat()
+    return [(name, old[name], value) for name, value in new.items() if old[name] != value]
 
 
 def resume_may_change(name: str, cls: type = TrainConfig) -> bool:
     return bool(_flag_table(cls)[name][1].metadata.get("resume_may_change"))
-
-
-def _from_dict(cls, data: dict, where: str):
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a JSON object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise ConfigError(f"{where} has fields this version of {cls.__name__} does not know: {', '.join(unknown)}")
-    values = {}
-    for name, value in data.items():
-        if dataclasses.is_dataclass(hints[name]):
-            value = _from_dict(hints[name], value, f"{where}.{name}")
-        values[name] = tuple(value) if isinstance(value, list) else value
-    return cls(**values)

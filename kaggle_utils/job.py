@@ -81,9 +81,9 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     plan.set_defaults(config_cls=config_cls, run=lambda args: target_plan.plan_command(
         _config(args), args.target, out=args.out, train_images=args.train_images))
 
-    report = commands.add_parser("report", help="draw curves.png and per_class.csv again for a run or CV folder")
-    report.add_argument("out", help="a run folder, or a CV folder of fold0/, fold1/, ... run folders")
-    report.set_defaults(run=report_command)
+    redraw = commands.add_parser("report", help="draw curves.png and per_class.csv again for a run or CV folder")
+    redraw.add_argument("out", help="a run folder, or a CV folder of fold0/, fold1/, ... run folders")
+    redraw.set_defaults(run=lambda args: print("\n".join(report.report_command(args.out))))
     return parser
 
 
@@ -93,18 +93,14 @@ def _config(args) -> TrainConfig:
     return config_from_args(args, args.config_cls, base=base)
 
 
-def train_command(args) -> dict:
-    """Runs ``train`` (:func:`kaggle_utils.run.train`); returns a summary (best row, files written)."""
+def train_command(args) -> None:
+    """Runs ``train`` (:func:`kaggle_utils.run.train`); prints the end-of-run block and what to run next."""
     started = time.perf_counter()
     result = run.train(_config(args), args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
-    summary = {"best": result.best, "stop_reason": result.fit.stop_reason, "out": str(result.out)}
-    if result.submission is not None:
-        summary["submission"] = str(result.submission)
     if jax.process_index() == 0:
         steps = report.next_lines(result.out, data_dir=result.config.data.data_dir,
                                   submission=result.submission is not None)
         print("\n".join(report.summary_lines(result.out, wall_s=time.perf_counter() - started, next_steps=steps)))
-    return summary
 
 
 def _cv_flags(parser) -> None:
@@ -120,7 +116,7 @@ def _cv_flags(parser) -> None:
                      "and COLUMN (needed with --data-dir, class folders or tfds; default: a CSV --source)")
 
 
-def cv_command(args) -> dict:
+def cv_command(args) -> None:
     """Runs ``cv`` (:func:`kaggle_utils.run.cross_validate`); prints each fold's best, the OOF score, the files."""
     started = time.perf_counter()
     result = run.cross_validate(_config(args), args.out, folds=args.folds, only_folds=args.only_folds,
@@ -128,7 +124,6 @@ def cv_command(args) -> dict:
                                 overwrite=args.overwrite, progress=args.progress)
     if jax.process_index() == 0:
         print("\n".join(_cv_lines(result, time.perf_counter() - started)))
-    return {"out": str(result.out), "scores": result.scores, "remaining": list(result.remaining)}
 
 
 def _cv_lines(result, wall_s: float) -> list[str]:
@@ -166,16 +161,15 @@ def _tune_flags(parser) -> None:
     job.add_argument("--folds", type=int_in(2), help="score each trial by K-fold cross-validation (the folds' mean)")
 
 
-def tune_command(args) -> dict:
+def tune_command(args) -> None:
     """Runs ``tune`` (:func:`kaggle_utils.run.tune`); prints the trials, the best one, what to run next."""
     result = run.tune(_config(args), args.search, args.out, trials=args.trials, folds=args.folds,
                       pruner=args.pruner, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
     print("\n".join(report.tune_lines(result.out)))
-    return {"out": str(result.out), "best_config": None if result.best_config is None else result.best_config.flat()}
 
 
-def predict_command(args) -> dict:
-    """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); ends with a summary block; returns the files and rows."""
+def predict_command(args) -> None:
+    """Runs ``predict`` (:mod:`kaggle_utils.run.predict`); ends with a summary block."""
     started = time.perf_counter()
     if args.test_image_dir is not None and args.test_source is None:
         raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
@@ -187,13 +181,12 @@ def predict_command(args) -> dict:
     batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
     with run.open_test_split(data_dir=args.data_dir, source=source) as records:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
-    submission, probabilities = run.write_predictions(args.out, ids, probs, members[0].config)
+    submission, _ = run.write_predictions(args.out, ids, probs, members[0].config)
     if jax.process_index() == 0:
         test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source
         print("\n".join(report.prediction_lines(args.out, members, tta=args.tta, rows=len(ids), test=test,
                                                 wall_s=time.perf_counter() - started,
                                                 next_steps=_predict_next(args, submission))))
-    return {"submission": str(submission), "probabilities": str(probabilities), "rows": len(ids)}
 
 
 def _predict_next(args, submission: Path) -> list[str]:
@@ -203,13 +196,6 @@ def _predict_next(args, submission: Path) -> list[str]:
     return [f"next: submit {submission}, or blend another model into it (probabilities.csv: one column per class):",
             f"  python -m kaggle_utils predict {checkpoints} --checkpoint OTHER_RUN --weights-per-checkpoint "
             f"{','.join(['1'] * (len(args.checkpoint) + 1))} {test} --out {args.out}-blend"]
-
-
-def report_command(args) -> list[str]:
-    """Runs ``report OUT`` (:func:`kaggle_utils.report.report_command`); prints and returns its lines."""
-    lines = report.report_command(args.out)
-    print("\n".join(lines))
-    return lines
 
 
 def _what_is_kept(args, fix: str | None = None) -> str:
@@ -232,14 +218,6 @@ def _what_is_kept(args, fix: str | None = None) -> str:
 
 _OS_FIXES = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EACCES: "make it writable",
              errno.EPERM: "make it writable", errno.EROFS: "choose a writable place"}
-
-
-def _os_error_line(err: OSError, args) -> str:
-    """One line for a failed read or write: the file, the system's words, what is kept, what to do."""
-    name = errno.errorcode.get(err.errno, "")
-    where = f"{err.filename}: " if err.filename else ""
-    code = f" [{name}]" if name else ""
-    return f"{where}{err.strerror or err}{code}; {_what_is_kept(args, _OS_FIXES.get(err.errno))}"
 
 
 # the commands that run the config: (name, command, its own flags, help, --out, --resume and --overwrite's help)
@@ -265,13 +243,15 @@ def main(argv=None) -> int:
     except DataError as err:
         hint = ("(--skip-errors skips unreadable records, counts them and names them in the log)\n"
                 if err.skippable and args.command == "train" else "")
-        parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n{hint}")
+        parser.exit(2, f"{prefix}: error: {err}\n{hint}")
     except (ConfigError, checkpoint.CheckpointError, WriterError, MetricError) as err:
         parser.exit(2, f"{prefix}: error: {err}\n")
     except TrainingDiverged as err:
         parser.exit(3, f"{prefix}: {err}\n")
     except OSError as err:  # a full disk, a folder made read-only, a vanished mount: not a bug of the kit
-        parser.exit(2, f"{prefix}: error: {_os_error_line(err, args)}\n")
+        where, code = f"{err.filename}: " if err.filename else "", errno.errorcode.get(err.errno)
+        parser.exit(2, f"{prefix}: error: {where}{err.strerror or err}{f' [{code}]' if code else ''}; "
+                       f"{_what_is_kept(args, _OS_FIXES.get(err.errno))}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{prefix}: interrupted; {_what_is_kept(args)}\n")
     return 0

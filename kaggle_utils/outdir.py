@@ -105,12 +105,6 @@ def owned(out: str | os.PathLike) -> Iterator[Path]:
                 out.rmdir()
 
 
-def _existing(out: Path) -> list[str]:
-    names = [name for name in OUTPUTS if (out / name).exists()]
-    names += sorted(p.name for p in out.glob("ckpt-*"))
-    return names + (["tensorboard/"] if (out / "tensorboard").is_dir() else [])
-
-
 def _read_config(path: Path) -> TrainConfig:
     """The run config a config.json or a checkpoint's manifest records (both under "config")."""
     try:
@@ -133,7 +127,8 @@ def prepare(out: Path, config: TrainConfig, *, resume: bool, overwrite: bool) ->
     """Refuses to mix runs: an existing run in ``out`` needs --resume (same config) or --overwrite."""
     if resume and overwrite:
         raise OutDirError("--resume and --overwrite exclude each other")
-    existing = _existing(out)
+    existing = [name for name in OUTPUTS if (out / name).exists()] + sorted(p.name for p in out.glob("ckpt-*"))
+    existing += ["tensorboard/"] if (out / "tensorboard").is_dir() else []
     if not existing:
         if resume:
             raise OutDirError(f"--resume: {out} holds no run to resume (no last.msgpack)")

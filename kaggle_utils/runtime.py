@@ -73,17 +73,6 @@ def current_platform() -> str:
     return "gpu" if backend in ("gpu", "cuda", "rocm") else backend
 
 
-def smoke_override() -> bool | None:
-    """``$KAGGLE_UTILS_SMOKE``: True / False when set to 1/true/yes/on or 0/false/no/off, None when unset or empty."""
-    raw = os.environ.get(SMOKE_ENV, "").strip().lower()
-    if not raw:
-        return None
-    if raw in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        return raw in ("1", "true", "yes", "on")
-    raise RuntimeSetupError(f"{SMOKE_ENV}={os.environ[SMOKE_ENV]!r}: use 1 (force smoke mode) or 0 (never), "
-                            "or leave it unset (smoke on a CPU without the competition data)")
-
-
 def internet_available(host: str = "huggingface.co", port: int = 443, timeout: float = 2.0) -> bool:
     """Whether ``host`` (timm's weight hub by default) accepts a TCP connection within ``timeout`` s: a probe,
     so a notebook chooses between downloading and an offline fallback without a flag to remember."""
@@ -108,8 +97,7 @@ def find_competition_data(image_size: int, root: str | os.PathLike | None = None
     size there), or None; searches ``$KAGGLE_UTILS_DATA`` when set (then it must be there), else ``root/input``."""
     requested = os.environ.get(DATA_ENV)
     search = [requested] if requested else [str(kaggle_root(root) / "input")]
-    sizes = [image_size] if image_size not in FLOWER_SIZES else []
-    for size in sizes + _nearest_first(image_size):
+    for size in dict.fromkeys([image_size, *_nearest_first(image_size)]):  # the size asked for, else the nearest
         splits = locate_competition_data(size, roots=search)
         if splits is not None:
             return Path(splits["train"]).parent, size
@@ -199,27 +187,6 @@ class Runtime:
     kit_source: str
     out_dir: Path  # where to write outputs (/kaggle/working on Kaggle)
 
-    @property
-    def model(self) -> str:
-        return self.config.model.name
-
-    @property
-    def image_size(self) -> int:
-        return self.config.model.image_size
-
-    @property
-    def epochs(self) -> int:
-        return self.config.loop.epochs
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        return self.config.loop.steps_per_epoch
-
-    @property
-    def global_batch(self) -> int:
-        """Images per step of ``config`` on this machine."""
-        return self.config.data.global_batch(self.device_count)
-
     def __str__(self) -> str:
         v = self.versions
         shown = ", ".join(f"{k} {v[k]}" for k in ("python", "jax", "jaxlib", "libtpu", "flax", "optax") if v.get(k))
@@ -230,10 +197,10 @@ class Runtime:
             tf_note = f"tensorflow {tf} (for tf.data; imported on first use)"
         else:
             tf_note = f"tensorflow {tf} (for tf.data; the {self.platform.upper()} is hidden from it)"
-        steps = f", {self.steps_per_epoch} steps/epoch" if self.steps_per_epoch else ""
-        data = (f"{self.data_dir} ({self.image_size}x{self.image_size})" if self.data_dir else
-                "competition data not found: use kaggle_utils.data.make_sample_dataset(dir, "
-                f"image_size={self.image_size})")
+        model, loop, size = self.config.model.name, self.config.loop, self.config.model.image_size
+        steps = f", {loop.steps_per_epoch} steps/epoch" if loop.steps_per_epoch else ""
+        data = (f"{self.data_dir} ({size}x{size})" if self.data_dir else
+                f"competition data not found: use kaggle_utils.data.make_sample_dataset(dir, image_size={size})")
         changes = ", ".join(f"{k}={v!r}" for k, v in overrides(self.config).items())
         return "\n".join([
             "kaggle_utils runtime",
@@ -243,23 +210,27 @@ class Runtime:
             f"            {tf_note}",
             f"  smoke     {'ON' if self.smoke else 'off'} ({self.smoke_reason})",
             f"  config    RT.config = TrainConfig().replace({changes})",
-            f"            {self.model} at {self.image_size}px, {self.global_batch} per step, "
-            f"{self.epochs} epoch(s){steps}",
+            f"            {model} at {size}px, {self.config.data.global_batch(self.device_count)} per step, "
+            f"{loop.epochs} epoch(s){steps}",
             f"  precision {self.precision} ({self.precision_reason})",
             f"  data      {data}",
-            f"  weights   {self.weights or f'none found for {self.model}'}",
+            f"  weights   {self.weights or f'none found for {model}'}",
             f"  kit       {self.kit} ({self.kit_source})",
             f"  output    {self.out_dir}",
         ])
 
 
 def _smoke(smoke: bool | None, platform: str, data_found: bool) -> tuple[bool, str]:
-    """Smoke mode and why: the argument, else the environment, else on a CPU without the competition data."""
+    """Smoke mode and why: the argument, else ``$KAGGLE_UTILS_SMOKE`` (1/true/yes/on or 0/false/no/off), else on a
+    CPU without the competition data."""
     if smoke is not None:
         return smoke, f"smoke={smoke} argument"
-    forced = smoke_override()
-    if forced is not None:
-        return forced, f"{SMOKE_ENV}={os.environ[SMOKE_ENV]}"
+    raw = os.environ.get(SMOKE_ENV, "").strip().lower()
+    if raw in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return raw in ("1", "true", "yes", "on"), f"{SMOKE_ENV}={os.environ[SMOKE_ENV]}"
+    if raw:
+        raise RuntimeSetupError(f"{SMOKE_ENV}={os.environ[SMOKE_ENV]!r}: use 1 (force smoke mode) or 0 (never), "
+                                "or leave it unset (smoke on a CPU without the competition data)")
     if platform == "cpu" and not data_found:
         return True, f"CPU without the competition data; {SMOKE_ENV}=0 turns it off"
     return False, f"{'competition data found' if data_found else 'on a ' + platform.upper()}; {SMOKE_ENV}=1 forces it"
@@ -278,11 +249,10 @@ def detect(*, model: str | None = None, image_size: int | None = None, smoke: bo
     config = defaults(platform, smoke=is_smoke)
     if is_smoke and found is not None and image_size is None:  # smoke on real data: its smallest images
         found = find_competition_data(min(FLOWER_SIZES), root)
-    config = config.replace(model=model or config.model.name,
-                            image_size=found[1] if found is not None else (image_size or config.model.image_size))
-    weights = find_weights(config.model.name, root)
-    config = config.replace(data_dir=str(found[0]) if found is not None else None,
-                            weights=str(weights[0]) if weights else None)
+    weights = find_weights(model or config.model.name, root)
+    config = config.replace(model=model or config.model.name, weights=str(weights[0]) if weights else None,
+                            image_size=found[1] if found is not None else (image_size or config.model.image_size),
+                            data_dir=str(found[0]) if found is not None else None)
     kit = Path(__file__).resolve().parent.parent
     on_kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ or (root / "input").is_dir()
     return Runtime(

@@ -3,6 +3,7 @@
 Each test changes the source on disk (or a setting) the way a user does between two runs, and
 checks that the old records are not taken for the new input, and that the reason is named.
 """
+import json
 import os
 
 import numpy as np
@@ -115,7 +116,7 @@ def test_a_refused_run_leaves_the_folders_run_and_its_data_as_they_were(images, 
     out = tmp_path / "run"
     first = _run_config(images)
     converted_source(first, out)
-    (out / "config.json").write_text(f'{{"config": {first.to_json()}}}')
+    (out / "config.json").write_text(json.dumps({"config": first.to_dict()}))
     (out / "history.csv").write_text("epoch,step\n")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 

@@ -142,7 +142,7 @@ def run_main(argv, capsys):
     return exit_info.value.code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value, said", [("foo", "'foo' is not a learning rate"),
+@pytest.mark.parametrize("value, said", [("foo", "foo is not a learning rate"),
                                          ("-1", "-1 is not a learning rate: it must be a finite number > 0"),
                                          ("0", "0 is not a learning rate"), ("nan", "nan is not a learning rate")])
 def test_a_bad_lr_is_a_usage_error(value, said, tmp_path, capsys):

@@ -58,7 +58,7 @@ def test_per_class_rows_match_a_confusion_matrix_worked_by_hand(tmp_path):
     confusion = [[5, 1, 0],
                  [2, 3, 1],
                  [0, 0, 0]]
-    path = report.write_per_class(tmp_path, confusion, ["cat", "dog", "fox"])
+    path = report.write_per_class(tmp_path, {"confusion": confusion, "class_names": ["cat", "dog", "fox"]})
     rows = read_csv(path)
     assert [r["name"] for r in rows] == ["cat", "dog", "fox"]
     expected = {  # class: support, predicted, precision, recall, f1, most confused with, count
@@ -76,7 +76,7 @@ def test_per_class_rows_match_a_confusion_matrix_worked_by_hand(tmp_path):
 
 def test_multilabel_counts_give_per_class_rows_without_a_confusion_column(tmp_path):
     record = {"class_names": ["a", "b"], "tp": [3, 0], "fp": [1, 0], "fn": [1, 2]}
-    rows = read_csv(report.write_per_class_from_counts(tmp_path, record))
+    rows = read_csv(report.write_per_class(tmp_path, record))
     assert "most_confused_with" not in rows[0]
     assert [(r["name"], int(r["support"]), int(r["predicted"])) for r in rows] == [("a", 4, 4), ("b", 2, 0)]
     np.testing.assert_allclose([float(rows[0][k]) for k in ("precision", "recall", "f1")], [0.75, 0.75, 0.75])

@@ -106,16 +106,17 @@ def test_import_and_cpu_setup_load_neither_tensorflow_nor_torch(tmp_path):
 
 
 @pytest.mark.parametrize("raw, expected", [("1", True), ("true", True), ("ON", True), ("0", False), ("no", False),
-                                           ("", None)])
-def test_smoke_override_reads_the_environment(monkeypatch, raw, expected):
+                                           ("", True)])  # unset: a CPU without the competition data is smoke
+def test_the_smoke_variable_forces_smoke_mode_either_way(tmp_path, monkeypatch, raw, expected):
+    (tmp_path / "input").mkdir()
     monkeypatch.setenv(runtime.SMOKE_ENV, raw)
-    assert runtime.smoke_override() is expected
+    assert runtime.detect(root=tmp_path).smoke is expected
 
 
-def test_smoke_override_rejects_other_values(monkeypatch):
+def test_the_smoke_variable_refuses_other_values(tmp_path, monkeypatch):
     monkeypatch.setenv(runtime.SMOKE_ENV, "maybe")
     with pytest.raises(runtime.RuntimeSetupError, match=f"{runtime.SMOKE_ENV}='maybe'"):
-        runtime.smoke_override()
+        runtime.detect(root=tmp_path)
 
 
 def parameter_count(name):
@@ -131,10 +132,11 @@ def test_cpu_without_data_is_smoke_sized(tmp_path):
     rt = runtime.detect(root=tmp_path)
     full = runtime.defaults("cpu")
     assert (rt.platform, rt.device_count, rt.smoke, rt.data_dir) == ("cpu", jax.device_count(), True, None)
-    assert rt.image_size < full.model.image_size and rt.image_size <= 64  # small images
-    assert rt.steps_per_epoch is not None and rt.steps_per_epoch * rt.epochs <= 10  # few steps
-    assert parameter_count(rt.model) < parameter_count(full.model.name) / 10  # a tiny network
-    assert rt.precision == "fp32" and rt.global_batch % rt.device_count == 0
+    assert rt.config.model.image_size < full.model.image_size and rt.config.model.image_size <= 64  # small images
+    loop = rt.config.loop
+    assert loop.steps_per_epoch is not None and loop.steps_per_epoch * loop.epochs <= 10  # few steps
+    assert parameter_count(rt.config.model.name) < parameter_count(full.model.name) / 10  # a tiny network
+    assert rt.precision == "fp32" and run.global_batch(rt.config) % rt.device_count == 0
     assert rt.on_kaggle and rt.out_dir == tmp_path / "working"
 
 
@@ -142,12 +144,12 @@ def test_the_config_is_the_jobs_and_a_table_row_is_all_it_takes(tmp_path, monkey
     (tmp_path / "input").mkdir()
     rt = runtime.detect(root=tmp_path)
     assert rt.config == runtime.defaults("cpu", smoke=True)  # no data, no weights: the smoke row as it is
-    assert run.global_batch(rt.config) == rt.global_batch  # the job's batch rule
+    assert f"{run.global_batch(rt.config)} per step" in str(rt)  # the report shows the job's batch rule
     monkeypatch.setitem(runtime.PLATFORM_DEFAULTS, "smoke",
                         dict(model="test_efficientnet", image_size=24, batch_per_device=4, epochs=1))
     rt = runtime.detect(root=tmp_path)
-    assert (rt.image_size, rt.epochs, rt.global_batch) == (24, 1, 4 * jax.device_count())
-    assert run.global_batch(rt.config) == rt.global_batch
+    assert (rt.config.model.image_size, rt.config.loop.epochs) == (24, 1)
+    assert run.global_batch(rt.config) == 4 * jax.device_count() and f"{4 * jax.device_count()} per step" in str(rt)
     assert "batch_per_device=4" in str(rt)
 
 
@@ -157,10 +159,10 @@ def test_cpu_with_competition_data_trains_on_it(tmp_path):
     rt = runtime.detect(root=tmp_path)
     assert not rt.smoke
     # the CPU default size (192) is not mounted: the nearest one that is
-    assert (rt.data_dir, rt.image_size) == (tmp_path / "input/competitions/tpu-getting-started/tfrecords-jpeg-224x224",
-                                            224)
-    assert rt.model == runtime.defaults("cpu").model.name and rt.config.data.data_dir == str(rt.data_dir)
-    assert runtime.detect(root=tmp_path, image_size=500).image_size == 512
+    assert (rt.data_dir, rt.config.model.image_size) == (
+        tmp_path / "input/competitions/tpu-getting-started/tfrecords-jpeg-224x224", 224)
+    assert rt.config.model.name == runtime.defaults("cpu").model.name and rt.config.data.data_dir == str(rt.data_dir)
+    assert runtime.detect(root=tmp_path, image_size=500).config.model.image_size == 512
 
 
 def test_environment_forces_smoke_either_way(tmp_path, monkeypatch):
@@ -169,12 +171,13 @@ def test_environment_forces_smoke_either_way(tmp_path, monkeypatch):
     monkeypatch.setenv(runtime.SMOKE_ENV, "1")
     rt = runtime.detect(root=tmp_path)
     assert rt.smoke and runtime.SMOKE_ENV in rt.smoke_reason
-    assert (rt.data_dir.name, rt.image_size) == ("tfrecords-jpeg-192x192", 192)  # real data, its smallest images
+    assert (rt.data_dir.name, rt.config.model.image_size) == ("tfrecords-jpeg-192x192", 192)  # its smallest images
     empty = tmp_path / "elsewhere"
     (empty / "input").mkdir(parents=True)
     monkeypatch.setenv(runtime.SMOKE_ENV, "0")
     rt = runtime.detect(root=empty)
-    assert not rt.smoke and rt.image_size == runtime.defaults("cpu").model.image_size and rt.data_dir is None
+    assert not rt.smoke and rt.data_dir is None
+    assert rt.config.model.image_size == runtime.defaults("cpu").model.image_size
     assert runtime.detect(root=empty, smoke=True).smoke  # the argument beats the variable
 
 
@@ -213,7 +216,8 @@ def test_report_names_machine_versions_sizes_and_inputs(tmp_path):
     rt = runtime.detect(root=tmp_path)
     report = str(rt)
     for expected in (f"cpu: {jax.device_count()} x", f"jax {jax.__version__}", "smoke     off", str(data), str(weights),
-                     str(REPO), f"{rt.global_batch} per step", rt.model, f"precision fp32 ({rt.precision_reason})"):
+                     str(REPO), f"{run.global_batch(rt.config)} per step", rt.config.model.name,
+                     f"precision fp32 ({rt.precision_reason})"):
         assert expected in report, (expected, report)
 
 
@@ -226,7 +230,7 @@ def test_setup_hides_the_accelerator_from_tensorflow_only_on_accelerators(tmp_pa
     monkeypatch.setattr(runtime, "current_platform", lambda: "gpu")
     rt = runtime.setup(root=tmp_path, quiet=True)
     assert calls == [1] and rt.platform == "gpu" and not rt.smoke
-    assert rt.model == runtime.defaults("gpu").model.name
+    assert rt.config.model.name == runtime.defaults("gpu").model.name
     assert rt.precision == "fp32"  # the device itself is still a CPU: the precision follows the device
     assert capsys.readouterr().out == ""
 

@@ -35,32 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _report(problems: list[Problem]) -> int:
+def _report(problems: list[Problem], ok: str | None = None) -> int:
     for p in problems:
         print(p, file=sys.stderr if not p.fixed else sys.stdout)
     remaining = [p for p in problems if not p.fixed]
-    if remaining:
-        print(f"{len(remaining)} problem(s)", file=sys.stderr)
-        return 1
-    return 0
+    if remaining or ok:
+        print(f"{len(remaining)} problem(s)" if remaining else ok, file=sys.stderr if remaining else sys.stdout)
+    return 1 if remaining else 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "lint":
-            problems = lint(args.paths or None, fix=args.fix)
-        else:
-            result = package(args.out, user=args.user, notebooks_dir=args.notebooks, weights=args.weights,
-                             overwrite=args.overwrite)
+            return _report(lint(args.paths or None, fix=args.fix), ok="lint: ok")
+        result = package(args.out, user=args.user, notebooks_dir=args.notebooks, weights=args.weights,
+                         overwrite=args.overwrite)
     except PackagingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.command == "lint":
-        status = _report(problems)
-        if status == 0:
-            print("lint: ok")
-        return status
     for note in result.notes:
         print(f"note: {note}")
     for name, keys in result.stripped.items():

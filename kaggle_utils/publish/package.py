@@ -55,16 +55,6 @@ def _check_weights(files: Sequence[str | Path]) -> dict[Path, dict]:
     return checked
 
 
-def _read_notebook(src: Path) -> dict:
-    try:
-        notebook = json.loads(src.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise PackagingError(f"{src}: not a readable notebook: {e}") from None
-    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
-        raise PackagingError(f"{src}: not a Jupyter notebook (no cells)")
-    return notebook
-
-
 def _plan(out: Path, notebooks: list[Path], weights: dict, overwrite: bool) -> dict[str, tuple]:
     """``folder name -> (kind, source notebook, its JSON)``, refused before any write when names clash."""
     plan: dict[str, tuple] = {}
@@ -73,7 +63,13 @@ def _plan(out: Path, notebooks: list[Path], weights: dict, overwrite: bool) -> d
         if slug in plan:
             raise PackagingError(f"{nb.name} and {plan[slug][1].name} both get the kernel slug {slug!r}: rename one "
                                  "(titles come from kaggle_utils.publish.metadata.NOTEBOOK_TITLES or the file name)")
-        plan[slug] = ("notebook", nb, _read_notebook(nb))
+        try:
+            notebook = json.loads(nb.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise PackagingError(f"{nb}: not a readable notebook: {e}") from None
+        if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+            raise PackagingError(f"{nb}: not a Jupyter notebook (no cells)")
+        plan[slug] = ("notebook", nb, notebook)
     for slug, kind in ((KIT_SLUG, "kit"), (WEIGHTS_SLUG, "weights")):
         if slug in plan:
             raise PackagingError(f"notebook {plan[slug][1].name} gets the slug {slug!r} of the {kind} dataset")

@@ -7,7 +7,6 @@ so a kit without it still trains.
 import io
 import math
 from pathlib import Path
-from typing import Sequence
 
 from .. import checkpoint
 
@@ -23,11 +22,6 @@ def new_figure(width: float, height: float):
     return figure
 
 
-def _series(history: Sequence[dict], column: str) -> list[float]:
-    """A column with JSON's ``null`` (a non-finite value) back as NaN, so the line shows a gap."""
-    return [math.nan if row.get(column) is None else float(row[column]) for row in history]
-
-
 def write_curves(out: str | Path, report: dict, *, title: str | None = None) -> Path:
     """``OUT/curves.png`` from a ``metrics.json`` record (its history rows and best row)."""
     history = report.get("history") or []
@@ -40,8 +34,9 @@ def write_curves(out: str | Path, report: dict, *, title: str | None = None) -> 
               ("learning rate", [c for c in ("lr",) if c in columns]))
     best = report.get("best")
     for ax, (name, plotted) in zip(figure.subplots(1, 3), panels):
-        for column in plotted:
-            ax.plot(steps, _series(history, column), style, label=column, markersize=3)
+        for column in plotted:  # JSON's null (a non-finite value) back as NaN: the line shows a gap
+            values = [math.nan if row.get(column) is None else float(row[column]) for row in history]
+            ax.plot(steps, values, style, label=column, markersize=3)
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

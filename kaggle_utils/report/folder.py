@@ -10,7 +10,7 @@ from typing import Sequence
 
 from .. import checkpoint
 from .curves import CURVES_FILE, IMPORTANCE_FILE, write_curves
-from .tables import COUNTS_FILE, PER_CLASS_FILE, counts_record, read_counts, write_counts, write_per_class_from_counts
+from .tables import COUNTS_FILE, PER_CLASS_FILE, counts_record, read_counts, write_per_class
 
 METRICS_FILE = "metrics.json"
 _FOLD = re.compile(r"^fold(\d+)$")
@@ -54,7 +54,7 @@ def redraw(out: Path) -> list[str]:
     except ValueError as err:
         lines.append(f"no {PER_CLASS_FILE}: {err}")
     else:
-        lines.append(f"wrote {write_per_class_from_counts(out, counts)}" if counts is not None else
+        lines.append(f"wrote {write_per_class(out, counts)}" if counts is not None else
                      f"no {PER_CLASS_FILE}: the run stored no validation counts ({COUNTS_FILE}; a run before "
                      "reporting, or a task with neither a confusion matrix nor per-class counts)")
     return lines
@@ -65,7 +65,7 @@ def finish_run(out: str | Path, sums: dict, class_names: Sequence[str], best: di
     evaluates again), then ``curves.png`` and ``per_class.csv`` drawn; the lines saying what was written."""
     record = counts_record(sums, class_names, best)
     if record is not None:
-        write_counts(Path(out), record)
+        checkpoint.atomic_write_text(Path(out) / COUNTS_FILE, json.dumps(record) + "\n")
     return redraw(Path(out))
 
 

@@ -32,12 +32,6 @@ def counts_record(sums: Mapping[str, np.ndarray], class_names: Sequence[str], be
             **{k: np.asarray(sums[k], np.int64).tolist() for k in keys}}
 
 
-def write_counts(out: Path, record: dict) -> Path:
-    path = Path(out) / COUNTS_FILE
-    checkpoint.atomic_write_text(path, json.dumps(record) + "\n")
-    return path
-
-
 def read_counts(out: Path) -> dict | None:
     """The stored counts, or None when the run has none (a run from before they were stored)."""
     path = Path(out) / COUNTS_FILE
@@ -79,12 +73,7 @@ def multilabel_rows(tp, fp, fn, class_names: Sequence[str] = ()) -> list[dict]:
              "recall": recall[c], "f1": f1[c], "predicted": int(tp[c] + fp[c])} for c, name in enumerate(names)]
 
 
-def write_per_class(out: Path, confusion, class_names: Sequence[str] = ()) -> Path:
-    """``OUT/per_class.csv`` of a single-label task's confusion matrix."""
-    return write_per_class_from_counts(out, {"confusion": confusion, "class_names": class_names})
-
-
-def write_per_class_from_counts(out: Path, record: dict) -> Path:
+def write_per_class(out: Path, record: dict) -> Path:
     """``OUT/per_class.csv`` from a ``val_counts.json`` record, single- or multi-label."""
     names = record.get("class_names", ())
     if "confusion" in record:
