@@ -1,10 +1,13 @@
-"""``fit``: training steps with actions at intervals: log, evaluate, checkpoint, stop early.
+"""``fit``: training steps with actions at intervals: log, evaluate, checkpoint, stop early. One concern, the
+loop: with its :class:`FitSettings` (what it does when, and how it judges an evaluation) and its progress bars.
 
 ``train_batches(epoch)`` is a *function* of the epoch, so a resumed run rebuilds the interrupted one's data
 order and skips what it trained on. Metrics are pulled once per log, never per step; checkpoints are
 written by a background thread (:class:`~.run_dir.RunFolder`); nothing diverged is saved.
 """
 import dataclasses
+import functools
+import importlib.util
 import itertools
 import math
 import time
@@ -20,15 +23,119 @@ from tqdm.std import tqdm  # tqdm.write: one line between whatever bars are show
 from .. import compilation
 from ..parallel import local_rows
 from ..precision import overflow_verdict
-from .progress import progress_bar
 from .progressive import STAGE_COLUMNS, StagedSteps
 from .run_dir import RunFolder, load_last
-from .settings import TIMING_COLUMNS, FitSettings, make_monitor
 from .steps import Steps
 from .tasks import Task
 
+TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
 LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
 PREFETCH = 2  # batches put on the devices ahead of the step
+
+
+# ---- settings
+_RULES = [*((name, lambda v: isinstance(v, int) and v >= 1, "a positive number of steps") for name in (
+    "steps_per_epoch", "epochs", "total_steps", "log_every", "eval_every", "checkpoint_every", "keep")),
+          ("monitor_mode", lambda v: v in ("auto", "min", "max"), "auto, min or max"),
+          ("min_delta", lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
+          ("patience", lambda v: v >= 1, ">= 1 evaluation")]  # (field, test of a value given, the refusal's words)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+    """When :func:`fit` does what, and what it watches. Give ``epochs`` (of ``steps_per_epoch`` steps) or
+    ``total_steps`` (the last epoch may be shorter; filled in from ``epochs``)."""
+
+    steps_per_epoch: int
+    epochs: int | None = None
+    total_steps: int | None = None
+    log_every: int = 20
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    keep: int = 1
+    monitor: str = "val_f1"
+    monitor_mode: str = "auto"
+    min_delta: float = 0.0
+    patience: int | None = None
+
+    def __post_init__(self):
+        if (self.epochs is None) == (self.total_steps is None):
+            raise ValueError("give exactly one of epochs or total_steps")
+        for name, test, words in _RULES:
+            value = getattr(self, name)
+            if value is not None and not test(value):
+                raise ValueError(f"{name} must be {words}, got {value!r}")
+        if self.total_steps is None:
+            object.__setattr__(self, "total_steps", self.epochs * self.steps_per_epoch)
+
+
+@dataclasses.dataclass
+class _Monitor:
+    name: str
+    mode: str
+    min_delta: float
+    patience: int | None
+
+    def improves(self, row: dict, best: dict | None) -> bool:
+        """Better than the best so far by more than ``min_delta``; NaN never is."""
+        value = row[self.name]
+        if not math.isfinite(value):
+            return False
+        if best is None:
+            return True
+        delta = value - best[self.name]
+        return delta < -self.min_delta if self.mode == "min" else delta > self.min_delta
+
+    def best_row(self, history: list[dict]) -> dict | None:
+        best = None
+        for row in history:
+            if self.improves(row, best):
+                best = row
+        return best
+
+    def early_stop(self, history: list[dict], best: dict | None) -> str | None:
+        """The reason to stop once ``patience`` evaluations have passed since the best one."""
+        if self.patience is None or best is None or not history:
+            return None
+        since = sum(1 for row in history if row["step"] > best["step"])
+        if since < self.patience:
+            return None
+        return (f"early stopping after epoch {history[-1]['epoch']} (step {history[-1]['step']}): {self.name} did "
+                f"not improve for {self.patience} evaluation(s) (best {best[self.name]:.4f} at step {best['step']})")
+
+
+def make_monitor(settings: FitSettings, columns, task: Task) -> _Monitor:
+    monitor = settings.monitor
+    if monitor not in columns:
+        raise ValueError(f"monitor {monitor!r} is not a history column of this task; choose one of "
+                         f"{', '.join(c for c in columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
+    mode = task.mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
+    return _Monitor(monitor, mode, settings.min_delta, settings.patience)
+
+
+# ---- progress bars: widgets in a notebook that has them (Kaggle's), text bars in a terminal, none in a notebook
+# without ``ipywidgets`` (nbmake), where ``tqdm.auto``'s text fallback would leave carriage-return fragments in the
+# saved output and the loop's line per evaluation is the progress
+@functools.cache
+def _bar_class():
+    """The tqdm class for this process, or None where no bar renders cleanly."""
+    try:
+        from IPython import get_ipython  # only to ask whether this is a notebook
+    except ImportError:
+        return tqdm
+    if type(get_ipython()).__name__ != "ZMQInteractiveShell":  # a terminal, or no IPython shell (None)
+        return tqdm
+    if importlib.util.find_spec("ipywidgets") is None:  # tqdm.notebook needs it to draw
+        return None
+    from tqdm.notebook import tqdm as notebook_tqdm  # imports ipywidgets: only in a notebook that has them
+
+    return notebook_tqdm
+
+
+def progress_bar(*, disable: bool = False, **kwargs):
+    """A tqdm bar (``write`` included) for this environment; a disabled text bar where none renders."""
+    cls = _bar_class()
+    return tqdm(disable=True, **kwargs) if cls is None else cls(disable=disable, **kwargs)
 
 
 def history_columns(task: Task, *, loss_scaling: bool = False, staged: bool = False) -> tuple[str, ...]:
