@@ -69,50 +69,6 @@ class FitSettings:
             object.__setattr__(self, "total_steps", self.epochs * self.steps_per_epoch)
 
 
-@dataclasses.dataclass
-class _Monitor:
-    name: str
-    mode: str
-    min_delta: float
-    patience: int | None
-
-    def improves(self, row: dict, best: dict | None) -> bool:
-        """Better than the best so far by more than ``min_delta``; NaN never is."""
-        value = row[self.name]
-        if not math.isfinite(value):
-            return False
-        if best is None:
-            return True
-        delta = value - best[self.name]
-        return delta < -self.min_delta if self.mode == "min" else delta > self.min_delta
-
-    def best_row(self, history: list[dict]) -> dict | None:
-        best = None
-        for row in history:
-            if self.improves(row, best):
-                best = row
-        return best
-
-    def early_stop(self, history: list[dict], best: dict | None) -> str | None:
-        """The reason to stop once ``patience`` evaluations have passed since the best one."""
-        if self.patience is None or best is None or not history:
-            return None
-        since = sum(1 for row in history if row["step"] > best["step"])
-        if since < self.patience:
-            return None
-        return (f"early stopping after epoch {history[-1]['epoch']} (step {history[-1]['step']}): {self.name} did "
-                f"not improve for {self.patience} evaluation(s) (best {best[self.name]:.4f} at step {best['step']})")
-
-
-def make_monitor(settings: FitSettings, columns, task: Task) -> _Monitor:
-    monitor = settings.monitor
-    if monitor not in columns:
-        raise ValueError(f"monitor {monitor!r} is not a history column of this task; choose one of "
-                         f"{', '.join(c for c in columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
-    mode = task.mode(monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
-    return _Monitor(monitor, mode, settings.min_delta, settings.patience)
-
-
 # ---- progress bars: widgets in a notebook that has them (Kaggle's), text bars in a terminal, none in a notebook
 # without ``ipywidgets`` (nbmake), where ``tqdm.auto``'s text fallback would leave carriage-return fragments in the
 # saved output and the loop's line per evaluation is the progress
@@ -217,7 +173,7 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], set
                  hooks=_as_hooks(hooks), writers=list(writers), progress=progress and _is_main(), stages=stages)
     folder = None
     if out_dir is not None:
-        folder = RunFolder(out_dir, loop.columns, monitor=loop.watch.name, keep=settings.keep, manifest=manifest,
+        folder = RunFolder(out_dir, loop.columns, monitor=settings.monitor, keep=settings.keep, manifest=manifest,
                            report=report, write=_is_main())
     return loop.run(state, folder, resume=resume)
 
@@ -231,7 +187,10 @@ class _Loop:
         self.train_batches, self.val_batches, self.lr_schedule = train_batches, val_batches, lr_schedule
         self.hooks, self.writers, self.show = hooks, writers, progress
         self.columns = history_columns(self.task, loss_scaling=state.loss_scale is not None, staged=bool(stages))
-        self.watch = make_monitor(settings, self.columns, self.task)
+        if settings.monitor not in self.columns:
+            raise ValueError(f"monitor {settings.monitor!r} is not a history column of this task; choose one of "
+                             f"{', '.join(c for c in self.columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
+        self.mode = self.task.mode(settings.monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
         self.staged = StagedSteps(stages, epochs=self._epoch_of(settings.total_steps - 1)) if stages else None
         self.stage = None  # progressive: the stage now training
         self.stage_compile_s: dict[str, float] = {}  # stage number -> its first step's compiling, in this process
@@ -252,6 +211,24 @@ class _Loop:
     def _call_hooks(self, method: str, *args) -> list:
         return [getattr(h, method)(*args) for h in self.hooks if hasattr(h, method)]
 
+    def _improves(self, row: dict, best: dict | None) -> bool:
+        """Better than the best so far by more than ``min_delta``; NaN never is."""
+        monitor, min_delta = self.settings.monitor, self.settings.min_delta
+        if not math.isfinite(row[monitor]):
+            return False
+        if best is None:
+            return True
+        delta = row[monitor] - best[monitor]
+        return delta < -min_delta if self.mode == "min" else delta > min_delta
+
+    def _early_stop(self) -> str | None:
+        """The reason to stop once ``patience`` evaluations have passed since the best one."""
+        patience, best, last = self.settings.patience, self.best, self.history[-1] if self.history else None
+        if patience is None or best is None or sum(row["step"] > best["step"] for row in self.history) < patience:
+            return None
+        return (f"early stopping after epoch {last['epoch']} (step {last['step']}): {self.settings.monitor} did not "
+                f"improve for {patience} evaluation(s) (best {best[self.settings.monitor]:.4f} at step {best['step']})")
+
     def _emit(self, step: int, scalars: dict) -> None:
         if _is_main():
             for writer in self.writers:
@@ -268,8 +245,9 @@ class _Loop:
                            f"step {int(state.step)}")
         if folder is not None and folder.write:
             folder.path.mkdir(parents=True, exist_ok=True)
-        self.best = self.watch.best_row(self.history)
-        self.stop_reason = self.watch.early_stop(self.history, self.best) or "completed"
+        for row in self.history:  # the best of a resumed run's rows
+            self.best = row if self._improves(row, self.best) else self.best
+        self.stop_reason = self._early_stop() or "completed"
         dev_state = self.steps.put_state(state)
         self.pending = self.steps.put_state(pending_host) if pending_host else None
         host_state = state
@@ -412,12 +390,12 @@ class _Loop:
         self.clock["row"] = time.perf_counter()
         self.pending = None
         self.history.append(row)
-        improved = self.watch.improves(row, self.best)
+        improved = self._improves(row, self.best)
         if improved:
             self.best, self.best_sums = row, sums
         if _is_main():
-            tqdm.write(_format_row(row, self.watch.name, improved))
-        self.stop_reason = self.watch.early_stop(self.history, self.best) or self.stop_reason
+            tqdm.write(_format_row(row, self.settings.monitor, improved))
+        self.stop_reason = self._early_stop() or self.stop_reason
         return improved
 
     def _report_first_step(self, metrics) -> None:
