@@ -331,24 +331,21 @@ def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Seq
     if not 1 <= num_files <= max(1, len(images)):
         raise ValueError(f"num_files={num_files} must be between 1 and the number of images ({len(images)})")
     labels, ids = ([None] * len(images) if x is None else x for x in (labels, ids))
-    records = (serialize_example(encode_jpeg(image, quality), **target_of(label, id_))
-               for image, label, id_ in zip(images, labels, ids))
-    return write_shards(split_dir, records, per_file=math.ceil(len(images) / num_files), image_size=images.shape[1])
+    return write_shards(split_dir, zip(images, labels, ids), count=len(images), num_files=num_files,
+                        image_size=images.shape[1], quality=quality)
 
 
-def target_of(label=None, id=None) -> dict:
-    """``serialize_example``'s target keywords: ``label=`` (an int), ``labels=`` (a multi-hot row's classes), ``id=``."""
-    if label is None:
-        return {"id": id}
-    row = np.asarray(label)
-    target = {"labels": np.flatnonzero(row > 0.5)} if row.ndim == 1 else {"label": int(row)}
-    return target if id is None else {**target, "id": id}
+def write_shards(split_dir, examples: Iterable[tuple], *, count: int, num_files: int, image_size: int,
+                 quality: int) -> list[str]:
+    """``count`` examples ``(image, label, id)`` as ``num_files`` shards (all but the last of ``ceil(count /
+    num_files)``) in Kaggle's names; ``label``: an int, a multi-hot row (its classes: ``labels``), or None (test)."""
+    def record(image, label, id):
+        row = None if label is None else np.asarray(label)
+        target = {} if row is None else {"labels": np.flatnonzero(row > 0.5)} if row.ndim == 1 else {"label": int(row)}
+        return serialize_example(encode_jpeg(image, quality), **target, id=id)
 
-
-def write_shards(split_dir, records: Iterable[bytes], *, per_file: int, image_size: int) -> list[str]:
-    """Serialized ``records`` as shards of ``per_file`` records (the last may hold fewer), in Kaggle's names."""
-    paths, records = [], iter(records)
-    while chunk := list(itertools.islice(records, per_file)):
+    paths, records = [], itertools.starmap(record, examples)
+    while chunk := list(itertools.islice(records, math.ceil(count / num_files))):
         paths.append(os.path.join(os.fspath(split_dir), shard_name(len(paths), image_size, len(chunk))))
         write_tfrecord(paths[-1], chunk)
     return paths
