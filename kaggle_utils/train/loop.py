@@ -1,9 +1,11 @@
-"""``fit``: training steps with actions at intervals: log, evaluate, checkpoint, stop early. One concern, the
-loop: with its :class:`FitSettings` (what it does when, and how it judges an evaluation) and its progress bars.
+"""``fit``: training steps with actions at intervals: log, evaluate, checkpoint, stop early.
 
 ``train_batches(epoch)`` is a *function* of the epoch, so a resumed run rebuilds the interrupted one's data
 order and skips what it trained on. Metrics are pulled once per log, never per step; checkpoints are
 written by a background thread (:class:`~.run_dir.RunFolder`); nothing diverged is saved.
+
+Size: one concern, the loop, with its :class:`FitSettings` (what it does when, how it judges an evaluation) and
+the progress bars it draws: the settings are read only here, and apart they were two small files to open.
 """
 import dataclasses
 import functools
