@@ -70,7 +70,7 @@ def test_too_few_examples_or_folds_are_refused():
 
 def test_load_dataset_reads_only_the_selected_records_and_counts_them(sample):
     from kaggle_utils.data import list_tfrecords, load_dataset
-    from kaggle_utils.data.selection import scan_records
+    from kaggle_utils.data.tfrecords import scan_records
 
     files = list_tfrecords(Path(sample.root) / "val")
     index = scan_records(files)
@@ -119,7 +119,7 @@ def cv(sample, tmp_path_factory):
 def pool_labels(sample):
     """{name: label} of every train + val record, read here (names as the CV names records without ids)."""
     from kaggle_utils.data import list_tfrecords
-    from kaggle_utils.data.selection import scan_records
+    from kaggle_utils.data.tfrecords import scan_records
 
     names = {}
     for split in ("train", "val"):

@@ -46,15 +46,15 @@ def decoder(request, monkeypatch):
         if jpeg.strict_decoder() is None:
             pytest.skip("simplejpeg is not installed (as on Kaggle's images); the other decoders are tested")
         return request.param
-    monkeypatch.setitem(jpeg._decoders, "simplejpeg", None)
+    monkeypatch.setattr(jpeg, "strict_decoder", lambda: None)
     opencv = jpeg._opencv()
     if opencv is None:
         pytest.fail("OpenCV (a dependency of imgaug) is not installed")
     if request.param == "pil":
-        monkeypatch.setitem(jpeg._decoders, "cv2", None)
+        monkeypatch.setattr(jpeg, "_opencv", lambda: None)
     elif request.param == "opencv-bgr":
         names = {name: getattr(opencv, name) for name in dir(opencv) if name != "IMREAD_COLOR_RGB"}
-        monkeypatch.setitem(jpeg._decoders, "cv2", types.SimpleNamespace(**names))
+        monkeypatch.setattr(jpeg, "_opencv", lambda: types.SimpleNamespace(**names))
     return request.param
 
 

@@ -6,6 +6,7 @@ covered by the "garbled jpeg" case of ``test_data_tfrecords.py``; here: the chec
 oracle, clean files, the once-per-record memory, the notice without simplejpeg, sources and the
 converter, the job's scan before training, and prediction (which keeps such an image).
 """
+import functools
 import io
 import os
 import sys
@@ -117,8 +118,8 @@ def test_tensorflow_decodes_the_garbled_test_image_with_only_libjpegs_anonymous_
 def test_without_simplejpeg_one_notice_and_decoding_works(split_with_a_garbled_record, monkeypatch):
     folder, _ = split_with_a_garbled_record
     monkeypatch.setitem(sys.modules, "simplejpeg", None)  # import simplejpeg -> ImportError
-    monkeypatch.setitem(jpeg._decoders, "simplejpeg", jpeg._NOT_LOADED)
-    monkeypatch.setattr(jpeg, "_notice_given", False)
+    monkeypatch.setattr(jpeg, "strict_decoder", functools.cache(jpeg.strict_decoder.__wrapped__))  # probed again
+    monkeypatch.setattr(jpeg, "_notice_not_checked", functools.cache(jpeg._notice_not_checked.__wrapped__))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, first = collect(load(folder))

@@ -43,7 +43,7 @@ def data(tmp_path_factory):
 
 
 def _selection(root):
-    from kaggle_utils.data.selection import scan_records
+    from kaggle_utils.data.tfrecords import scan_records
 
     index = scan_records(kd.list_tfrecords(root / "train"))
     return index.pairs(np.flatnonzero(np.arange(len(index)) % 4 != 1))  # three folds of four

@@ -16,7 +16,7 @@ import kaggle_utils.data as kd
 from kaggle_utils import job, run
 from kaggle_utils.config import TrainConfig
 from kaggle_utils.data import convert
-from kaggle_utils.data.selection import scan_records
+from kaggle_utils.data.tfrecords import scan_records
 from kaggle_utils.run.cv import assign_folds, read_folds
 
 from job_helpers import TEST_MODEL

@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -30,8 +29,7 @@ import numpy as np
 from .pipeline import load_source
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfhost import tf
-from .tfrecords import (SPLITS, DataError, atomic_output_path, count_from_name, encode_jpeg, serialize_example,
-                        target_of, write_shards)
+from .tfrecords import SPLITS, DataError, atomic_output_path, count_from_name, write_shards
 
 INFO_FILE = "class_names.json"
 _READ_BATCH = 64
@@ -196,11 +194,10 @@ def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size
     """``indices`` of ``source``, in order, as about ``shards`` files."""
     dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, with_ids=True,
                           skip_errors=skip_errors)
-    records = (serialize_example(encode_jpeg(batch["image"][i], quality), **target_of(
-        batch["label"][i] if source.labeled else None, batch["id"][i]))
-        for batch in dataset for i in np.flatnonzero(batch["mask"]))
-    return write_shards(folder, records, per_file=math.ceil(len(indices) / min(shards, len(indices))),
-                        image_size=image_size)
+    examples = ((batch["image"][i], batch["label"][i] if source.labeled else None, batch["id"][i])
+                for batch in dataset for i in np.flatnonzero(batch["mask"]))
+    return write_shards(folder, examples, count=len(indices), num_files=min(shards, len(indices)),
+                        image_size=image_size, quality=quality)
 
 
 def _existing_splits(out_dir: str) -> list[str]:

@@ -9,8 +9,8 @@ of ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")``: simplejpeg (strict: the
 for RGB and greyscale, else PIL (CMYK, whose colour conversion must be libjpeg's).
 """
 
+import functools
 import io
-import threading
 import warnings
 
 import numpy as np
@@ -24,50 +24,44 @@ NOT_CHECKED_NOTICE = (
     "`pip install -U simplejpeg` turns the check on")
 CMYK_COLORSPACES = ("CMYK", "YCCK")  # simplejpeg's names for four-channel JPEGs
 _TRUNCATED = "Premature end of JPEG file"  # libjpeg's words when the data stop before the end marker
-_NOT_LOADED = object()
-_decoders = {"simplejpeg": _NOT_LOADED, "cv2": _NOT_LOADED}  # module, or None where not installed
-_notice_given = False
-_lock = threading.Lock()
 
 
 class CorruptJpegError(ValueError):
     """A JPEG whose header reads but whose data are corrupt; the message is the whole problem."""
 
 
+@functools.cache
 def strict_decoder():
     """The ``simplejpeg`` module, or None where it is not installed (or has no ``strict=``)."""
-    if _decoders["simplejpeg"] is _NOT_LOADED:
-        try:
-            import simplejpeg as module  # here: optional, and only a check or a worker decodes
+    try:
+        import simplejpeg  # here: optional, and only a check or a worker decodes
 
-            module.decode_jpeg(module.encode_jpeg(np.zeros((8, 8, 3), np.uint8)), strict=True)
-        except (ImportError, TypeError):  # TypeError: a release without strict= (1.9.0 is tested)
-            module = None
-        _decoders["simplejpeg"] = module
-    return _decoders["simplejpeg"]
+        simplejpeg.decode_jpeg(simplejpeg.encode_jpeg(np.zeros((8, 8, 3), np.uint8)), strict=True)
+    except (ImportError, TypeError):  # TypeError: a release without strict= (1.9.0 is tested)
+        return None
+    return simplejpeg
 
 
+@functools.cache
 def _opencv():
     """OpenCV (imgaug needs it), or None: PIL alone decodes every JPEG exactly too, only slower."""
-    if _decoders["cv2"] is _NOT_LOADED:
-        try:
-            import cv2 as module  # here: slow to import, and only the workers decode
-        except ImportError:  # pragma: no cover - depends on the environment
-            module = None
-        _decoders["cv2"] = module
-    return _decoders["cv2"]
+    try:
+        import cv2  # here: slow to import, and only the workers decode
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return cv2
 
 
 def check_available() -> bool:
     """Whether corrupt JPEG data can be detected here; if not, says so once per process (a RuntimeWarning)."""
-    global _notice_given
-    if strict_decoder() is not None:
-        return True
-    with _lock:
-        first, _notice_given = not _notice_given, True
-    if first:
-        warnings.warn(NOT_CHECKED_NOTICE, RuntimeWarning, stacklevel=3)
-    return False
+    if strict_decoder() is None:
+        _notice_not_checked()
+    return strict_decoder() is not None
+
+
+@functools.cache
+def _notice_not_checked() -> None:  # cached: once per process
+    warnings.warn(NOT_CHECKED_NOTICE, RuntimeWarning, stacklevel=4)
 
 
 def corrupt_problem(libjpeg_message: str) -> str:

@@ -19,11 +19,11 @@ import numpy as np
 
 from . import jpeg
 from .augment import augment_batches, per_image_ops, resolve_augment
-from .selection import record_filter
 from .sources import Source
 from .tfhost import first_success, host_cores, op_message, records_read, tf
 from .tfrecords import (UNDECODABLE, BadRecordError, DataError, RecordProblem, count_data_items, first_problem,
-                        list_tfrecords, parse_record, reader_problem, record_spec, shard_files, size_problem)
+                        list_tfrecords, parse_record, reader_problem, record_filter, record_spec, shard_files,
+                        size_problem)
 from .transforms import Resize, decode_image
 
 SHUFFLE_BUFFER = 2048  # serialized records (~50-150 kB each at 512x512), not decoded images

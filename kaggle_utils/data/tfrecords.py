@@ -1,9 +1,13 @@
-"""Kaggle's flower TFRecords: finding, counting and sharding the files, parsing one record, writing them.
+"""Kaggle's flower TFRecords: finding, counting and sharding the files, parsing one record, choosing records by
+(file, index), scanning a split's labels and ids, writing them.
 
 ``{train,val,test}/NN-SxS-COUNT.tfrec``: ``image`` (JPEG bytes) with ``class`` (int64), or ``labels`` (the kit's
 multi-label records: the classes present), or ``id`` (bytes, test). A record's problems are described, not raised,
 so that the pipeline names the file and record, or skips and counts it. A shard is written beside its final name
 and renamed into place (a crash leaves no half-written shard for a ``*.tfrec`` glob).
+
+Size: one concern, the TFRecord files: every reader and writer of the competition's record format is here, so a
+change to a feature (``class``, ``labels``, ``id``) is made in one module.
 """
 
 import contextlib
@@ -107,8 +111,7 @@ def count_records(filename: str) -> int:
 def count_data_items(filenames: str | Sequence[str]) -> int:
     """Number of examples in the files: from the counts in their names, else by counting."""
     files = [filenames] if isinstance(filenames, (str, os.PathLike)) else list(filenames)
-    return sum(count_records(os.fspath(f)) if count_from_name(os.fspath(f)) is None else count_from_name(os.fspath(f))
-               for f in files)
+    return sum(count_records(f) if count_from_name(f) is None else count_from_name(f) for f in map(os.fspath, files))
 
 
 def shard_files(filenames: Sequence[str], process_index: int, process_count: int) -> list[str]:
@@ -256,6 +259,89 @@ def _multi_hot(indices, num_classes: int):
     return row, problem
 
 
+# ---------- Records by (file, index): a CV fold's records without a copy of the data per fold (not every labelled
+# record has an ``id``); a split's labels and ids (:func:`scan_records`), no image decoded
+def _norm(name) -> str:
+    return os.path.abspath(os.fspath(name))
+
+
+def record_filter(listed: list[str], files: list[str], select: Iterable[tuple[str, int]]):
+    """``(predicate(filename, index) -> bool tensor, how many selected records lie in files)``: ``files`` are this
+    process's shard of ``listed``; a selection naming a file not listed is refused (a typo would read nothing)."""
+    select = list(select)
+    known = {_norm(f) for f in listed}
+    unknown = sorted({os.fspath(f) for f, _ in select if _norm(f) not in known})
+    if unknown:
+        raise ValueError(f"select names {len(unknown)} file(s) not among the files read, e.g. {unknown[0]}")
+    by_path = {_norm(f): f for f in files}
+    keys = sorted({f"{by_path[_norm(f)]}#{int(i)}" for f, i in select if _norm(f) in by_path})
+    if not keys:
+        return (lambda filename, index: tf.constant(False)), 0
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.ones(len(keys), tf.int32)), default_value=0)
+
+    def keep(filename, index):
+        return table.lookup(tf.strings.join([filename, "#", tf.strings.as_string(index)])) > 0
+
+    return keep, len(keys)
+
+
+@dataclass(frozen=True)
+class RecordIndex:
+    """Every record of some files, in file order: where it is, its label, and its ``id`` feature ('' if none)."""
+
+    files: np.ndarray  # str [N]
+    indices: np.ndarray  # int64 [N]
+    labels: np.ndarray  # int64 [N] (-1: no class feature)
+    ids: np.ndarray  # str [N]
+    label_sets: tuple = ()  # per record, the int64 class indices of its ``labels`` feature (multi-label records)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def pairs(self, rows=None) -> list[tuple[str, int]]:
+        rows = range(len(self)) if rows is None else rows
+        return [(str(self.files[r]), int(self.indices[r])) for r in rows]
+
+    @property
+    def multi_label(self) -> bool:
+        """Multi-label records: none has a ``class``, each names its classes in ``labels``."""
+        return bool(len(self)) and bool(np.all(self.labels < 0)) and all(len(s) for s in self.label_sets)
+
+    def multi_hot(self, num_classes: int) -> np.ndarray:
+        """float32 ``[N, num_classes]`` of ``label_sets`` (indices outside the range are the reader's to refuse)."""
+        rows = np.zeros((len(self), num_classes), np.float32)
+        for r, found in enumerate(self.label_sets):
+            rows[r, found[(found >= 0) & (found < num_classes)]] = 1.0
+        return rows
+
+
+def scan_records(files: list[str]) -> RecordIndex:
+    """Labels (``class``, or a multi-label record's ``labels``) and ids of every record of ``files`` (sorted)."""
+    spec = {"class": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+            "id": tf.io.FixedLenFeature([], tf.string, default_value=""),
+            "labels": tf.io.VarLenFeature(tf.int64)}
+    names, indices, labels, ids, label_sets = [], [], [], [], []
+    for name in sorted(files):
+        start = 0
+        try:
+            chunks = [tf.io.parse_example(chunk, spec) for chunk in tf.data.TFRecordDataset(name).batch(4096)]
+        except tf.errors.OpError as err:  # a file that does not read, or a feature of another type: which record
+            raise DataError(str(reader_problem([name], spec) or f"{name}: {op_message(err)}")) from None
+        for parsed in chunks:
+            n = int(parsed["class"].shape[0])
+            names += [name] * n
+            indices.append(np.arange(start, start + n))
+            labels.append(parsed["class"].numpy())
+            ids += [v.decode("utf-8") for v in parsed["id"].numpy()]
+            ragged = tf.RaggedTensor.from_sparse(parsed["labels"])
+            label_sets += np.split(ragged.values.numpy(), ragged.row_splits.numpy()[1:-1])
+            start += n
+    cat = (lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype))
+    return RecordIndex(np.array(names, dtype=str), cat(indices, np.int64), cat(labels, np.int64),
+                       np.array(ids, dtype=str), tuple(label_sets))
+
+
 # ---------- Writing records and shards
 @contextlib.contextmanager
 def atomic_output_path(path: str | os.PathLike) -> Iterator[str]:
@@ -331,24 +417,21 @@ def write_split(split_dir: str | os.PathLike, images: np.ndarray, *, labels: Seq
     if not 1 <= num_files <= max(1, len(images)):
         raise ValueError(f"num_files={num_files} must be between 1 and the number of images ({len(images)})")
     labels, ids = ([None] * len(images) if x is None else x for x in (labels, ids))
-    records = (serialize_example(encode_jpeg(image, quality), **target_of(label, id_))
-               for image, label, id_ in zip(images, labels, ids))
-    return write_shards(split_dir, records, per_file=math.ceil(len(images) / num_files), image_size=images.shape[1])
+    return write_shards(split_dir, zip(images, labels, ids), count=len(images), num_files=num_files,
+                        image_size=images.shape[1], quality=quality)
 
 
-def target_of(label=None, id=None) -> dict:
-    """``serialize_example``'s target keywords: ``label=`` (an int), ``labels=`` (a multi-hot row's classes), ``id=``."""
-    if label is None:
-        return {"id": id}
-    row = np.asarray(label)
-    target = {"labels": np.flatnonzero(row > 0.5)} if row.ndim == 1 else {"label": int(row)}
-    return target if id is None else {**target, "id": id}
+def write_shards(split_dir, examples: Iterable[tuple], *, count: int, num_files: int, image_size: int,
+                 quality: int) -> list[str]:
+    """``count`` examples ``(image, label, id)`` as ``num_files`` shards (all but the last of ``ceil(count /
+    num_files)``) in Kaggle's names; ``label``: an int, a multi-hot row (its classes: ``labels``), or None (test)."""
+    def record(image, label, id):
+        row = None if label is None else np.asarray(label)
+        target = {} if row is None else {"labels": np.flatnonzero(row > 0.5)} if row.ndim == 1 else {"label": int(row)}
+        return serialize_example(encode_jpeg(image, quality), **target, id=id)
 
-
-def write_shards(split_dir, records: Iterable[bytes], *, per_file: int, image_size: int) -> list[str]:
-    """Serialized ``records`` as shards of ``per_file`` records (the last may hold fewer), in Kaggle's names."""
-    paths, records = [], iter(records)
-    while chunk := list(itertools.islice(records, per_file)):
+    paths, records = [], itertools.starmap(record, examples)
+    while chunk := list(itertools.islice(records, math.ceil(count / num_files))):
         paths.append(os.path.join(os.fspath(split_dir), shard_name(len(paths), image_size, len(chunk))))
         write_tfrecord(paths[-1], chunk)
     return paths

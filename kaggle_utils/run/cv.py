@@ -29,7 +29,7 @@ import numpy as np
 from .. import checkpoint
 from ..config import ConfigError, TrainConfig
 from ..data.convert import iterative_stratification, source_from_spec
-from ..data.selection import scan_records
+from ..data.tfrecords import scan_records
 from ..report import read_metrics
 from ..train import Hook, Task
 from .build import eval_dataset, make_task

@@ -22,7 +22,7 @@ from ..config import ConfigError, TrainConfig
 from ..data import Source, count_data_items, list_tfrecords, make_sample_dataset, scan_labels
 from ..data.convert import (INFO_FILE, conversion_changes, convert_source, read_conversion_info, source_from_spec,
                             stratified_split)
-from ..data.selection import scan_records
+from ..data.tfrecords import scan_records
 from ..data.sources import MissingImageError
 
 SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it

@@ -25,7 +25,7 @@ from ..config import TrainConfig
 from ..report import write_lr_find_plot
 from ..train import Task, scaled_lr
 from ..train.optim import OPTIMIZERS
-from ..train.progress import progress_bar
+from ..train.loop import progress_bar
 from .build import Plan, Training, build_model, build_training, initial_variables, train_dataset
 from .data import RunData, run_data
 from .resolve import resolve

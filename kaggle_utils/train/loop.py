@@ -3,8 +3,13 @@
 ``train_batches(epoch)`` is a *function* of the epoch, so a resumed run rebuilds the interrupted one's data
 order and skips what it trained on. Metrics are pulled once per log, never per step; checkpoints are
 written by a background thread (:class:`~.run_dir.RunFolder`); nothing diverged is saved.
+
+Size: one concern, the loop, with its :class:`FitSettings` (what it does when, how it judges an evaluation) and
+the progress bars it draws: the settings are read only here, and apart they were two small files to open.
 """
 import dataclasses
+import functools
+import importlib.util
 import itertools
 import math
 import time
@@ -20,15 +25,75 @@ from tqdm.std import tqdm  # tqdm.write: one line between whatever bars are show
 from .. import compilation
 from ..parallel import local_rows
 from ..precision import overflow_verdict
-from .progress import progress_bar
 from .progressive import STAGE_COLUMNS, StagedSteps
 from .run_dir import RunFolder, load_last
-from .settings import TIMING_COLUMNS, FitSettings, make_monitor
 from .steps import Steps
 from .tasks import Task
 
+TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
 LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
 PREFETCH = 2  # batches put on the devices ahead of the step
+
+
+# ---- settings
+_RULES = [*((name, lambda v: isinstance(v, int) and v >= 1, "a positive number of steps") for name in (
+    "steps_per_epoch", "epochs", "total_steps", "log_every", "eval_every", "checkpoint_every", "keep")),
+          ("monitor_mode", lambda v: v in ("auto", "min", "max"), "auto, min or max"),
+          ("min_delta", lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
+          ("patience", lambda v: v >= 1, ">= 1 evaluation")]  # (field, test of a value given, the refusal's words)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+    """When :func:`fit` does what, and what it watches. Give ``epochs`` (of ``steps_per_epoch`` steps) or
+    ``total_steps`` (the last epoch may be shorter; filled in from ``epochs``)."""
+
+    steps_per_epoch: int
+    epochs: int | None = None
+    total_steps: int | None = None
+    log_every: int = 20
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    keep: int = 1
+    monitor: str = "val_f1"
+    monitor_mode: str = "auto"
+    min_delta: float = 0.0
+    patience: int | None = None
+
+    def __post_init__(self):
+        if (self.epochs is None) == (self.total_steps is None):
+            raise ValueError("give exactly one of epochs or total_steps")
+        for name, test, words in _RULES:
+            value = getattr(self, name)
+            if value is not None and not test(value):
+                raise ValueError(f"{name} must be {words}, got {value!r}")
+        if self.total_steps is None:
+            object.__setattr__(self, "total_steps", self.epochs * self.steps_per_epoch)
+
+
+# ---- progress bars: widgets in a notebook that has them (Kaggle's), text bars in a terminal, none in a notebook
+# without ``ipywidgets`` (nbmake), where ``tqdm.auto``'s text fallback would leave carriage-return fragments in the
+# saved output and the loop's line per evaluation is the progress
+@functools.cache
+def _bar_class():
+    """The tqdm class for this process, or None where no bar renders cleanly."""
+    try:
+        from IPython import get_ipython  # only to ask whether this is a notebook
+    except ImportError:
+        return tqdm
+    if type(get_ipython()).__name__ != "ZMQInteractiveShell":  # a terminal, or no IPython shell (None)
+        return tqdm
+    if importlib.util.find_spec("ipywidgets") is None:  # tqdm.notebook needs it to draw
+        return None
+    from tqdm.notebook import tqdm as notebook_tqdm  # imports ipywidgets: only in a notebook that has them
+
+    return notebook_tqdm
+
+
+def progress_bar(*, disable: bool = False, **kwargs):
+    """A tqdm bar (``write`` included) for this environment; a disabled text bar where none renders."""
+    cls = _bar_class()
+    return tqdm(disable=True, **kwargs) if cls is None else cls(disable=disable, **kwargs)
 
 
 def history_columns(task: Task, *, loss_scaling: bool = False, staged: bool = False) -> tuple[str, ...]:
@@ -110,7 +175,7 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], set
                  hooks=_as_hooks(hooks), writers=list(writers), progress=progress and _is_main(), stages=stages)
     folder = None
     if out_dir is not None:
-        folder = RunFolder(out_dir, loop.columns, monitor=loop.watch.name, keep=settings.keep, manifest=manifest,
+        folder = RunFolder(out_dir, loop.columns, monitor=settings.monitor, keep=settings.keep, manifest=manifest,
                            report=report, write=_is_main())
     return loop.run(state, folder, resume=resume)
 
@@ -124,7 +189,10 @@ class _Loop:
         self.train_batches, self.val_batches, self.lr_schedule = train_batches, val_batches, lr_schedule
         self.hooks, self.writers, self.show = hooks, writers, progress
         self.columns = history_columns(self.task, loss_scaling=state.loss_scale is not None, staged=bool(stages))
-        self.watch = make_monitor(settings, self.columns, self.task)
+        if settings.monitor not in self.columns:
+            raise ValueError(f"monitor {settings.monitor!r} is not a history column of this task; choose one of "
+                             f"{', '.join(c for c in self.columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
+        self.mode = self.task.mode(settings.monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
         self.staged = StagedSteps(stages, epochs=self._epoch_of(settings.total_steps - 1)) if stages else None
         self.stage = None  # progressive: the stage now training
         self.stage_compile_s: dict[str, float] = {}  # stage number -> its first step's compiling, in this process
@@ -145,6 +213,24 @@ class _Loop:
     def _call_hooks(self, method: str, *args) -> list:
         return [getattr(h, method)(*args) for h in self.hooks if hasattr(h, method)]
 
+    def _improves(self, row: dict, best: dict | None) -> bool:
+        """Better than the best so far by more than ``min_delta``; NaN never is."""
+        monitor, min_delta = self.settings.monitor, self.settings.min_delta
+        if not math.isfinite(row[monitor]):
+            return False
+        if best is None:
+            return True
+        delta = row[monitor] - best[monitor]
+        return delta < -min_delta if self.mode == "min" else delta > min_delta
+
+    def _early_stop(self) -> str | None:
+        """The reason to stop once ``patience`` evaluations have passed since the best one."""
+        patience, best, last = self.settings.patience, self.best, self.history[-1] if self.history else None
+        if patience is None or best is None or sum(row["step"] > best["step"] for row in self.history) < patience:
+            return None
+        return (f"early stopping after epoch {last['epoch']} (step {last['step']}): {self.settings.monitor} did not "
+                f"improve for {patience} evaluation(s) (best {best[self.settings.monitor]:.4f} at step {best['step']})")
+
     def _emit(self, step: int, scalars: dict) -> None:
         if _is_main():
             for writer in self.writers:
@@ -161,8 +247,9 @@ class _Loop:
                            f"step {int(state.step)}")
         if folder is not None and folder.write:
             folder.path.mkdir(parents=True, exist_ok=True)
-        self.best = self.watch.best_row(self.history)
-        self.stop_reason = self.watch.early_stop(self.history, self.best) or "completed"
+        for row in self.history:  # the best of a resumed run's rows
+            self.best = row if self._improves(row, self.best) else self.best
+        self.stop_reason = self._early_stop() or "completed"
         dev_state = self.steps.put_state(state)
         self.pending = self.steps.put_state(pending_host) if pending_host else None
         host_state = state
@@ -305,12 +392,12 @@ class _Loop:
         self.clock["row"] = time.perf_counter()
         self.pending = None
         self.history.append(row)
-        improved = self.watch.improves(row, self.best)
+        improved = self._improves(row, self.best)
         if improved:
             self.best, self.best_sums = row, sums
         if _is_main():
-            tqdm.write(_format_row(row, self.watch.name, improved))
-        self.stop_reason = self.watch.early_stop(self.history, self.best) or self.stop_reason
+            tqdm.write(_format_row(row, self.settings.monitor, improved))
+        self.stop_reason = self._early_stop() or self.stop_reason
         return improved
 
     def _report_first_step(self, metrics) -> None:
