@@ -4,6 +4,9 @@ a finished run's checkpoint read back (``--init-from``, :func:`~kaggle_utils.run
 A progressive run's stage (``--progressive-stages``; the numbers are :mod:`kaggle_utils.train.progressive`'s) is the
 run's config with that stage's image size, RandAugment magnitude, Mixup / CutMix alphas and dropout, so what builds
 a run's input and step from a config builds a stage's unchanged, for every data route and for ``cv``.
+
+Size: one concern, a run's parts (model, variables or a parent's checkpoint, optimizer, steps, datasets), each made
+by a function of the resolved config; a stage's are the same functions given the stage's config.
 """
 import dataclasses
 import functools
