@@ -6,11 +6,10 @@ until the loss explodes; the state it trained is thrown away. The pick (:func:`p
 is where the loss, smoothed by a *centred* mean (a trailing one lags), falls fastest before its minimum; a
 curve that never falls ``MIN_DROP`` below its start picks nothing and the default rate stays. Why this rule:
 bench/README.md, "Learning rate of a short fine-tune". The found rate is the run's ``lr`` in ``config.json``,
-with a note (``lr_find``) that ``--resume`` reads instead of testing again.
+with a note (``lr_find``) that ``--resume`` reads instead of testing again (:func:`~.trainer.resumed_config`).
 """
 import dataclasses
 import itertools
-import json
 import math
 import tempfile
 from pathlib import Path
@@ -196,23 +195,6 @@ def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, 
             finding.write(out)
     config, plan = with_lr(config, plan, finding.lr)
     return config, plan, build_training(config, plan, model, variables, task=task), finding.note()
-
-
-def reuse_found_lr(out: str | Path, config: TrainConfig, plan: Plan) -> tuple[TrainConfig, Plan, dict | None]:
-    """``--resume`` with ``--lr auto``: the rate the run's range test found, from ``OUT/config.json`` (its note is
-    kept for that rate given by hand too); unchanged, without a note, where none was found."""
-    try:
-        record = json.loads((Path(out) / "config.json").read_text())
-        note, lr = record["lr_find"], record["config"]["optim"]["lr"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return config, plan, None
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr != note.get("lr"):
-        return config, plan, None
-    if config.optim.lr == lr:  # the found rate given by hand: the same run, and its note stays
-        return config, plan, note
-    if config.optim.lr != "auto":
-        return config, plan, None
-    return (*with_lr(config, plan, float(lr)), note)
 
 
 def find_lr(config: TrainConfig, data: RunData | None = None, *, task: Task | None = None,

@@ -24,8 +24,7 @@ from ..train.writers import close_writers
 from .build import (Plan, Training, build_model, build_training, epoch_config, initial_variables, model_size,
                     open_writers, train_dataset, val_dataset)
 from .data import RunData, commit_conversion, run_data
-from .lr_find import reuse_found_lr, settle_lr
-from .memory_plan import recorded_batch
+from .lr_find import settle_lr
 from .predict import predict_split, write_predictions
 from .resolve import check_config, resolve
 
@@ -74,10 +73,9 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
     out, main = Path(out), jax.process_index() == 0
     owned = outdir.owned(out) if main else contextlib.nullcontext()  # the lock on out (the others write nothing)
     with owned, run_data(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
-        chosen, batch_note = recorded_batch(config, out) if resume else (config, "")
+        chosen, batch_note, lr_note = resumed_config(config, out) if resume else (config, "", None)
         resolved, plan = resolve(chosen, data, task)  # 3. resolve: what the config left open, for this machine
         plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
-        resolved, plan, lr_note = reuse_found_lr(out, resolved, plan) if resume else (resolved, plan, None)
         model = build_model(resolved)  # 4. build: model, variables, optimizer, steps
         variables = initial_variables(resolved, model)
         training = build_training(resolved, plan, model, variables, task=task, tx=tx)
@@ -107,6 +105,28 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
         finally:
             close_writers(opened)
     return RunResult(out, resolved, plan, result, training.steps, submission, tuple(ids))
+
+
+def resumed_config(config: TrainConfig, out: Path) -> tuple[TrainConfig, str, dict | None]:
+    """``--resume``: ``config`` with what ``out/config.json`` records of its searches, which a new one could choose
+    otherwise (another device, another JAX) so that the run could not continue: ``--batch-per-device auto``'s global
+    batch, with the plan's note saying so, and ``--lr auto``'s found rate, with its ``lr_find`` note (kept for that
+    rate given by hand too). Without a readable record, ``config`` as it is (resume then says why)."""
+    path = Path(out) / "config.json"
+    try:
+        record = json.loads(path.read_text())
+        batch, lr = record["config"]["data"]["batch_size"], record["config"]["optim"]["lr"]
+        found = record.get("lr_find")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return config, "", None
+    batch_note = ""
+    if config.data.batch_per_device == "auto" and isinstance(batch, int) and batch >= 1:
+        batch_note = f"batch per device auto: the global batch {batch} {path} records (--resume searches no new one)"
+        config = config.replace(batch_per_device=None, memory_budget=None, batch_size=batch)
+    if not (isinstance(found, dict) and isinstance(lr, (int, float)) and not isinstance(lr, bool)
+            and lr == found.get("lr") and config.optim.lr in (lr, "auto")):
+        return config, batch_note, None
+    return config.replace(lr=float(lr)) if config.optim.lr == "auto" else config, batch_note, found
 
 
 def _custom_tx_note(tx: optax.GradientTransformation | Callable) -> str:
