@@ -46,11 +46,6 @@ class RunResult:
         return self.fit.best
 
     @property
-    def model_size(self) -> dict:
-        """``params_trainable``, ``params_frozen``, ``gflops_per_image`` (one forward at the run's size)."""
-        return self.plan.model_size
-
-    @property
     def history(self) -> list[dict]:
         return self.fit.history
 
