@@ -202,22 +202,15 @@ def _write_oof(path: Path, pool: Pool, rows: Sequence[int], probs: np.ndarray) -
                                      for r, row in zip(rows, probs)))
 
 
-def read_oof(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, labels as written, folds, probabilities [N, C]) of an ``oof.csv``."""
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))[1:]
-    return ([r[0] for r in rows], np.array([r[1] for r in rows]), np.array([int(r[2]) for r in rows]),
-            np.array([[float(v) for v in r[3:]] for r in rows]))
-
-
 def _finish(out: Path, k: int, pool: Pool, data: RunData, task: Task) -> dict:
     """Pooled ``oof.csv`` / ``oof.npy``, ``cv.json``, and the fold models' mean on the test split."""
     row_of = {key: r for r, key in enumerate(pool.keys)}
     probs = None
-    for fold in range(k):
-        ids, _, _, fold_probs = read_oof(out / f"fold{fold}" / FOLD_OOF)
-        probs = np.zeros((len(pool.keys), fold_probs.shape[1])) if probs is None else probs
-        probs[[row_of[i] for i in ids]] = fold_probs
+    for fold in range(k):  # each fold's oof.csv: id, label, fold, then the probabilities
+        with open(out / f"fold{fold}" / FOLD_OOF, newline="") as f:
+            rows = list(csv.reader(f))[1:]
+        probs = np.zeros((len(pool.keys), len(rows[0]) - 3)) if probs is None else probs
+        probs[[row_of[r[0]] for r in rows]] = [[float(v) for v in r[3:]] for r in rows]
     scores = cv_scores(out, k, pool.labels, pool.folds, probs, task)
     if jax.process_index() == 0:
         _write_oof(out / "oof.csv", pool, range(len(pool.keys)), probs)
