@@ -178,12 +178,8 @@ def _finding(config: TrainConfig, plan: Plan, lrs: list, losses: list, stop: str
                      plan.global_batch)
 
 
-def with_lr(config: TrainConfig, plan: Plan, lr: float) -> tuple[TrainConfig, Plan]:
-    return config.replace(lr=lr), dataclasses.replace(plan, peak_lr=scaled_lr(lr, plan.global_batch))
-
-
 def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, variables: dict,
-              out: str | Path | None, *, task: Task | None = None, progress: bool = True
+              out: str | Path, *, task: Task | None = None, progress: bool = True
               ) -> tuple[TrainConfig, Plan, Training, dict]:
     """A run's range test, reported (log lines; ``lr_find.csv``/``.png`` in ``out`` on process 0): the config and
     plan with the found rate, the run's training built afresh from ``variables`` with it, config.json's note."""
@@ -191,9 +187,9 @@ def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, 
     if jax.process_index() == 0:
         print(finding.describe())
         print(finding.text_curve())
-        if out is not None:
-            finding.write(out)
-    config, plan = with_lr(config, plan, finding.lr)
+        finding.write(out)
+    plan = dataclasses.replace(plan, peak_lr=scaled_lr(finding.lr, plan.global_batch))
+    config = config.replace(lr=finding.lr)
     return config, plan, build_training(config, plan, model, variables, task=task), finding.note()
 
 
