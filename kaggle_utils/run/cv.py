@@ -20,7 +20,7 @@ import dataclasses
 import io
 import json
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -92,7 +92,11 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
     if groups_at is not None and config.data.source is not None:
         _check_source_groups(config, groups_at, fold_group)  # before the source is converted into OUT/data
     main, trained = jax.process_index() == 0, {}
-    with _pool_data(config, out) as (fold_config, data):
+    with data_root(config, out) as root:  # --source converted once into OUT/data, the folds' --data-dir
+        data = commit_conversion(open_data(config, root), out)
+        fold_config = config if config.data.source is None else config.replace(
+            source=None, test_source=None, image_dir=None, test_image_dir=None, tfds_data_dir=None,
+            data_dir=str(data.root.resolve()))
         groups = None if groups_at is None else read_groups(groups_at, fold_group, data.columns[0])
         pool = _pool(data, folds, config.seed, groups)
         if chosen:  # what a fold's run would refuse from the data, refused before the CV's own files are written;
@@ -134,17 +138,6 @@ def _check_args(folds: int, only_folds: Sequence[int] | None, resume: bool, over
     if outside:
         raise ConfigError(f"--only-folds {','.join(map(str, only_folds))}: fold {outside[0]} is not in 0..{folds - 1}")
     return chosen
-
-
-@contextlib.contextmanager
-def _pool_data(config: TrainConfig, out: Path) -> Iterator[tuple[TrainConfig, RunData]]:
-    """(the config each fold trains with, the data opened and checked): ``--source`` converted once into OUT/data,
-    which the folds then read as their ``--data-dir``."""
-    with data_root(config, out) as root:
-        data = commit_conversion(open_data(config, root), out)
-        yield (config if config.data.source is None else
-               config.replace(source=None, test_source=None, image_dir=None, test_image_dir=None, tfds_data_dir=None,
-                              data_dir=str(data.root.resolve()))), data
 
 
 def _check_source_groups(config: TrainConfig, path: Path, column: str) -> None:
