@@ -277,27 +277,20 @@ def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables:
 # --------------------------------------------------------------------------- --progressive-stages
 
 
-def _min_size(config: TrainConfig, image_size: int) -> int:
-    """``--progressive-min-size``, or 128 (at most half the image size, at least 8)."""
-    given = config.loop.progressive_min_size
-    if given is not None:
-        if not SIZE_MULTIPLE <= given < image_size:
-            raise ConfigError(f"--progressive-min-size {given}: must be at least {SIZE_MULTIPLE} and smaller than "
-                              f"--image-size {image_size} (the last stage's size)")
-        return given
-    size = min(DEFAULT_MIN_SIZE, image_size // 2)
-    if size < SIZE_MULTIPLE:
-        raise ConfigError(f"--progressive-stages: --image-size {image_size} is too small to grow into (the stages "
-                          f"start at {SIZE_MULTIPLE} px or more); train at {2 * SIZE_MULTIPLE} px or more")
-    return size
-
-
 def progressive_stages(config: TrainConfig) -> tuple[Stage, ...]:
-    """The stages of a config whose image size is resolved; () when off. Refuses, by flag, what cannot be staged."""
+    """The stages of a config whose image size is resolved; () when off. Refuses, by flag, what cannot be staged.
+    The first stage's size: ``--progressive-min-size``, or 128 (at most half the image size, at least 8)."""
     if config.loop.progressive_stages == 0:
         return ()
     size, data, loop = config.model.image_size, config.data, config.loop
-    min_size = _min_size(config, size)
+    given = loop.progressive_min_size
+    min_size = min(DEFAULT_MIN_SIZE, size // 2) if given is None else given
+    if given is not None and not SIZE_MULTIPLE <= min_size < size:
+        raise ConfigError(f"--progressive-min-size {min_size}: must be at least {SIZE_MULTIPLE} and smaller than "
+                          f"--image-size {size} (the last stage's size)")
+    if min_size < SIZE_MULTIPLE:
+        raise ConfigError(f"--progressive-stages: --image-size {size} is too small to grow into (the stages "
+                          f"start at {SIZE_MULTIPLE} px or more); train at {2 * SIZE_MULTIPLE} px or more")
     try:
         return progressive_schedule(loop.progressive_stages, loop.epochs, image_size=size, min_size=min_size,
                                     magnitude=data.randaugment_magnitude, mixup_alpha=data.mixup_alpha,
