@@ -94,11 +94,6 @@ class LrFinding:
 # --------------------------------------------------------------------------- the curve and the rule
 
 
-def sweep(steps: int, lr_min: float = LR_MIN, lr_max: float = LR_MAX) -> np.ndarray:
-    """The rate of each step: geometric from ``lr_min`` to ``lr_max``, as many points per decade everywhere."""
-    return np.geomspace(lr_min, lr_max, steps)
-
-
 def smooth(losses, window: int = WINDOW) -> np.ndarray:
     """Centred mean over ``window`` neighbours (fewer at the ends); no lag, unlike a trailing average."""
     losses, half = np.asarray(losses, np.float64), window // 2
@@ -141,7 +136,7 @@ def range_test(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module,
     ``steps`` steps (default ``DEFAULT_STEPS``, or the run's length when shorter, at least ``FEWEST_DEFAULT_STEPS``)."""
     count = steps or config.optim.lr_find_steps or int(min(DEFAULT_STEPS, max(FEWEST_DEFAULT_STEPS,
                                                                                 plan.total_steps)))
-    rates = sweep(count)
+    rates = np.geomspace(LR_MIN, LR_MAX, count)  # as many points per decade everywhere
     peaks = jnp.asarray(rates * plan.global_batch / 256, jnp.float32)
     schedule = lambda applied: peaks[jnp.minimum(applied, count - 1)]  # noqa: E731  (AdamW's count: applied steps)
     training = build_training(config, plan, model, variables, task=task, mesh=mesh, schedule=schedule)
