@@ -4,9 +4,6 @@ a finished run's checkpoint read back (``--init-from``, :func:`~kaggle_utils.run
 A progressive run's stage (``--progressive-stages``; the numbers are :mod:`kaggle_utils.train.progressive`'s) is the
 run's config with that stage's image size, RandAugment magnitude, Mixup / CutMix alphas and dropout, so what builds
 a run's input and step from a config builds a stage's unchanged, for every data route and for ``cv``.
-
-Size: one concern, a run's parts (model, variables or a parent's checkpoint, optimizer, steps, datasets), each made
-by a function of the resolved config; a stage's are the same functions given the stage's config.
 """
 import dataclasses
 import functools
@@ -28,9 +25,8 @@ from ..device_augment import MixConfig, RandAugmentConfig, make_device_augment, 
 from ..efficientnet import efficientnet_v2_pretrained
 from ..precision import Precision
 from ..variable_trees import VariableTreeError, abstract_variables
-from ..train import (AXIS, MetricWriter, StepConfig, Steps, Task, TensorBoardWriter, TrainState, WandbWriter,
-                     assign_lr_groups, create_train_state, describe_lr_groups, init_variables, make_optimizer,
-                     make_schedule, make_steps)
+from ..train import (AXIS, StepConfig, Steps, Task, TrainState, assign_lr_groups, create_train_state,
+                     describe_lr_groups, init_variables, make_optimizer, make_schedule, make_steps)
 from ..train import make_task as task_named
 from ..train.progressive import SIZE_MULTIPLE, Stage, progressive_schedule
 from .data import RunData
@@ -398,13 +394,3 @@ def model_size(config: TrainConfig, model: nn.Module, variables: dict) -> dict:
     return {"params_trainable": table.trainable, "params_frozen": table.frozen,
             "gflops_per_image": None if flops is None else round(flops / 1e9, 4)}
 
-
-def open_writers(config: TrainConfig, out_dir: str | Path) -> list[MetricWriter]:
-    """The writers ``config`` asks for (process 0): TensorBoard in ``out_dir/tensorboard`` with the flags as its
-    HParams, W&B (``--wandb``); the caller closes them (W&B then uploads the run folder's pictures and tables)."""
-    loop, writers = config.loop, []
-    if jax.process_index() == 0 and loop.tensorboard:
-        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard", hparams=config.flat()))
-    if jax.process_index() == 0 and loop.wandb:
-        writers.append(WandbWriter(out_dir, project=loop.wandb, config=config.flat(), artifact=loop.wandb_artifact))
-    return writers

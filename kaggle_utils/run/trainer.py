@@ -19,10 +19,11 @@ from jax.experimental import multihost_utils
 from .. import checkpoint, compilation, outdir, report
 from ..config import ConfigError, TrainConfig, overrides
 from ..data import HostDataset
-from ..train import FitResult, FitSettings, Hook, MetricWriter, Steps, Task, evaluate, fit, inference_state
+from ..train import (FitResult, FitSettings, Hook, MetricWriter, Steps, Task, TensorBoardWriter, WandbWriter, evaluate,
+                     fit, inference_state)
 from ..train.writers import close_writers
 from .build import (Plan, Training, build_model, build_training, epoch_config, initial_variables, model_size,
-                    open_writers, train_dataset, val_dataset)
+                    train_dataset, val_dataset)
 from .data import RunData, commit_conversion, run_data
 from .lr_find import settle_lr
 from .predict import predict_split, write_predictions
@@ -147,6 +148,17 @@ def run_manifest(config: TrainConfig, plan: Plan) -> dict:
     return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
 
 
+def open_writers(config: TrainConfig, out_dir: str | Path) -> list[MetricWriter]:
+    """The writers ``config`` asks for (process 0): TensorBoard in ``out_dir/tensorboard`` with the flags as its
+    HParams, W&B (``--wandb``); the caller closes them (W&B then uploads the run folder's pictures and tables)."""
+    loop, writers = config.loop, []
+    if jax.process_index() == 0 and loop.tensorboard:
+        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard", hparams=config.flat()))
+    if jax.process_index() == 0 and loop.wandb:
+        writers.append(WandbWriter(out_dir, project=loop.wandb, config=config.flat(), artifact=loop.wandb_artifact))
+    return writers
+
+
 def fit_settings(config: TrainConfig, plan: Plan) -> FitSettings:
     """The loop's settings of a resolved config: its intervals, monitor and length on this machine."""
     loop = config.loop
@@ -159,7 +171,7 @@ def fit_settings(config: TrainConfig, plan: Plan) -> FitSettings:
 def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
             resume: bool = False, progress: bool = True, hooks: Sequence[Hook] = (),
             writers: Sequence[MetricWriter] = ()) -> FitResult:
-    """The loop over ``data`` with the config's settings, ``writers`` (:func:`~.build.open_writers`), files in
+    """The loop over ``data`` with the config's settings, ``writers`` (:func:`open_writers`), files in
     ``out_dir``."""
     opened: list[HostDataset] = []  # the epoch's training input, closed when the next epoch's opens
 
