@@ -159,15 +159,6 @@ def open_writers(config: TrainConfig, out_dir: str | Path) -> list[MetricWriter]
     return writers
 
 
-def fit_settings(config: TrainConfig, plan: Plan) -> FitSettings:
-    """The loop's settings of a resolved config: its intervals, monitor and length on this machine."""
-    loop = config.loop
-    return FitSettings(steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, log_every=loop.log_every,
-                       eval_every=loop.eval_every, checkpoint_every=loop.checkpoint_every,
-                       keep=loop.keep_checkpoints, monitor=loop.monitor, monitor_mode=loop.monitor_mode,
-                       min_delta=loop.min_delta, patience=loop.patience)
-
-
 def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
             resume: bool = False, progress: bool = True, hooks: Sequence[Hook] = (),
             writers: Sequence[MetricWriter] = ()) -> FitResult:
@@ -181,9 +172,14 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
         opened.append(train_dataset(epoch_config(config, plan.stages, epoch), plan, data, epoch))
         return opened[0]
 
+    loop = config.loop  # the loop's settings: its intervals, monitor and length on this machine
+    settings = FitSettings(steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, log_every=loop.log_every,
+                           eval_every=loop.eval_every, checkpoint_every=loop.checkpoint_every,
+                           keep=loop.keep_checkpoints, monitor=loop.monitor, monitor_mode=loop.monitor_mode,
+                           min_delta=loop.min_delta, patience=loop.patience)
     val = val_dataset(config, plan, data)
     try:
-        return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
+        return fit(training.steps, training.state, train_batches, settings,
                    val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
                    writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
                    report={"model": plan.model_size} if plan.model_size else None,
