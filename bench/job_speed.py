@@ -172,7 +172,7 @@ def measure(args) -> dict:
 
     base = job_config(args, "none")
     run.check_config(base)
-    with run.sample_or_folder(base) as root:
+    with run.data_root(base, out_dir=None) as root:  # --data-dir or the sample (no --source here)
         data = run.open_data(base, root)
         data = dataclasses.replace(data, splits={**data.splits, "val": data.splits["val"][:1]})
         start = time.perf_counter()

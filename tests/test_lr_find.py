@@ -11,7 +11,7 @@ from kaggle_utils.run import lr_find
 
 from job_helpers import TEST_MODEL
 
-LRS = lr_find.sweep(100)
+LRS = np.geomspace(lr_find.LR_MIN, lr_find.LR_MAX, 100)
 
 
 def drop(steepest: int, lowest: int, noise: float = 0.0, seed: int = 0):
@@ -91,7 +91,8 @@ def read_curve(out):
 def test_a_run_with_lr_auto_writes_its_curve_and_the_found_rate(auto_run):
     curve = read_curve(auto_run)
     assert 5 <= len(curve) <= FIND_STEPS
-    np.testing.assert_allclose(curve[:, 1], lr_find.sweep(FIND_STEPS)[:len(curve)], rtol=1e-5)
+    rates = np.geomspace(lr_find.LR_MIN, lr_find.LR_MAX, FIND_STEPS)  # geometric: as many per decade everywhere
+    np.testing.assert_allclose(curve[:, 1], rates[:len(curve)], rtol=1e-5)
     np.testing.assert_allclose(curve[:, 2], curve[:, 1] * 64 / 256, rtol=1e-5)
     assert (auto_run / "lr_find.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads((auto_run / "config.json").read_text())

@@ -14,6 +14,7 @@ import pytest
 from kaggle_utils import run
 from kaggle_utils.config import ConfigError, TrainConfig
 from kaggle_utils.run import memory_plan
+from kaggle_utils.run.trainer import resumed_config
 
 from job_helpers import TEST_MODEL
 
@@ -131,7 +132,7 @@ def test_resume_reads_the_recorded_batch_instead_of_searching(sample, tmp_path, 
                                  run.open_data(config, sample.root))
     run.write_config(tmp_path, resolved, plan, given=config)
     assert json.loads((tmp_path / "config.json").read_text())["given"]["batch_per_device"] == "auto"
-    kept, note = memory_plan.recorded_batch(config, tmp_path)
+    kept, note, _ = resumed_config(config, tmp_path)
     assert kept.data.batch_size == 48 and kept.data.batch_per_device is None and "48" in note and "--resume" in note
-    assert memory_plan.recorded_batch(config, tmp_path / "nothing") == (config, "")
-    assert memory_plan.recorded_batch(config.replace(batch_per_device=4, memory_budget=None), tmp_path)[1] == ""
+    assert resumed_config(config, tmp_path / "nothing") == (config, "", None)
+    assert resumed_config(config.replace(batch_per_device=4, memory_budget=None), tmp_path)[1] == ""

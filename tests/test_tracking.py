@@ -229,7 +229,7 @@ def test_a_run_with_wandb_offline_is_read_back_with_its_config_history_tables_an
     assert "exit" in kinds  # finished, not left open
 
     # the same run's size: every parameter counted once, the --freeze'd stem apart, FLOPs from XLA at 16 px
-    size = result.model_size
+    size = result.plan.model_size
     params = checkpoint.load(tmp_path / "run" / "best.msgpack")["params"]
     leaves = {"/".join(str(getattr(k, "key", k)) for k in path): np.size(v)
               for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}

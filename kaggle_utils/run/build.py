@@ -1,4 +1,5 @@
-"""What a resolved run is built from and of: its :class:`Plan`; model, variables, optimizer, steps, state; datasets.
+"""What a resolved run is built from and of: its :class:`Plan`; model, variables, optimizer, steps, state; datasets;
+a finished run's checkpoint read back (``--init-from``, :func:`~kaggle_utils.run.load_run`).
 
 A progressive run's stage (``--progressive-stages``; the numbers are :mod:`kaggle_utils.train.progressive`'s) is the
 run's config with that stage's image size, RandAugment magnitude, Mixup / CutMix alphas and dropout, so what builds
@@ -6,29 +7,29 @@ a run's input and step from a config builds a stage's unchanged, for every data 
 """
 import dataclasses
 import functools
+import json
 import math
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import linen as nn
 
-from .. import models, surgery
+from .. import checkpoint, models, surgery
 from ..config import ConfigError, TrainConfig
 from ..data import CenterCrop, HostDataset, ImgaugRandAugment, RandAugment, RandomResizedCrop, Resize, load_dataset
 from ..device_augment import MixConfig, RandAugmentConfig, make_device_augment, mix
 from ..efficientnet import efficientnet_v2_pretrained
 from ..precision import Precision
-from ..variable_trees import VariableTreeError
-from ..train import (AXIS, MetricWriter, StepConfig, Steps, Task, TensorBoardWriter, TrainState, WandbWriter,
-                     assign_lr_groups, create_train_state, describe_lr_groups, init_variables, make_optimizer,
-                     make_schedule, make_steps)
+from ..variable_trees import VariableTreeError, abstract_variables
+from ..train import (AXIS, StepConfig, Steps, Task, TrainState, assign_lr_groups, create_train_state,
+                     describe_lr_groups, init_variables, make_optimizer, make_schedule, make_steps)
 from ..train import make_task as task_named
 from ..train.progressive import SIZE_MULTIPLE, Stage, progressive_schedule
 from .data import RunData
-from .init_from import check_parent, run_variables
 
 DEFAULT_MIN_SIZE = 128  # --progressive-min-size's default: the official code's ibase
 
@@ -119,6 +120,79 @@ def initial_variables(config: TrainConfig, model: nn.Module) -> dict:
                                     "classifier": jax.tree.map(jnp.zeros_like, variables["params"]["classifier"])}}
 
 
+# --------------------------------------------------------------------------- a finished run's checkpoint
+
+
+def checkpoint_file(path: Path) -> Path:
+    """The checkpoint a run folder is read from (its best, else its last); a file as itself."""
+    if path.is_dir():
+        for name in ("best.msgpack", "last.msgpack"):
+            if (path / name).is_file():
+                return path / name
+        raise checkpoint.CheckpointError(f"{path} holds no best.msgpack or last.msgpack: not a run folder of the kit")
+    if not path.is_file():
+        raise checkpoint.CheckpointError(f"{path} does not exist")
+    return path
+
+
+def run_config(file: Path) -> TrainConfig:
+    """The config of the run that wrote checkpoint ``file`` (its manifest)."""
+    manifest_file = checkpoint.manifest_path(file)
+    if not manifest_file.is_file():
+        raise checkpoint.CheckpointError(f"{file} has no manifest {manifest_file.name} beside it: cannot tell which "
+                                         "run wrote it")
+    manifest = json.loads(manifest_file.read_text())
+    if "config" not in manifest:
+        what = manifest.get("model") if isinstance(manifest.get("model"), str) else None
+        raise checkpoint.CheckpointError(
+            f"{file} is not a checkpoint of a training run" + (f": it holds ported {what} weights (weights_port); "
+                                                               f"fine-tune them with train --weights {file}"
+                                                               if what else " (its manifest has no 'config')"))
+    return TrainConfig.from_dict(manifest["config"], where=f"{manifest_file} config")
+
+
+def run_variables(file: Path, model: nn.Module, config: TrainConfig) -> dict:
+    """The evaluation variables (EMA weights where kept) of checkpoint ``file``, checked leaf by leaf with ``model``."""
+    raw = checkpoint.load(file)
+    if "state" in raw:  # last.msgpack / ckpt-*.msgpack: the whole training state
+        state = raw["state"]
+        raw = {"params": state.get("ema_params") or state["params"], "batch_stats": state.get("batch_stats", {})}
+    variables = {k: raw[k] for k in ("params", "batch_stats") if k in raw}
+    if "classifier" in variables["params"]:  # cut to the classes, padded to this run's --head-multiple (a TPU's 128)
+        classes = config.model.num_classes
+        width = surgery.padded_width(classes, config.model.head_multiple)
+        head = jax.tree.map(lambda v: np.pad(np.asarray(v)[..., :classes], [(0, 0)] * (np.ndim(v) - 1) +
+                                             [(0, width - classes)]), variables["params"]["classifier"])
+        variables["params"] = {**variables["params"], "classifier": head}
+    size = config.model.image_size
+    template = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
+    checkpoint.check_tree(variables, template, what=f"checkpoint {file} for {config.model.name} with "
+                                                   f"{config.model.num_classes} classes")
+    return jax.tree.map(lambda v, t: np.asarray(v, t.dtype), variables, template)
+
+
+def check_parent(config: TrainConfig) -> Path | None:
+    """The checkpoint ``--init-from`` names, refused (naming both) unless its model and classes are this run's.
+
+    Unlike ``--weights`` (ported weights, a new head) and ``--resume`` (the same run continued): a second stage
+    at a larger size, more epochs, a lower rate, another split, the classifier kept."""
+    if config.model.init_from is None:
+        return None
+    try:
+        file = checkpoint_file(Path(config.model.init_from))
+        parent = run_config(file)
+    except checkpoint.CheckpointError as err:
+        raise ConfigError(f"--init-from: {err}") from None
+    names = (parent.data.class_names, config.data.class_names)
+    names = names if all(names) else ((), ())  # compared where both runs name their classes
+    for what, theirs, ours in (("--model", parent.model.name, config.model.name), ("class names", *names),
+                               ("classes", parent.model.num_classes, config.model.num_classes)):
+        if theirs != ours:
+            raise ConfigError(f"--init-from {file}: its run trained {what} {theirs}, this run has {ours}; the "
+                              "classifier is kept, so both must match (--weights starts a new head)")
+    return file
+
+
 def device_augmentation(config: TrainConfig) -> dict:
     """The train step's ``augment`` (device RandAugment) and ``mix`` (Mixup / CutMix) of a config."""
     data, out = config.data, {}
@@ -199,27 +273,20 @@ def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables:
 # --------------------------------------------------------------------------- --progressive-stages
 
 
-def _min_size(config: TrainConfig, image_size: int) -> int:
-    """``--progressive-min-size``, or 128 (at most half the image size, at least 8)."""
-    given = config.loop.progressive_min_size
-    if given is not None:
-        if not SIZE_MULTIPLE <= given < image_size:
-            raise ConfigError(f"--progressive-min-size {given}: must be at least {SIZE_MULTIPLE} and smaller than "
-                              f"--image-size {image_size} (the last stage's size)")
-        return given
-    size = min(DEFAULT_MIN_SIZE, image_size // 2)
-    if size < SIZE_MULTIPLE:
-        raise ConfigError(f"--progressive-stages: --image-size {image_size} is too small to grow into (the stages "
-                          f"start at {SIZE_MULTIPLE} px or more); train at {2 * SIZE_MULTIPLE} px or more")
-    return size
-
-
 def progressive_stages(config: TrainConfig) -> tuple[Stage, ...]:
-    """The stages of a config whose image size is resolved; () when off. Refuses, by flag, what cannot be staged."""
+    """The stages of a config whose image size is resolved; () when off. Refuses, by flag, what cannot be staged.
+    The first stage's size: ``--progressive-min-size``, or 128 (at most half the image size, at least 8)."""
     if config.loop.progressive_stages == 0:
         return ()
     size, data, loop = config.model.image_size, config.data, config.loop
-    min_size = _min_size(config, size)
+    given = loop.progressive_min_size
+    min_size = min(DEFAULT_MIN_SIZE, size // 2) if given is None else given
+    if given is not None and not SIZE_MULTIPLE <= min_size < size:
+        raise ConfigError(f"--progressive-min-size {min_size}: must be at least {SIZE_MULTIPLE} and smaller than "
+                          f"--image-size {size} (the last stage's size)")
+    if min_size < SIZE_MULTIPLE:
+        raise ConfigError(f"--progressive-stages: --image-size {size} is too small to grow into (the stages "
+                          f"start at {SIZE_MULTIPLE} px or more); train at {2 * SIZE_MULTIPLE} px or more")
     try:
         return progressive_schedule(loop.progressive_stages, loop.epochs, image_size=size, min_size=min_size,
                                     magnitude=data.randaugment_magnitude, mixup_alpha=data.mixup_alpha,
@@ -327,13 +394,3 @@ def model_size(config: TrainConfig, model: nn.Module, variables: dict) -> dict:
     return {"params_trainable": table.trainable, "params_frozen": table.frozen,
             "gflops_per_image": None if flops is None else round(flops / 1e9, 4)}
 
-
-def open_writers(config: TrainConfig, out_dir: str | Path) -> list[MetricWriter]:
-    """The writers ``config`` asks for (process 0): TensorBoard in ``out_dir/tensorboard`` with the flags as its
-    HParams, W&B (``--wandb``); the caller closes them (W&B then uploads the run folder's pictures and tables)."""
-    loop, writers = config.loop, []
-    if jax.process_index() == 0 and loop.tensorboard:
-        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard", hparams=config.flat()))
-    if jax.process_index() == 0 and loop.wandb:
-        writers.append(WandbWriter(out_dir, project=loop.wandb, config=config.flat(), artifact=loop.wandb_artifact))
-    return writers

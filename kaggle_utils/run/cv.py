@@ -20,7 +20,7 @@ import dataclasses
 import io
 import json
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -92,7 +92,11 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
     if groups_at is not None and config.data.source is not None:
         _check_source_groups(config, groups_at, fold_group)  # before the source is converted into OUT/data
     main, trained = jax.process_index() == 0, {}
-    with _pool_data(config, out) as (fold_config, data):
+    with data_root(config, out) as root:  # --source converted once into OUT/data, the folds' --data-dir
+        data = commit_conversion(open_data(config, root), out)
+        fold_config = config if config.data.source is None else config.replace(
+            source=None, test_source=None, image_dir=None, test_image_dir=None, tfds_data_dir=None,
+            data_dir=str(data.root.resolve()))
         groups = None if groups_at is None else read_groups(groups_at, fold_group, data.columns[0])
         pool = _pool(data, folds, config.seed, groups)
         if chosen:  # what a fold's run would refuse from the data, refused before the CV's own files are written;
@@ -134,17 +138,6 @@ def _check_args(folds: int, only_folds: Sequence[int] | None, resume: bool, over
     if outside:
         raise ConfigError(f"--only-folds {','.join(map(str, only_folds))}: fold {outside[0]} is not in 0..{folds - 1}")
     return chosen
-
-
-@contextlib.contextmanager
-def _pool_data(config: TrainConfig, out: Path) -> Iterator[tuple[TrainConfig, RunData]]:
-    """(the config each fold trains with, the data opened and checked): ``--source`` converted once into OUT/data,
-    which the folds then read as their ``--data-dir``."""
-    with data_root(config, out) as root:
-        data = commit_conversion(open_data(config, root), out)
-        yield (config if config.data.source is None else
-               config.replace(source=None, test_source=None, image_dir=None, test_image_dir=None, tfds_data_dir=None,
-                              data_dir=str(data.root.resolve()))), data
 
 
 def _check_source_groups(config: TrainConfig, path: Path, column: str) -> None:
@@ -202,22 +195,15 @@ def _write_oof(path: Path, pool: Pool, rows: Sequence[int], probs: np.ndarray) -
                                      for r, row in zip(rows, probs)))
 
 
-def read_oof(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, labels as written, folds, probabilities [N, C]) of an ``oof.csv``."""
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))[1:]
-    return ([r[0] for r in rows], np.array([r[1] for r in rows]), np.array([int(r[2]) for r in rows]),
-            np.array([[float(v) for v in r[3:]] for r in rows]))
-
-
 def _finish(out: Path, k: int, pool: Pool, data: RunData, task: Task) -> dict:
     """Pooled ``oof.csv`` / ``oof.npy``, ``cv.json``, and the fold models' mean on the test split."""
     row_of = {key: r for r, key in enumerate(pool.keys)}
     probs = None
-    for fold in range(k):
-        ids, _, _, fold_probs = read_oof(out / f"fold{fold}" / FOLD_OOF)
-        probs = np.zeros((len(pool.keys), fold_probs.shape[1])) if probs is None else probs
-        probs[[row_of[i] for i in ids]] = fold_probs
+    for fold in range(k):  # each fold's oof.csv: id, label, fold, then the probabilities
+        with open(out / f"fold{fold}" / FOLD_OOF, newline="") as f:
+            rows = list(csv.reader(f))[1:]
+        probs = np.zeros((len(pool.keys), len(rows[0]) - 3)) if probs is None else probs
+        probs[[row_of[r[0]] for r in rows]] = [[float(v) for v in r[3:]] for r in rows]
     scores = cv_scores(out, k, pool.labels, pool.folds, probs, task)
     if jax.process_index() == 0:
         _write_oof(out / "oof.csv", pool, range(len(pool.keys)), probs)

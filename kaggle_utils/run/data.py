@@ -55,18 +55,24 @@ def _sync(name: str) -> None:
 
 
 @contextlib.contextmanager
-def data_root(config: TrainConfig, out_dir: str | Path) -> Iterator[Path]:
-    """The folder of TFRecords a run reads: ``--data-dir``, the sample, or ``--source`` converted (staged: removed
-    on the way out unless committed)."""
-    if config.data.source is None:
-        with sample_or_folder(config) as root:
-            yield root
-        return
-    try:
-        yield converted_source(config, out_dir, stage=True)
-    finally:
-        if jax.process_index() == 0:
-            shutil.rmtree(Path(out_dir) / STAGED, ignore_errors=True)
+def data_root(config: TrainConfig, out_dir: str | Path | None) -> Iterator[Path]:
+    """The folder of TFRecords a run reads: ``--data-dir``, the digits sample written to a temporary folder, or
+    ``--source`` converted (staged in ``out_dir``: removed on the way out unless committed)."""
+    if config.data.source is not None:
+        try:
+            yield converted_source(config, out_dir, stage=True)
+        finally:
+            if jax.process_index() == 0:
+                shutil.rmtree(Path(out_dir) / STAGED, ignore_errors=True)
+    elif config.data.data_dir not in (None, SAMPLE):
+        yield Path(config.data.data_dir)
+    else:
+        size = config.model.image_size or SAMPLE_IMAGE_SIZE
+        with tempfile.TemporaryDirectory(prefix="kaggle_utils_sample_") as tmp:
+            if jax.process_index() == 0:
+                print(f"no --data-dir: training on the embedded digits sample ({size}x{size}) in {tmp}")
+            make_sample_dataset(tmp, source="digits", image_size=size)
+            yield Path(tmp)
 
 
 @contextlib.contextmanager
@@ -78,20 +84,6 @@ def run_data(config: TrainConfig, out_dir: str | Path, data: RunData | None = No
         return
     with data_root(config, out_dir) as root:
         yield open_data(config, root)
-
-
-@contextlib.contextmanager
-def sample_or_folder(config: TrainConfig) -> Iterator[Path]:
-    """The data folder of ``config``: its ``data_dir``, or the digits sample written to a temporary folder."""
-    if config.data.data_dir not in (None, SAMPLE):
-        yield Path(config.data.data_dir)
-        return
-    size = config.model.image_size or SAMPLE_IMAGE_SIZE
-    with tempfile.TemporaryDirectory(prefix="kaggle_utils_sample_") as tmp:
-        if jax.process_index() == 0:
-            print(f"no --data-dir: training on the embedded digits sample ({size}x{size}) in {tmp}")
-        make_sample_dataset(tmp, source="digits", image_size=size)
-        yield Path(tmp)
 
 
 def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = False) -> Path:

@@ -6,11 +6,10 @@ until the loss explodes; the state it trained is thrown away. The pick (:func:`p
 is where the loss, smoothed by a *centred* mean (a trailing one lags), falls fastest before its minimum; a
 curve that never falls ``MIN_DROP`` below its start picks nothing and the default rate stays. Why this rule:
 bench/README.md, "Learning rate of a short fine-tune". The found rate is the run's ``lr`` in ``config.json``,
-with a note (``lr_find``) that ``--resume`` reads instead of testing again.
+with a note (``lr_find``) that ``--resume`` reads instead of testing again (:func:`~.trainer.resumed_config`).
 """
 import dataclasses
 import itertools
-import json
 import math
 import tempfile
 from pathlib import Path
@@ -95,11 +94,6 @@ class LrFinding:
 # --------------------------------------------------------------------------- the curve and the rule
 
 
-def sweep(steps: int, lr_min: float = LR_MIN, lr_max: float = LR_MAX) -> np.ndarray:
-    """The rate of each step: geometric from ``lr_min`` to ``lr_max``, as many points per decade everywhere."""
-    return np.geomspace(lr_min, lr_max, steps)
-
-
 def smooth(losses, window: int = WINDOW) -> np.ndarray:
     """Centred mean over ``window`` neighbours (fewer at the ends); no lag, unlike a trailing average."""
     losses, half = np.asarray(losses, np.float64), window // 2
@@ -142,7 +136,7 @@ def range_test(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module,
     ``steps`` steps (default ``DEFAULT_STEPS``, or the run's length when shorter, at least ``FEWEST_DEFAULT_STEPS``)."""
     count = steps or config.optim.lr_find_steps or int(min(DEFAULT_STEPS, max(FEWEST_DEFAULT_STEPS,
                                                                                 plan.total_steps)))
-    rates = sweep(count)
+    rates = np.geomspace(LR_MIN, LR_MAX, count)  # as many points per decade everywhere
     peaks = jnp.asarray(rates * plan.global_batch / 256, jnp.float32)
     schedule = lambda applied: peaks[jnp.minimum(applied, count - 1)]  # noqa: E731  (AdamW's count: applied steps)
     training = build_training(config, plan, model, variables, task=task, mesh=mesh, schedule=schedule)
@@ -179,12 +173,8 @@ def _finding(config: TrainConfig, plan: Plan, lrs: list, losses: list, stop: str
                      plan.global_batch)
 
 
-def with_lr(config: TrainConfig, plan: Plan, lr: float) -> tuple[TrainConfig, Plan]:
-    return config.replace(lr=lr), dataclasses.replace(plan, peak_lr=scaled_lr(lr, plan.global_batch))
-
-
 def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, variables: dict,
-              out: str | Path | None, *, task: Task | None = None, progress: bool = True
+              out: str | Path, *, task: Task | None = None, progress: bool = True
               ) -> tuple[TrainConfig, Plan, Training, dict]:
     """A run's range test, reported (log lines; ``lr_find.csv``/``.png`` in ``out`` on process 0): the config and
     plan with the found rate, the run's training built afresh from ``variables`` with it, config.json's note."""
@@ -192,27 +182,10 @@ def settle_lr(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module, 
     if jax.process_index() == 0:
         print(finding.describe())
         print(finding.text_curve())
-        if out is not None:
-            finding.write(out)
-    config, plan = with_lr(config, plan, finding.lr)
+        finding.write(out)
+    plan = dataclasses.replace(plan, peak_lr=scaled_lr(finding.lr, plan.global_batch))
+    config = config.replace(lr=finding.lr)
     return config, plan, build_training(config, plan, model, variables, task=task), finding.note()
-
-
-def reuse_found_lr(out: str | Path, config: TrainConfig, plan: Plan) -> tuple[TrainConfig, Plan, dict | None]:
-    """``--resume`` with ``--lr auto``: the rate the run's range test found, from ``OUT/config.json`` (its note is
-    kept for that rate given by hand too); unchanged, without a note, where none was found."""
-    try:
-        record = json.loads((Path(out) / "config.json").read_text())
-        note, lr = record["lr_find"], record["config"]["optim"]["lr"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return config, plan, None
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr != note.get("lr"):
-        return config, plan, None
-    if config.optim.lr == lr:  # the found rate given by hand: the same run, and its note stays
-        return config, plan, note
-    if config.optim.lr != "auto":
-        return config, plan, None
-    return (*with_lr(config, plan, float(lr)), note)
 
 
 def find_lr(config: TrainConfig, data: RunData | None = None, *, task: Task | None = None,

@@ -10,12 +10,10 @@ The search needs few compiles because the bytes grow about linearly with the bat
 """
 import dataclasses
 import functools
-import json
 import math
 import re
 import time
 import warnings
-from pathlib import Path
 from typing import Callable
 
 import jax
@@ -230,19 +228,3 @@ def fit_batch(config: TrainConfig, plan, *, task=None, per_device_limit: int, bu
                     compiles=len(measured), seconds=time.perf_counter() - start,
                     data_bound=micro == limit)
 
-
-def recorded_batch(config: TrainConfig, out) -> tuple[TrainConfig, str]:
-    """``--resume`` of a ``--batch-per-device auto`` run: ``config`` with the global batch ``out/config.json``
-    records, and the plan's note saying so; a new search could choose another batch (another device, another
-    JAX) and the run could not continue. Without a readable record, ``config`` as it is (resume then says why)."""
-    if config.data.batch_per_device != "auto":
-        return config, ""
-    path = Path(out) / "config.json"
-    try:
-        batch = json.loads(path.read_text())["config"]["data"]["batch_size"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return config, ""
-    if not isinstance(batch, int) or batch < 1:
-        return config, ""
-    note = f"batch per device auto: the global batch {batch} {path} records (--resume searches no new one)"
-    return config.replace(batch_per_device=None, memory_budget=None, batch_size=batch), note

@@ -23,9 +23,8 @@ from ..data import Source, count_data_items, list_tfrecords, load_dataset
 from ..data.convert import convert_test_split
 from ..parallel import local_rows
 from ..train import StepConfig, Steps, TrainState, inference_state, make_steps
-from .build import build_model, eval_crop, make_task
+from .build import build_model, checkpoint_file, eval_crop, make_task, run_config, run_variables
 from .data import find_splits, infer_image_size, named_classes, scan_test_ids
-from .init_from import checkpoint_file, run_config, run_variables
 
 Records = Callable[[TrainConfig], tuple[list[str], int]]  # (config) -> (test split's TFRecords, their stored size)
 

@@ -19,9 +19,8 @@ from ..train import Task, group_multipliers, history_columns, scaled_lr
 from ..train.optim import OPTIMIZERS
 from ..train.writers import import_wandb
 from . import memory_plan
-from .build import Plan, build_model, make_task, progressive_stages
+from .build import Plan, build_model, check_parent, make_task, progressive_stages
 from .data import RunData
-from .init_from import check_parent
 
 
 def check_config(config: TrainConfig, task: Task | None = None) -> None:

@@ -19,13 +19,13 @@ from jax.experimental import multihost_utils
 from .. import checkpoint, compilation, outdir, report
 from ..config import ConfigError, TrainConfig, overrides
 from ..data import HostDataset
-from ..train import FitResult, FitSettings, Hook, MetricWriter, Steps, Task, evaluate, fit, inference_state
+from ..train import (FitResult, FitSettings, Hook, MetricWriter, Steps, Task, TensorBoardWriter, WandbWriter, evaluate,
+                     fit, inference_state)
 from ..train.writers import close_writers
 from .build import (Plan, Training, build_model, build_training, epoch_config, initial_variables, model_size,
-                    open_writers, train_dataset, val_dataset)
+                    train_dataset, val_dataset)
 from .data import RunData, commit_conversion, run_data
-from .lr_find import reuse_found_lr, settle_lr
-from .memory_plan import recorded_batch
+from .lr_find import settle_lr
 from .predict import predict_split, write_predictions
 from .resolve import check_config, resolve
 
@@ -45,11 +45,6 @@ class RunResult:
     @property
     def best(self) -> dict | None:
         return self.fit.best
-
-    @property
-    def model_size(self) -> dict:
-        """``params_trainable``, ``params_frozen``, ``gflops_per_image`` (one forward at the run's size)."""
-        return self.plan.model_size
 
     @property
     def history(self) -> list[dict]:
@@ -74,10 +69,9 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
     out, main = Path(out), jax.process_index() == 0
     owned = outdir.owned(out) if main else contextlib.nullcontext()  # the lock on out (the others write nothing)
     with owned, run_data(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
-        chosen, batch_note = recorded_batch(config, out) if resume else (config, "")
+        chosen, batch_note, lr_note = resumed_config(config, out) if resume else (config, "", None)
         resolved, plan = resolve(chosen, data, task)  # 3. resolve: what the config left open, for this machine
         plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
-        resolved, plan, lr_note = reuse_found_lr(out, resolved, plan) if resume else (resolved, plan, None)
         model = build_model(resolved)  # 4. build: model, variables, optimizer, steps
         variables = initial_variables(resolved, model)
         training = build_training(resolved, plan, model, variables, task=task, tx=tx)
@@ -109,6 +103,28 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
     return RunResult(out, resolved, plan, result, training.steps, submission, tuple(ids))
 
 
+def resumed_config(config: TrainConfig, out: Path) -> tuple[TrainConfig, str, dict | None]:
+    """``--resume``: ``config`` with what ``out/config.json`` records of its searches, which a new one could choose
+    otherwise (another device, another JAX) so that the run could not continue: ``--batch-per-device auto``'s global
+    batch, with the plan's note saying so, and ``--lr auto``'s found rate, with its ``lr_find`` note (kept for that
+    rate given by hand too). Without a readable record, ``config`` as it is (resume then says why)."""
+    path = Path(out) / "config.json"
+    try:
+        record = json.loads(path.read_text())
+        batch, lr = record["config"]["data"]["batch_size"], record["config"]["optim"]["lr"]
+        found = record.get("lr_find")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return config, "", None
+    batch_note = ""
+    if config.data.batch_per_device == "auto" and isinstance(batch, int) and batch >= 1:
+        batch_note = f"batch per device auto: the global batch {batch} {path} records (--resume searches no new one)"
+        config = config.replace(batch_per_device=None, memory_budget=None, batch_size=batch)
+    if not (isinstance(found, dict) and isinstance(lr, (int, float)) and not isinstance(lr, bool)
+            and lr == found.get("lr") and config.optim.lr in (lr, "auto")):
+        return config, batch_note, None
+    return config.replace(lr=float(lr)) if config.optim.lr == "auto" else config, batch_note, found
+
+
 def _custom_tx_note(tx: optax.GradientTransformation | Callable) -> str:
     """config.json's record of ``run.train(tx=...)``: the config fields its optimizer replaced."""
     fixed = isinstance(tx, optax.GradientTransformation)
@@ -132,19 +148,21 @@ def run_manifest(config: TrainConfig, plan: Plan) -> dict:
     return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
 
 
-def fit_settings(config: TrainConfig, plan: Plan) -> FitSettings:
-    """The loop's settings of a resolved config: its intervals, monitor and length on this machine."""
-    loop = config.loop
-    return FitSettings(steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, log_every=loop.log_every,
-                       eval_every=loop.eval_every, checkpoint_every=loop.checkpoint_every,
-                       keep=loop.keep_checkpoints, monitor=loop.monitor, monitor_mode=loop.monitor_mode,
-                       min_delta=loop.min_delta, patience=loop.patience)
+def open_writers(config: TrainConfig, out_dir: str | Path) -> list[MetricWriter]:
+    """The writers ``config`` asks for (process 0): TensorBoard in ``out_dir/tensorboard`` with the flags as its
+    HParams, W&B (``--wandb``); the caller closes them (W&B then uploads the run folder's pictures and tables)."""
+    loop, writers = config.loop, []
+    if jax.process_index() == 0 and loop.tensorboard:
+        writers.append(TensorBoardWriter(Path(out_dir) / "tensorboard", hparams=config.flat()))
+    if jax.process_index() == 0 and loop.wandb:
+        writers.append(WandbWriter(out_dir, project=loop.wandb, config=config.flat(), artifact=loop.wandb_artifact))
+    return writers
 
 
 def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, out_dir: str | Path | None, *,
             resume: bool = False, progress: bool = True, hooks: Sequence[Hook] = (),
             writers: Sequence[MetricWriter] = ()) -> FitResult:
-    """The loop over ``data`` with the config's settings, ``writers`` (:func:`~.build.open_writers`), files in
+    """The loop over ``data`` with the config's settings, ``writers`` (:func:`open_writers`), files in
     ``out_dir``."""
     opened: list[HostDataset] = []  # the epoch's training input, closed when the next epoch's opens
 
@@ -154,9 +172,14 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
         opened.append(train_dataset(epoch_config(config, plan.stages, epoch), plan, data, epoch))
         return opened[0]
 
+    loop = config.loop  # the loop's settings: its intervals, monitor and length on this machine
+    settings = FitSettings(steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, log_every=loop.log_every,
+                           eval_every=loop.eval_every, checkpoint_every=loop.checkpoint_every,
+                           keep=loop.keep_checkpoints, monitor=loop.monitor, monitor_mode=loop.monitor_mode,
+                           min_delta=loop.min_delta, patience=loop.patience)
     val = val_dataset(config, plan, data)
     try:
-        return fit(training.steps, training.state, train_batches, fit_settings(config, plan),
+        return fit(training.steps, training.state, train_batches, settings,
                    val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
                    writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
                    report={"model": plan.model_size} if plan.model_size else None,
