@@ -69,9 +69,6 @@ class FrozenBatchNorm:
     model: Any
     patterns: tuple[str, ...]
 
-    def init(self, *args, **kwargs):
-        return self.model.init(*args, **kwargs)
-
     def apply(self, variables, *args, **kwargs):
         flat = flatten(variables.get("params", {}))
         frozen = _frozen_modules(flat, select_paths(flat, self.patterns, "freeze"))

@@ -26,15 +26,11 @@ class InheritReport:
         lines = [f"inherited {len(self.inherited)} leaves ({self.inherited_values:,} values); "
                  f"new {len(self.new)}; mismatched {len(self.mismatched)}; reinitialised {len(self.reinitialised)}; "
                  f"parent leaves unused {len(self.unused)}"]
-        if self.new:
-            lines.append(f"  new (fresh init): {listing(self.new)}")
-        if self.mismatched:
-            lines.append("  mismatched (fresh init): " + listing(
-                [f"{p} parent {ps} child {cs}" for p, ps, cs in self.mismatched]))
-        if self.reinitialised:
-            lines.append(f"  reinitialised: {listing(self.reinitialised)}")
-        if self.unused:
-            lines.append(f"  unused from the parent: {listing(self.unused)}")
+        mismatched = [f"{p} parent {ps} child {cs}" for p, ps, cs in self.mismatched]
+        for label, paths in (("new (fresh init)", self.new), ("mismatched (fresh init)", mismatched),
+                             ("reinitialised", self.reinitialised), ("unused from the parent", self.unused)):
+            if paths:
+                lines.append(f"  {label}: {listing(paths)}")
         return "\n".join(lines)
 
 

@@ -27,11 +27,10 @@ def variant(model: nn.Module, **changes) -> nn.Module:
     field of a dataclass-valued field (the EfficientNet's ``spec``: ``arch_def``, ``channel_multiplier``).
     Unknown or ambiguous names are errors."""
     own = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name not in ("parent", "name")}
-    direct = {k: v for k, v in changes.items() if k in own}
     configs = {f: v for f, v in own.items() if dataclasses.is_dataclass(v) and not isinstance(v, (type, nn.Module))}
-    nested: dict[str, dict] = {}
+    updates = {k: v for k, v in changes.items() if k in own}
     for key, value in changes.items():
-        if key in direct:
+        if key in own:
             continue
         holders = [f for f, cfg in configs.items() if key in {g.name for g in dataclasses.fields(cfg)}]
         if len(holders) != 1:
@@ -39,8 +38,7 @@ def variant(model: nn.Module, **changes) -> nn.Module:
             raise VariableTreeError(f"variant: {key!r} {problem} of {type(model).__name__} (fields: {sorted(own)}"
                                     + "".join(f"; {f}: {sorted(g.name for g in dataclasses.fields(c))}"
                                               for f, c in configs.items()) + ")")
-        nested.setdefault(holders[0], {})[key] = value
-    updates = {**direct, **{f: dataclasses.replace(configs[f], **kv) for f, kv in nested.items()}}
+        updates[holders[0]] = dataclasses.replace(updates.get(holders[0], configs[holders[0]]), **{key: value})
     return model.clone(**updates)
 
 
