@@ -49,11 +49,9 @@ def _nesting_hint(parent: Sequence[str], child: Sequence[str]) -> str:
 
 
 def inherit(parent: Any, child: Any, *, reinit: Patterns = ()) -> tuple[Any, InheritReport]:
-    """``child`` with every leaf whose path and shape match taken from ``parent`` (in the child's dtype); a report.
-
-    Other leaves keep the child's fresh init, as do those ``reinit`` matches (a classifier for other classes of
-    the same count). Any pytrees work (variables, optimizer states); nothing to inherit is an error.
-    """
+    """``child`` (any pytree: variables, optimizer states) with every leaf whose path and shape match taken from
+    ``parent``, in the child's dtype, and a report. Other leaves keep the child's fresh init, as do those ``reinit``
+    matches (a classifier for other classes of the same count); nothing to inherit is an error."""
     parent_flat = flatten(parent)
     child_flat = flatten(child)
     fresh = select_paths(child_flat, reinit, "inherit reinit") if as_patterns(reinit) else set()
