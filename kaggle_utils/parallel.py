@@ -90,7 +90,6 @@ def prefetch_to_device(batches: Iterable[Mapping[str, np.ndarray]], size: int = 
     asynchronous, so copy and compute overlap; more than 2 only holds more device memory)."""
     if size < 1:
         raise ValueError(f"prefetch size must be >= 1, got {size}")
-    check_mode(mode)
     queue: collections.deque = collections.deque()
     iterator = iter(batches)
 

@@ -74,10 +74,8 @@ class LossScale:
 
     @classmethod
     def create(cls, initial: float = INITIAL_SCALE) -> "LossScale":
-        def zero():  # one buffer per field: a donated state may not hold one array twice
-            return jnp.zeros((), jnp.int32)
-
-        return cls(scale=jnp.asarray(initial, jnp.float32), good_steps=zero(), skipped=zero(), skipped_in_row=zero())
+        counters = (jnp.zeros((), jnp.int32) for _ in range(3))  # a donated state may not hold one buffer twice
+        return cls(jnp.asarray(initial, jnp.float32), *counters)
 
     def update(self, finite: jax.Array) -> "LossScale":
         """The scale after a step whose gradients were ``finite`` (a scalar bool)."""

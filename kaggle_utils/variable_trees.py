@@ -114,30 +114,24 @@ def abstract_variables(model, sample_input) -> dict:
     return _without_sown(jax.eval_shape(model.init, _init_rngs(0), x))
 
 
-def freeze_mask(params: Any, patterns: Patterns) -> Any:
-    """A tree of bools like ``params``: True where a pattern matches the leaf's path (relative to
-    ``params``: ``backbone/blocks_0_0/conv/kernel``), i.e. frozen."""
-    if not as_patterns(patterns):
+def freeze_mask(params: Any, frozen: Patterns | Any | Callable) -> Any:
+    """A tree of bools like ``params``, True where frozen: ``frozen`` is patterns of the leaves' paths (relative to
+    ``params``: ``backbone/blocks_0_0/conv/kernel``), a function of the params giving the mask, or the mask."""
+    if not (isinstance(frozen, str) or (isinstance(frozen, Sequence) and all(isinstance(p, str) for p in frozen))):
+        return frozen(params) if callable(frozen) else frozen
+    if not as_patterns(frozen):
         raise VariableTreeError("freeze: no patterns given")
-    frozen = select_paths(flatten(params), patterns, "freeze")
-    return jax.tree.map_with_path(lambda kp, _: path_name(kp) in frozen, params)
-
-
-def resolve_mask(params: Any, frozen: Patterns | Any | Callable) -> Any:
-    """The bool mask ``frozen`` stands for: patterns (:func:`freeze_mask`), a function of the params, or a mask."""
-    if isinstance(frozen, str) or (isinstance(frozen, Sequence) and all(isinstance(p, str) for p in frozen)):
-        return freeze_mask(params, frozen)
-    return frozen(params) if callable(frozen) else frozen
+    paths = select_paths(flatten(params), frozen, "freeze")
+    return jax.tree.map_with_path(lambda kp, _: path_name(kp) in paths, params)
 
 
 def freeze_optimizer(tx: "optax.GradientTransformation", frozen: Patterns | Any | Callable
                      ) -> "optax.GradientTransformation":
-    """``tx`` for the trainable leaves; ``frozen`` leaves (patterns, a mask, or a function of the params giving one)
-    get a zero update and no state. One layout for the engine and ``surgery.freeze``, so either state carries over.
-    """
+    """``tx`` for the trainable leaves; the leaves :func:`freeze_mask` reads ``frozen`` as get a zero update and no
+    state. One layout for the engine and ``surgery.freeze``, so either state carries over."""
     import optax  # here: the model and checkpoint code import this module and no optimizer library
 
     def labels(params):
-        return jax.tree.map(lambda f: "frozen" if f else "train", resolve_mask(params, frozen))
+        return jax.tree.map(lambda f: "frozen" if f else "train", freeze_mask(params, frozen))
 
     return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)

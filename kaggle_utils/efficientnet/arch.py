@@ -259,7 +259,6 @@ class BlockConfig:
     se_chs: int  # 0: no squeeze-and-excite
     has_skip: bool
     drop_path_rate: float
-    pw_act: bool = False  # dsa: activation after the point-wise conv
 
 
 def _resolve_block(args: BlockArgs, in_chs: int, stride: int, spec: ModelSpec, drop_path_rate: float) -> BlockConfig:
@@ -268,14 +267,10 @@ def _resolve_block(args: BlockArgs, in_chs: int, stride: int, spec: ModelSpec, d
     mid_chs = make_divisible(in_chs * args.exp_ratio) if t in ("ir", "er") else in_chs
     # timm divides the ratio by the expansion, so SE width follows the block INPUT width (0: no SE)
     se_chs = round(mid_chs * (args.se_ratio / args.exp_ratio)) if t in ("ir", "er") else round(in_chs * args.se_ratio)
-    if t == "cn":
-        has_skip = bool(args.skip) and stride == 1 and in_chs == out_chs
-    elif t == "dsa":
-        has_skip = False
-    else:
-        has_skip = stride == 1 and in_chs == out_chs and args.skip is not False
-    return BlockConfig(t, in_chs, out_chs, mid_chs, args.kernel_size, stride, se_chs, has_skip, drop_path_rate,
-                       pw_act=t == "dsa")
+    # timm: a residual where the shapes allow it; "cn" only when asked ("_skip"), "dsa" never, others unless "_noskip"
+    asked = args.skip is True if t == "cn" else t != "dsa" and args.skip is not False
+    has_skip = asked and stride == 1 and in_chs == out_chs
+    return BlockConfig(t, in_chs, out_chs, mid_chs, args.kernel_size, stride, se_chs, has_skip, drop_path_rate)
 
 
 def build_blocks(spec: ModelSpec, drop_path_rate: float = 0.0) -> tuple[tuple[BlockConfig, ...], ...]:

@@ -63,7 +63,7 @@ class DepthwiseSeparable(_Block):
         if b.se_chs:
             y = SqueezeExcite(b.se_chs, self.cfg, name="se")(y)
         y = self.bn("bn2")(self.conv(b.out_chs, 1, "conv_pw")(y), train)
-        if b.pw_act:
+        if b.block_type == "dsa":  # an activation after the point-wise conv too
             y = act(y)
         return self.residual(y, x, train)
 

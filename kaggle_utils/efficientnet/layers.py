@@ -89,11 +89,7 @@ class _Depthwise:
 
     def forward(self, x, kernel):
         xp, out_hw = self._pad(x)
-        out = None
-        for i, j, window in _taps(xp, self.kernel_size, self.stride, out_hw):
-            term = window * kernel[i, j, 0]
-            out = term if out is None else out + term
-        return out
+        return sum(window * kernel[i, j, 0] for i, j, window in _taps(xp, self.kernel_size, self.stride, out_hw))
 
     def kernel_grad(self, x, g):
         """d loss / d kernel in fp32, for the output gradient ``g``."""

@@ -51,12 +51,6 @@ class EfficientNet(nn.Module):
         """Channels of the final feature map (the head width)."""
         return self.spec.head_chs
 
-    def _block_class(self, block_type: str):
-        """The block's module; under ``remat`` its activations are recomputed, not kept, for the backward
-        pass (``train``, argument 2 counting the module, is static: it picks the code path)."""
-        cls = BLOCKS[block_type]
-        return nn.remat(cls, static_argnums=(2,)) if self.remat else cls
-
     @property
     def stages(self):
         return build_blocks(self.spec, self.drop_path_rate)
@@ -86,7 +80,10 @@ class EfficientNet(nn.Module):
         features = [x] if -1 in wanted else []
         for i, stage in enumerate(stages):
             for j, block in enumerate(stage):
-                x = self._block_class(block.block_type)(block, cfg, name=f"blocks_{i}_{j}")(x, train)
+                cls = BLOCKS[block.block_type]
+                if self.remat:  # `train`, argument 2 counting the module, is static: it picks the code path
+                    cls = nn.remat(cls, static_argnums=(2,))
+                x = cls(block, cfg, name=f"blocks_{i}_{j}")(x, train)
             self.sow("intermediates", f"stage_{i}", x)
             if i in wanted:
                 features.append(x)
@@ -125,7 +122,7 @@ def create_model(name: str, **fields) -> EfficientNet:
     return EfficientNet(spec, **module_kw)
 
 
-def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64) -> dict:
+def load_weights(model: EfficientNet, path: str | Path) -> dict:
     """Ported weights in ``model``'s variable tree; the file's ``classifier`` is dropped for a backbone, any other
     difference (variant, ``num_classes``) is a :class:`~kaggle_utils.checkpoint.CheckpointError` naming the keys."""
     path = Path(path)
@@ -136,8 +133,7 @@ def load_weights(model: EfficientNet, path: str | Path, *, input_size: int = 64)
             f"{path} holds weights of {manifest['model']!r} (per {manifest_file.name}), "
             f"but the model is {model.spec.name!r}")
     raw = checkpoint.load(path)
-    expected = abstract_variables(model, jax.ShapeDtypeStruct((1, input_size, input_size, 3), jnp.float32))
-    expected = {k: v for k, v in expected.items() if k in ("params", "batch_stats")}
+    expected = abstract_variables(model, jax.ShapeDtypeStruct((1, 64, 64, 3), jnp.float32))
     if "classifier" not in expected.get("params", {}):
         raw = {**raw, "params": {k: v for k, v in raw.get("params", {}).items() if k != "classifier"}}
     checkpoint.check_tree(raw, expected, what=f"weights file {path} for {model.spec.name}"
@@ -153,7 +149,7 @@ def efficientnet_v2_pretrained(name: str, weights_path: str | Path, input_size: 
     name = resolve_name(name)
     backbone = create_model(name, num_classes=0, global_pool="", **fields)
     size = input_size or backbone.spec.input_size
-    variables = load_weights(backbone, weights_path, input_size=min(size, 64))
+    variables = load_weights(backbone, weights_path)
     if verbose:
         n = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(variables["params"]))
         print(f"{name}: {n / 1e6:.1f}M backbone parameters from {weights_path}; "

@@ -63,14 +63,10 @@ def _batchnorm_interceptor(frozen_modules: frozenset[str]):
 class FrozenBatchNorm:
     """``model`` whose BatchNorm layers with frozen parameters always run in inference mode (PyTorch's ``.eval()``
     on a frozen part: its ``batch_stats`` stay bit-identical), by ``nn.intercept_methods`` on the types in
-    ``BATCHNORM_INFERENCE``, so no model code changes. Other attributes are ``model``'s.
-    """
+    ``BATCHNORM_INFERENCE``, so no model code changes. Other attributes are ``model``'s."""
 
     model: Any
     patterns: tuple[str, ...]
-
-    def init(self, *args, **kwargs):
-        return self.model.init(*args, **kwargs)
 
     def apply(self, variables, *args, **kwargs):
         flat = flatten(variables.get("params", {}))

@@ -26,15 +26,11 @@ class InheritReport:
         lines = [f"inherited {len(self.inherited)} leaves ({self.inherited_values:,} values); "
                  f"new {len(self.new)}; mismatched {len(self.mismatched)}; reinitialised {len(self.reinitialised)}; "
                  f"parent leaves unused {len(self.unused)}"]
-        if self.new:
-            lines.append(f"  new (fresh init): {listing(self.new)}")
-        if self.mismatched:
-            lines.append("  mismatched (fresh init): " + listing(
-                [f"{p} parent {ps} child {cs}" for p, ps, cs in self.mismatched]))
-        if self.reinitialised:
-            lines.append(f"  reinitialised: {listing(self.reinitialised)}")
-        if self.unused:
-            lines.append(f"  unused from the parent: {listing(self.unused)}")
+        mismatched = [f"{p} parent {ps} child {cs}" for p, ps, cs in self.mismatched]
+        for label, paths in (("new (fresh init)", self.new), ("mismatched (fresh init)", mismatched),
+                             ("reinitialised", self.reinitialised), ("unused from the parent", self.unused)):
+            if paths:
+                lines.append(f"  {label}: {listing(paths)}")
         return "\n".join(lines)
 
 
@@ -53,11 +49,9 @@ def _nesting_hint(parent: Sequence[str], child: Sequence[str]) -> str:
 
 
 def inherit(parent: Any, child: Any, *, reinit: Patterns = ()) -> tuple[Any, InheritReport]:
-    """``child`` with every leaf whose path and shape match taken from ``parent`` (in the child's dtype); a report.
-
-    Other leaves keep the child's fresh init, as do those ``reinit`` matches (a classifier for other classes of
-    the same count). Any pytrees work (variables, optimizer states); nothing to inherit is an error.
-    """
+    """``child`` (any pytree: variables, optimizer states) with every leaf whose path and shape match taken from
+    ``parent``, in the child's dtype, and a report. Other leaves keep the child's fresh init, as do those ``reinit``
+    matches (a classifier for other classes of the same count); nothing to inherit is an error."""
     parent_flat = flatten(parent)
     child_flat = flatten(child)
     fresh = select_paths(child_flat, reinit, "inherit reinit") if as_patterns(reinit) else set()

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..variable_trees import Patterns, VariableTreeError, flatten, leaf_size, resolve_mask, select_paths
+from ..variable_trees import Patterns, VariableTreeError, flatten, freeze_mask, leaf_size, select_paths
 
 
 def _nbytes(leaf) -> int:
@@ -87,7 +87,7 @@ def param_table(variables: dict, *, frozen: Patterns | Any | None = None, depth:
     (``frozen``: patterns or a bool mask like the params); bytes over every collection."""
     params = variables.get("params", {})
     flat = flatten(params)
-    mask = flatten(resolve_mask(params, frozen)) if frozen is not None else dict.fromkeys(flat, False)
+    mask = flatten(freeze_mask(params, frozen)) if frozen is not None else dict.fromkeys(flat, False)
     counts: dict[str, list[int]] = {}
     for path, leaf in flat.items():
         row = counts.setdefault("/".join(path.split("/")[:depth]), [0, 0])
@@ -103,8 +103,6 @@ def count_flops(model, variables: dict, sample_input) -> float:
     """Floating-point operations of one evaluation forward on ``sample_input``, per XLA's cost analysis
     of the lowered program (nothing compiled); a multiply-add counts as two."""
     cost = jax.jit(model.apply).lower(variables, sample_input).cost_analysis()
-    if isinstance(cost, (list, tuple)):  # older jax: one dict per program
-        cost = cost[0]
     if not cost or "flops" not in cost:
         raise VariableTreeError(f"count_flops: XLA's cost analysis gave no FLOP count on {jax.default_backend()}")
     return float(cost["flops"])

@@ -27,11 +27,10 @@ def variant(model: nn.Module, **changes) -> nn.Module:
     field of a dataclass-valued field (the EfficientNet's ``spec``: ``arch_def``, ``channel_multiplier``).
     Unknown or ambiguous names are errors."""
     own = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name not in ("parent", "name")}
-    direct = {k: v for k, v in changes.items() if k in own}
     configs = {f: v for f, v in own.items() if dataclasses.is_dataclass(v) and not isinstance(v, (type, nn.Module))}
-    nested: dict[str, dict] = {}
+    updates = {k: v for k, v in changes.items() if k in own}
     for key, value in changes.items():
-        if key in direct:
+        if key in own:
             continue
         holders = [f for f, cfg in configs.items() if key in {g.name for g in dataclasses.fields(cfg)}]
         if len(holders) != 1:
@@ -39,18 +38,14 @@ def variant(model: nn.Module, **changes) -> nn.Module:
             raise VariableTreeError(f"variant: {key!r} {problem} of {type(model).__name__} (fields: {sorted(own)}"
                                     + "".join(f"; {f}: {sorted(g.name for g in dataclasses.fields(c))}"
                                               for f, c in configs.items()) + ")")
-        nested.setdefault(holders[0], {})[key] = value
-    updates = {**direct, **{f: dataclasses.replace(configs[f], **kv) for f, kv in nested.items()}}
+        updates[holders[0]] = dataclasses.replace(updates.get(holders[0], configs[holders[0]]), **{key: value})
     return model.clone(**updates)
 
 
 def rewire(model: nn.Module, variables: dict, sample_input, *, child: nn.Module | None = None,
            reinit: Patterns = (), seed: int = 0, **changes) -> ModelAndVariables:
-    """A variant of ``model`` (``child``, or ``model`` with ``changes``) that inherits all that fits.
-
-    E.g. ``rewire(model, variables, x, act="gelu")``, ``arch_def=...``, or any module built by hand as
-    ``child``; when every leaf is inherited, nothing is initialised (nor compiled).
-    """
+    """``child`` (any module) or ``model`` with ``changes`` (``act="gelu"``, ``arch_def=...``), inheriting all that
+    fits; when every leaf is inherited, nothing is initialised (nor compiled)."""
     if (child is None) == (not changes):
         raise VariableTreeError("rewire: give either child= or field changes, exactly one of the two")
     child = variant(model, **changes) if child is None else child
@@ -63,12 +58,9 @@ def rewire(model: nn.Module, variables: dict, sample_input, *, child: nn.Module 
 def replace_classifier(model: nn.Module, variables: dict, num_classes: int, sample_input, *,
                        classifier: Patterns = r"(^|/)classifier/", seed: int = 0,
                        head_init: str = "zeros") -> ModelAndVariables:
-    """``model`` for ``num_classes`` classes: a fresh classifier, everything else kept.
-
-    ``classifier``: patterns of the classifier's leaves (e.g. ``"Dense_1"`` for a model that does not
-    name it ``classifier``), re-initialised even when the shape stays (a padded head of 104 or 100
-    classes is 128 wide either way): to zeros (``head_init``, as :func:`attach_head`) or randomly.
-    """
+    """``model`` for ``num_classes`` classes, everything but the classifier kept: its leaves (the ``classifier``
+    patterns, e.g. ``"Dense_1"``) are re-initialised as :func:`attach_head`'s (``head_init``) even when the shape
+    stays (a padded head of 104 or 100 classes is 128 wide either way)."""
     if "num_classes" not in {f.name for f in dataclasses.fields(model)}:
         raise VariableTreeError(f"replace_classifier: {type(model).__name__} has no num_classes field; "
                                 "build the new model yourself and use rewire(..., child=new_model)")
@@ -144,12 +136,9 @@ class ClassifierHead(nn.Module):
 
 def attach_head(backbone: nn.Module, backbone_variables: dict, num_classes: int, sample_input, *, seed: int = 0,
                 head_init: str = "zeros", **head_fields) -> ModelAndVariables:
-    """A :class:`ClassifierHead` on ``backbone`` (``head_fields``: its ``drop_rate``, ``pad_to``, ``num_features``
-    (default: the backbone's), ``dtype``): a fresh head, the backbone's variables unchanged.
-
-    ``backbone_variables`` must fit ``backbone`` exactly; only the classifier is initialised. ``head_init``:
-    ``"zeros"`` (the first loss is ln C, so random logits do not push pretrained features around) or ``"random"``.
-    """
+    """A fresh :class:`ClassifierHead` (``head_fields``: its fields; ``num_features`` defaults to the backbone's) on
+    ``backbone``, whose ``backbone_variables`` must fit it exactly and stay unchanged. ``head_init``: ``"zeros"`` (the
+    first loss is ln C, so random logits do not push pretrained features around) or ``"random"``."""
     head_fields["num_features"] = head_fields.get("num_features") or getattr(backbone, "num_features", None)
     head = ClassifierHead(backbone, num_classes, **head_fields)
     fresh = abstract_variables(head, sample_input)
