@@ -184,18 +184,14 @@ def predict_command(args) -> None:
     submission, _ = run.write_predictions(args.out, ids, probs, members[0].config)
     if jax.process_index() == 0:
         test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source
-        print("\n".join(report.prediction_lines(args.out, members, tta=args.tta, rows=len(ids), test=test,
-                                                wall_s=time.perf_counter() - started,
-                                                next_steps=_predict_next(args, submission))))
-
-
-def _predict_next(args, submission: Path) -> list[str]:
-    """Submit; or blend more models: this command again with another --checkpoint and a weight each."""
-    test = f"--data-dir {args.data_dir}" if args.data_dir is not None else f"--test-source {args.test_source}"
-    checkpoints = " ".join(f"--checkpoint {c}" for c in args.checkpoint)
-    return [f"next: submit {submission}, or blend another model into it (probabilities.csv: one column per class):",
+        test_flag = f"--data-dir {args.data_dir}" if args.data_dir is not None else f"--test-source {test}"
+        checkpoints = " ".join(f"--checkpoint {c}" for c in args.checkpoint)
+        blend = [  # submit; or blend more models: this command again with another --checkpoint and a weight each
+            f"next: submit {submission}, or blend another model into it (probabilities.csv: one column per class):",
             f"  python -m kaggle_utils predict {checkpoints} --checkpoint OTHER_RUN --weights-per-checkpoint "
-            f"{','.join(['1'] * (len(args.checkpoint) + 1))} {test} --out {args.out}-blend"]
+            f"{','.join(['1'] * (len(args.checkpoint) + 1))} {test_flag} --out {args.out}-blend"]
+        print("\n".join(report.prediction_lines(args.out, members, tta=args.tta, rows=len(ids), test=test,
+                                                wall_s=time.perf_counter() - started, next_steps=blend)))
 
 
 def _what_is_kept(args, fix: str | None = None) -> str:

@@ -34,21 +34,17 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def _alive(pid: int, started: str | None) -> bool:
-    return pid_alive(pid) and (started is None or _start_time(pid) in (None, started))
-
-
-def check_writable(out: str | os.PathLike, flag: str = "--out") -> Path:
+def check_writable(out: str | os.PathLike) -> Path:
     """Refuses a folder the results could not be written into, before any work; creates nothing."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise OutDirError(f"{flag} {out} is a file, not a folder: choose a folder for the output files")
+        raise OutDirError(f"--out {out} is a file, not a folder: choose a folder for the output files")
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
     if not existing.is_dir():
-        raise OutDirError(f"{flag} {out} cannot be created: {existing} is a file")
+        raise OutDirError(f"--out {out} cannot be created: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "" if existing == out else f" ({existing} is not writable)"
-        raise OutDirError(f"{flag} {out} is not writable{where}: choose a writable folder")
+        raise OutDirError(f"--out {out} is not writable{where}: choose a writable folder")
     return out
 
 
@@ -85,8 +81,9 @@ def owned(out: str | os.PathLike) -> Iterator[Path]:
             other = json.loads(lock.read_text())
         except (OSError, ValueError):
             other = {}
-        if other.get("host") == me["host"] and isinstance(other.get("pid"), int) \
-                and not _alive(other["pid"], other.get("started")):
+        pid, started = other.get("pid"), other.get("started")  # a reused pid has another start time
+        if other.get("host") == me["host"] and isinstance(pid, int) \
+                and not (pid_alive(pid) and (started is None or _start_time(pid) in (None, started))):
             print(f"--out {out}: removing the stale lock of a run that ended without releasing it "
                   f"({_holder_text(other)})")
             lock.unlink(missing_ok=True)

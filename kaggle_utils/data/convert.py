@@ -204,17 +204,6 @@ def _existing_splits(out_dir: str) -> list[str]:
     return [s for s in SPLITS if os.path.exists(os.path.join(out_dir, s))]
 
 
-def _swap_in(staging: str, out_dir: str) -> None:
-    """Move the old splits aside, the staged ones in, then delete the old ones."""
-    old = tempfile.mkdtemp(prefix=".convert-old-", dir=out_dir)
-    for split in _existing_splits(out_dir):
-        os.replace(os.path.join(out_dir, split), os.path.join(old, split))
-    for split in _existing_splits(staging):
-        os.replace(os.path.join(staging, split), os.path.join(out_dir, split))
-    os.replace(os.path.join(staging, INFO_FILE), os.path.join(out_dir, INFO_FILE))
-    shutil.rmtree(old)
-
-
 def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: float = 0.15, shards: int = 16,
                    test: Source | None = None, seed: int = 0, quality: int = 95, overwrite: bool = False,
                    skip_errors: bool = False) -> dict:
@@ -254,7 +243,13 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
                 "fingerprint": fingerprint}
         with atomic_output_path(os.path.join(staging, INFO_FILE)) as tmp, open(tmp, "w") as f:
             json.dump(info, f, indent=1)
-        _swap_in(staging, out_dir)
+        old = tempfile.mkdtemp(prefix=".convert-old-", dir=out_dir)  # the old splits aside, the staged ones in
+        for split in _existing_splits(out_dir):
+            os.replace(os.path.join(out_dir, split), os.path.join(old, split))
+        for split in _existing_splits(staging):
+            os.replace(os.path.join(staging, split), os.path.join(out_dir, split))
+        os.replace(os.path.join(staging, INFO_FILE), os.path.join(out_dir, INFO_FILE))
+        shutil.rmtree(old)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return info

@@ -75,20 +75,6 @@ def _synthetic(image_size: int, num_examples: int | None, seed: int):
     return images, labels.astype(np.int64), [f"class_{c:03d}" for c in range(SYNTHETIC_NUM_CLASSES)]
 
 
-def _test_id(source: str, index: int) -> str:
-    return hashlib.sha1(f"{source}-{index}".encode()).hexdigest()[:9]  # 9 hex digits, like Kaggle's ids
-
-
-def _split_sizes(count: int, fractions) -> list[int]:
-    if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
-        raise ValueError(f"split_fractions must be three positive numbers summing to 1, got {fractions}")
-    train, val = int(round(count * fractions[0])), int(round(count * fractions[1]))
-    sizes = [train, val, count - train - val]
-    if min(sizes) < 1:
-        raise ValueError(f"{count} examples are too few for three splits {fractions}")
-    return sizes
-
-
 def _load_existing(root: str, params: dict) -> SampleDataset | None:
     try:
         with open(os.path.join(root, MANIFEST)) as f:
@@ -99,17 +85,6 @@ def _load_existing(root: str, params: dict) -> SampleDataset | None:
         return None
     split_dirs = {split: os.path.join(root, split) for split in SPLITS}  # the folder may have moved
     return SampleDataset(**{**manifest["dataset"], "root": root, "split_dirs": split_dirs})
-
-
-def _clear_or_refuse(root: str, overwrite: bool) -> None:
-    existing = sorted(path for split in SPLITS for suffix in TFRECORD_SUFFIXES
-                      for path in glob.glob(os.path.join(root, split, "*" + suffix)))
-    if existing and not overwrite:
-        raise FileExistsError(
-            f"{root} already holds {len(existing)} TFRecord file(s) written with other settings (e.g. "
-            f"{existing[0]}); pass overwrite=True to replace them or choose another out_dir")
-    for path in existing:
-        os.unlink(path)
 
 
 def make_sample_dataset(out_dir: str | os.PathLike, source: str = "digits", *, image_size: int = 64,
@@ -128,22 +103,34 @@ def make_sample_dataset(out_dir: str | os.PathLike, source: str = "digits", *, i
     existing = _load_existing(root, params)
     if existing is not None:
         return existing
-    _clear_or_refuse(root, overwrite)
+    stale = sorted(path for split in SPLITS for suffix in TFRECORD_SUFFIXES
+                   for path in glob.glob(os.path.join(root, split, "*" + suffix)))
+    if stale and not overwrite:
+        raise FileExistsError(
+            f"{root} already holds {len(stale)} TFRecord file(s) written with other settings (e.g. "
+            f"{stale[0]}); pass overwrite=True to replace them or choose another out_dir")
+    for path in stale:
+        os.unlink(path)
 
     if source == "digits":
         images, labels, class_names = _digits(image_size, num_examples)
     else:
         images, labels, class_names = _synthetic(image_size, num_examples, seed)
     order = np.random.default_rng(seed).permutation(len(images))
-    sizes = _split_sizes(len(images), split_fractions)
-    bounds = np.cumsum([0] + sizes)
+    fractions, count = split_fractions, len(images)
+    if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(f"split_fractions must be three positive numbers summing to 1, got {fractions}")
+    train, val = int(round(count * fractions[0])), int(round(count * fractions[1]))
+    if min(train, val, count - train - val) < 1:
+        raise ValueError(f"{count} examples are too few for three splits {fractions}")
+    bounds = np.cumsum([0, train, val, count - train - val])
     files, split_dirs, counts, test_labels = [], {}, {}, {}
     for split, start, stop, n_files in zip(SPLITS, bounds[:-1], bounds[1:], num_files):
         chosen = order[start:stop]
         folder = os.path.join(root, split)
         target = {"labels": labels[chosen]}
         if split == "test":
-            target = {"ids": [_test_id(source, int(i)) for i in chosen]}
+            target = {"ids": [hashlib.sha1(f"{source}-{i}".encode()).hexdigest()[:9] for i in chosen]}  # like Kaggle's
             test_labels = {id_: int(labels[i]) for id_, i in zip(target["ids"], chosen)}
         paths = write_split(folder, images[chosen], num_files=min(n_files, len(chosen)), quality=quality, **target)
         files += [os.path.relpath(p, root) for p in paths]

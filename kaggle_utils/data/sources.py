@@ -150,7 +150,13 @@ class MissingImageError(DataError):
 
 
 def _find_image(image_dir: str, value: str, where: str) -> str:
-    """The file a CSV id names: ``image_dir/value`` as is, or with an image extension when it has none."""
+    """The file a CSV id names: ``image_dir/value`` as is, or with an image extension when it has none. An id
+    that reaches outside ``image_dir`` (``../x``, an absolute path) is another folder's image, read as if it were
+    this one's: refused."""
+    root = os.path.realpath(image_dir)
+    if os.path.isabs(value) or os.path.commonpath([root, os.path.realpath(os.path.join(root, value))]) != root:
+        raise DataError(f"{where}: id {value!r} points outside the image folder {image_dir}: ids name files "
+                        "inside it (give --image-dir the folder that holds them)")
     base = os.path.join(image_dir, value)
     if value.lower().endswith(IMAGE_EXTENSIONS):
         candidates, tried = [base], ""
@@ -161,15 +167,6 @@ def _find_image(image_dir: str, value: str, where: str) -> str:
         if os.path.isfile(path):
             return path
     raise MissingImageError(f"{where}: no image file {base}{tried}")
-
-
-def _check_inside(image_dir: str, value: str, where: str) -> None:
-    """An id names a file in ``image_dir``: one that reaches outside it (``../x``, an absolute path) is
-    another folder's image, read as if it were this one's."""
-    root = os.path.realpath(image_dir)
-    if os.path.isabs(value) or os.path.commonpath([root, os.path.realpath(os.path.join(root, value))]) != root:
-        raise DataError(f"{where}: id {value!r} points outside the image folder {image_dir}: ids name files "
-                        "inside it (give --image-dir the folder that holds them)")
 
 
 # what a missing value becomes when a table is written by pandas or a database: never a class name
@@ -226,7 +223,6 @@ def csv_source(csv_path, image_dir, *, id_column: str, label_column: str | None 
         value = (row[id_column] or "").strip()
         if not value:
             raise DataError(f"{where}: empty id")
-        _check_inside(image_dir, value, where)
         paths.append(_find_image(image_dir, value, where))
         ids.append(value)
     _check_unique(ids, [f"line {line}" for line, _ in rows], f"{csv_path}, column {id_column!r}")

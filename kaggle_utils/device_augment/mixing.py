@@ -82,13 +82,6 @@ def partner_rows(mask: jax.Array) -> jax.Array:
     return jnp.where(mask, partner, jnp.arange(size))
 
 
-def _beta(key: jax.Array, alpha: jax.Array) -> jax.Array:
-    """Beta(alpha, alpha) of ``alpha``'s shape from one log-gamma draw of both parts (``jax.random.beta``
-    runs two slow-to-compile samplers); in log space, so small alphas do not underflow to 0/0."""
-    log_gamma = jax.random.loggamma(key, jnp.broadcast_to(alpha, (2, *alpha.shape)))
-    return jnp.exp(log_gamma[0] - jnp.logaddexp(log_gamma[0], log_gamma[1]))
-
-
 def _draw(key: jax.Array, shape: tuple, config: MixConfig):
     """``(mixed?, cutmix?, lambda)`` for one batch (``shape=()``) or per element (``(B,)``)."""
     k_apply, k_switch, k_lam = jax.random.split(key, 3)
@@ -100,7 +93,10 @@ def _draw(key: jax.Array, shape: tuple, config: MixConfig):
     # with cutmix_minmax the box sets lambda, so its alpha only has to be a valid Beta parameter
     alpha = jnp.where(cutmix, config.cutmix_alpha if config.cutmix_alpha > 0 else 1.0,
                       config.mixup_alpha if config.mixup_alpha > 0 else 1.0)
-    lam = _beta(k_lam, alpha)
+    # Beta(alpha, alpha) from one log-gamma draw of both parts (jax.random.beta runs two slow-to-compile
+    # samplers); in log space, so small alphas do not underflow to 0/0
+    log_gamma = jax.random.loggamma(k_lam, jnp.broadcast_to(alpha, (2, *alpha.shape)))
+    lam = jnp.exp(log_gamma[0] - jnp.logaddexp(log_gamma[0], log_gamma[1]))
     return mixed, cutmix & mixed, jnp.where(mixed, lam, 1.0)
 
 

@@ -9,7 +9,7 @@ import json
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from ..runtime import BOOTSTRAP
 from .metadata import (CODE_SUFFIXES, COMPETITION, DATASET_KEYS, DATASET_METADATA, KERNEL_BOOLEANS, KERNEL_KEYS,
@@ -206,18 +206,6 @@ def lint_dataset_metadata(path: str | Path) -> list[Problem]:
     return found
 
 
-def _notebook_shape(found: _Found, notebook: dict) -> None:
-    """The JSON types nbformat requires where the rules read: a value of another type is named, not a traceback."""
-    if not isinstance(notebook.get("metadata", {}), dict):
-        found("metadata", f"must be a JSON object, got {type(notebook['metadata']).__name__}")
-    for i, cell in enumerate(notebook["cells"]):
-        source = cell.get("source", "") if isinstance(cell, dict) else None
-        if not isinstance(cell, dict):
-            found(f"cells[{i}]", f"must be a JSON object, got {type(cell).__name__}")
-        elif not (isinstance(source, str) or isinstance(source, list) and all(isinstance(x, str) for x in source)):
-            found(f"cells[{i}].source", "must be a string or a list of strings")
-
-
 MARKER = BOOTSTRAP.splitlines()[0]  # "# kaggle_utils bootstrap: ..." opens every copy
 
 
@@ -263,8 +251,16 @@ def lint_notebook(path: str | Path, *, fix: bool = False) -> list[Problem]:
         return found
     if not isinstance(notebook.get("cells"), list):
         found("cells", "missing: not a Jupyter notebook")
-    else:
-        _notebook_shape(found, notebook)
+        return found
+    # the JSON types nbformat requires where the rules read: a value of another type is named, not a traceback
+    if not isinstance(notebook.get("metadata", {}), dict):
+        found("metadata", f"must be a JSON object, got {type(notebook['metadata']).__name__}")
+    for i, cell in enumerate(notebook["cells"]):
+        source = cell.get("source", "") if isinstance(cell, dict) else None
+        if not isinstance(cell, dict):
+            found(f"cells[{i}]", f"must be a JSON object, got {type(cell).__name__}")
+        elif not (isinstance(source, str) or isinstance(source, list) and all(isinstance(x, str) for x in source)):
+            found(f"cells[{i}].source", "must be a string or a list of strings")
     if found:
         return found
     removed = strip_pinned_image(notebook)
@@ -311,8 +307,14 @@ def _linter(path: Path):
     return _LINTERS.get(path.name) or _LINTERS.get(path.suffix)
 
 
-def _lint_targets(paths: Iterable[str | Path]) -> list[Path]:
-    targets = []
+def lint(paths: Sequence[str | Path] | None = None, *, fix: bool = False) -> list[Problem]:
+    """Problems of every metadata file and notebook in ``paths`` (files or folders, searched recursively; default:
+    the top-level kernel-metadata.json, the notebooks and the README). ``fix`` strips pinned-image keys from the
+    notebooks (listed, or named by a ``code_file``) and reports those problems as fixed. A notebook reached twice
+    is reported once."""
+    if paths is None:
+        paths = [REPO / KERNEL_METADATA, *sorted((REPO / "notebooks").glob("*.ipynb")), REPO / "README.md"]
+    targets = []  # every folder checked before any file is read
     for p in map(Path, paths):
         if not p.is_dir():  # a file given by name; any other name is linted as kernel metadata (the strict one)
             targets.append(p)
@@ -322,18 +324,8 @@ def _lint_targets(paths: Iterable[str | Path]) -> list[Path]:
             raise PackagingError(f"{p}: nothing to check (no {KERNEL_METADATA}, {DATASET_METADATA} or .ipynb in it): "
                                  "give the folder or files to lint")
         targets += found
-    return targets
-
-
-def lint(paths: Sequence[str | Path] | None = None, *, fix: bool = False) -> list[Problem]:
-    """Problems of every metadata file and notebook in ``paths`` (files or folders, searched recursively; default:
-    the top-level kernel-metadata.json, the notebooks and the README). ``fix`` strips pinned-image keys from the
-    notebooks (listed, or named by a ``code_file``) and reports those problems as fixed. A notebook reached twice
-    is reported once."""
-    if paths is None:
-        paths = [REPO / KERNEL_METADATA, *sorted((REPO / "notebooks").glob("*.ipynb")), REPO / "README.md"]
     unique: dict[tuple, Problem] = {}
-    for p in _lint_targets(paths):
+    for p in targets:
         for problem in (_linter(p) or lint_kernel_metadata)(p, fix=fix):
             unique.setdefault((Path(problem.file).resolve(), problem.key, problem.message), problem)
     return list(unique.values())
