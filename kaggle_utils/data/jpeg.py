@@ -54,9 +54,10 @@ def _opencv():
 
 def check_available() -> bool:
     """Whether corrupt JPEG data can be detected here; if not, says so once per process (a RuntimeWarning)."""
-    if strict_decoder() is None:
+    available = strict_decoder() is not None
+    if not available:
         _notice_not_checked()
-    return strict_decoder() is not None
+    return available
 
 
 @functools.cache
