@@ -20,6 +20,12 @@ sample). It is an environment variable so that every process inherits it; the fi
 to load this file (pytest's controller) picks the folder, and removes it at the end. A cache
 size is set because that is what makes JAX lock the folder across processes.
 
+And for time too: XLA:CPU's backend optimisation level 1 instead of the default, through ``XLA_FLAGS`` so that
+the same processes inherit it. The suite's programs run a few dozen times each on 16-32 px images, where LLVM's
+full optimisation of the machine code costs more than it saves: level 1 halves a model's init compile and
+runs its steps as fast (bench/README.md, "Test suite"). Tests that start processes with their own
+``XLA_FLAGS`` add theirs to it (``job_helpers.xla_flags``).
+
 And one fixture several files share: ``sample``, the job tests' data, made once per process.
 """
 import os
@@ -32,6 +38,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 else:
     _SESSION_CACHE = None
+TEST_XLA_FLAG = "--xla_backend_optimization_level=1"
+if TEST_XLA_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".strip()
 
 try:  # torch before tensorflow, see the module docstring
     import torch  # noqa: F401

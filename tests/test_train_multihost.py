@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kaggle_utils.train import TIMING_COLUMNS
+from job_helpers import xla_flags
 from multihost_run import run
 
 HERE = Path(__file__).parent
@@ -30,7 +31,7 @@ def comparable(history):
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("multihost")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(HERE / "multihost_worker.py"), str(i), str(port), str(out), *MODES],
