@@ -21,10 +21,11 @@ to load this file (pytest's controller) picks the folder, and removes it at the 
 size is set because that is what makes JAX lock the folder across processes.
 
 And for time too: XLA:CPU's backend optimisation level 1 instead of the default, through ``XLA_FLAGS`` so that
-the same processes inherit it. The suite's programs run a few dozen times each on 16-32 px images, where LLVM's
-full optimisation of the machine code costs more than it saves: level 1 halves a model's init compile and
-runs its steps as fast (bench/README.md, "Test suite"). Tests that start processes with their own
-``XLA_FLAGS`` add theirs to it (``job_helpers.xla_flags``).
+the same processes inherit it (the notebook kernels too: it sets the compiler's effort, not the devices they see).
+The suite's programs run a few dozen times each on 16-32 px images, where LLVM's full optimisation of the machine
+code costs more than it saves: level 1 cuts a model's compiles by a fifth to a half and runs its steps as fast
+(bench/README.md, "Test suite"). Tests that start processes with their own ``XLA_FLAGS`` add theirs to it
+(``job_helpers.xla_flags``).
 
 And one fixture several files share: ``sample``, the job tests' data, made once per process.
 """
