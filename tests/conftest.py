@@ -25,7 +25,7 @@ the same processes inherit it (the notebook kernels too: it sets the compiler's 
 The suite's programs run a few dozen times each on 16-32 px images, where LLVM's full optimisation of the machine
 code costs more than it saves: level 1 cuts a model's compiles by a fifth to a half and runs its steps as fast
 (bench/README.md, "Test suite"). Tests that start processes with their own ``XLA_FLAGS`` add theirs to it
-(``job_helpers.xla_flags``).
+(``job_helpers.cpu_process_env``).
 
 And one fixture several files share: ``sample``, the job tests' data, made once per process.
 """

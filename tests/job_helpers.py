@@ -10,15 +10,17 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_MODEL = "test_efficientnet"
 
 
-def xla_flags(devices):
-    """This process's ``XLA_FLAGS`` (the suite's, see conftest) and a count of CPU devices, for a process it starts."""
-    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+def cpu_process_env(devices):
+    """The environment of a process a test starts: this one's (the suite's ``XLA_FLAGS`` and compilation cache, see
+    conftest), on ``devices`` CPU devices, importing this checkout's kit."""
+    return {**os.environ, "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip(),
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 def job_process(args, out, cwd):
     """The job on one CPU device, in this environment (and so the session's compilation cache, see conftest)."""
-    env = {**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = cpu_process_env(1)
     return subprocess.Popen([sys.executable, "-m", "kaggle_utils", *args, "--out", str(out)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

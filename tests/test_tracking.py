@@ -19,7 +19,7 @@ from kaggle_utils.config import TrainConfig
 from kaggle_utils.efficientnet import create_model
 from kaggle_utils.train import FitSettings, TensorBoardWriter, fit, init_variables
 
-from job_helpers import TEST_MODEL, xla_flags
+from job_helpers import TEST_MODEL, cpu_process_env
 from test_train_loop import assert_trees_equal, comparable, make_run, train_batches, val_batches
 
 TESTS = Path(__file__).resolve().parent
@@ -81,8 +81,7 @@ def test_killed_during_a_background_write_resumes_from_a_complete_checkpoint(tmp
 
     out = tmp_path / "killed"
     out.mkdir()
-    env = {**os.environ, "XLA_FLAGS": xla_flags(8), "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
+    env = cpu_process_env(8)
     proc = subprocess.Popen([sys.executable, "-c", WORKER, str(out), str(TESTS)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

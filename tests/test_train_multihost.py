@@ -1,6 +1,5 @@
 """Two processes x 2 CPU devices (jax.distributed + gloo) == one process x 4 devices."""
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 
 from kaggle_utils.train import TIMING_COLUMNS
-from job_helpers import xla_flags
+from job_helpers import cpu_process_env
 from multihost_run import run
 
 HERE = Path(__file__).parent
@@ -31,8 +30,7 @@ def comparable(history):
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("multihost")
-    env = {**os.environ, "XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    env = cpu_process_env(2)
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(HERE / "multihost_worker.py"), str(i), str(port), str(out), *MODES],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
