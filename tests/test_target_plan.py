@@ -174,3 +174,14 @@ def test_the_local_plan_refuses_a_batch_above_the_budget_and_its_search_s_answer
             f"{usable:,} usable of --memory-budget 0.003 GiB") in result.stderr
     assert train["bytes"] > usable and 1 <= largest < 32 and f"; {largest} fit" in result.stderr
     assert made[0]("train", largest).bytes <= usable < made[0]("train", largest + 1).bytes
+
+
+def test_the_local_plan_on_a_device_without_a_memory_limit_asks_for_a_budget_before_compiling(tmp_path):
+    """This CPU reports no bytes_limit: the plan (which always searches the largest batch) names --memory-budget,
+    with any --batch-per-device, before a compile and without writing plan.json."""
+    for batch in ("auto", "16"):
+        result = run_job(["plan", "--target", "local", *FLAGS, "--batch-per-device", batch, "--out", str(tmp_path)])
+        assert result.code == 2 and result.stdout == "", result.stderr
+        assert ("plan --target local: the cpu device (cpu) reports no memory limit (no bytes_limit in memory_stats());"
+                " give --memory-budget GiB to plan against") in result.stderr
+        assert "--batch-per-device N" not in result.stderr and not (tmp_path / "plan.json").exists()
