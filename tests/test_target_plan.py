@@ -182,6 +182,6 @@ def test_the_local_plan_on_a_device_without_a_memory_limit_asks_for_a_budget_bef
     for batch in ("auto", "16"):
         result = run_job(["plan", "--target", "local", *FLAGS, "--batch-per-device", batch, "--out", str(tmp_path)])
         assert result.code == 2 and result.stdout == "", result.stderr
-        assert ("plan --target local: the cpu device (cpu) reports no memory limit (no bytes_limit in memory_stats());"
-                " give --memory-budget GiB to plan against") in result.stderr
+        assert ("error: plan --target local needs a memory budget: the cpu device (cpu) reports none (no bytes_limit in"
+                " memory_stats()); give --memory-budget GiB\n") in result.stderr
         assert "--batch-per-device N" not in result.stderr and not (tmp_path / "plan.json").exists()

@@ -90,8 +90,10 @@ def gib_text(n: float) -> str:
     return f"{n / GIB:.3g} GiB" if n >= GIB / 100 else f"{n / 2 ** 20:.3g} MiB"
 
 
-def device_budget(memory_budget_gib: float | None, device=None) -> tuple[int, str]:
-    """``(bytes, where they come from)``: ``--memory-budget`` GiB, else the device's own ``bytes_limit``."""
+def device_budget(memory_budget_gib: float | None, device=None, *, needed_by: str = "--batch-per-device auto",
+                  alternatives: tuple[str, ...] = ("--batch-per-device N",)) -> tuple[int, str]:
+    """``(bytes, where they come from)``: ``--memory-budget`` GiB, else the device's own ``bytes_limit``; where it
+    has none (a CPU), the error names ``needed_by`` and the flags that would do instead of a budget."""
     if memory_budget_gib is not None:
         if not (memory_budget_gib > 0 and math.isfinite(memory_budget_gib)):
             raise ConfigError(f"--memory-budget {memory_budget_gib}: must be a finite number of GiB > 0")
@@ -99,9 +101,9 @@ def device_budget(memory_budget_gib: float | None, device=None) -> tuple[int, st
     device = jax.local_devices()[0] if device is None else device
     limit = (device.memory_stats() or {}).get("bytes_limit")
     if not limit:
-        raise ConfigError(f"--batch-per-device auto needs a memory budget: the {device.platform} device "
-                          f"({device.device_kind}) reports none (no bytes_limit in memory_stats()); give "
-                          "--memory-budget GiB, or --batch-per-device N")
+        raise ConfigError(f"{needed_by} needs a memory budget: the {device.platform} device ({device.device_kind}) "
+                          "reports none (no bytes_limit in memory_stats()); give --memory-budget GiB"
+                          + "".join(f", or {flag}" for flag in alternatives))
     return int(limit), f"bytes_limit of {device.device_kind}"
 
 

@@ -119,15 +119,6 @@ def _source_data(config: TrainConfig) -> RunData:
                                multi_label=source.multi_label, description=f"--source {data.source}")
 
 
-def _plan_budget(given: float | None, device) -> tuple[int, str]:
-    """``--memory-budget``, else the local device's own limit; a CPU reports none, and the plan needs one for any batch
-    (it always searches the largest), so the error names the flag the plan needs, not train's alternatives."""
-    if given is None and not (device.memory_stats() or {}).get("bytes_limit"):
-        raise ConfigError(f"plan --target local: the {device.platform} device ({device.device_kind}) reports no "
-                          "memory limit (no bytes_limit in memory_stats()); give --memory-budget GiB to plan against")
-    return memory_plan.device_budget(given, device)
-
-
 def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None = None, task=None) -> dict:
     """The run's steps compiled for ``target``: bytes per device against its budget, the largest batch that fits,
     FLOPs per image and the peak's bound on images/s; written to ``out/plan.json`` when ``out`` is given. A run
@@ -147,7 +138,9 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
     given = config.data.memory_budget
     resolved, run_plan = resolve(config.replace(batch_per_device=per_chip or k, batch_size=None, memory_budget=None),
                                  data, task)
-    budget = (_plan_budget(given, devices[0]) if given is not None or target == "local" else
+    # the plan searches the largest batch with any --batch-per-device: only a budget does instead of a device's own
+    budget = (memory_plan.device_budget(given, devices[0], needed_by="plan --target local", alternatives=())
+              if given is not None or target == "local" else
               (TARGETS[target].hbm, f"the HBM the TPU compiler gives a {devices[0].device_kind} device"))
     compiled = memory_plan.step_compiler(resolved, run_plan, mesh=make_mesh(devices), task=task)
     fit = memory_plan.fit_batch(resolved, run_plan, per_device_limit=data.num_train // chips, budget=budget,
