@@ -2,13 +2,43 @@
 a try/except inside tf.data (:func:`first_success`), and the records read without a problem (:class:`RecordMemo`).
 """
 
+import contextlib
 import os
 import re
+import sys
+import tempfile
 import threading
 import warnings
 
 _tf_module = None
 _tf_lock = threading.Lock()
+# TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL does not reach on every machine: TF 2.21 logs them
+# through absl before absl's logging is initialised, and absl then writes every level to stderr (abseil-cpp #1718;
+# seen on a CPU where oneDNN is on by default, not on others)
+_STARTUP_NOISE = re.compile(r"All log messages before absl::InitializeLog|\] oneDNN custom operations are on|"
+                            r"cpu_feature_guard\.cc|^To enable the following instructions:")
+
+
+@contextlib.contextmanager
+def _without_startup_noise():
+    """Standard error (the file descriptor, where C++ writes) held in a file while TensorFlow loads; its lines are
+    written back after, less :data:`_STARTUP_NOISE`, so nothing else is lost."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _STARTUP_NOISE.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def tensorflow_on_host():
@@ -18,7 +48,8 @@ def tensorflow_on_host():
     with _tf_lock:
         if _tf_module is None:
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ start-up INFO lines are noise here
-            import tensorflow as tf
+            with _without_startup_noise():
+                import tensorflow as tf
 
             for kind in ("GPU", "TPU"):
                 try:
