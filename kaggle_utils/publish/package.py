@@ -3,7 +3,7 @@ input checked before the first write, each folder moved into place when complete
 upload them, in the order the notebooks need their inputs."""
 import json
 import shutil
-import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -40,7 +40,8 @@ class PackageResult:
         return [f"owner      {self.owner} (from {self.owner_source})", f"visibility {seen}",
                 *(f"folder     {path}" for path in self.folders.values()),
                 "upload, the first time (in this order):", *(f"  {c}" for c in self.commands),
-                "later, a new version of each (a kernel push is a new version, run on Kaggle):",
+                "later, a new version of each" + (" (a kernel push is a new version, run on Kaggle):"
+                                                  if any("kernels push" in c for c in self.updates) else ":"),
                 *(f"  {c}" for c in self.updates)]
 
 
@@ -123,13 +124,14 @@ def _variations(weights: dict[Path, dict]) -> dict[str, dict[Path, dict]]:
 
 
 def package(out: str | Path, *, public: bool, user: str | None = None, notebooks_dir: str | Path | None = None,
-            weights: Sequence[str | Path] = (), weights_as: str = "dataset", overwrite: bool = False,
-            repo: str | Path = REPO) -> PackageResult:
+            weights: Sequence[str | Path] = (), weights_as: str = "dataset", kit: bool = True,
+            overwrite: bool = False, repo: str | Path = REPO) -> PackageResult:
     """Builds the upload folders under ``out`` for ``user`` (else the kaggle client's own user: :func:`kaggle_owner`),
     ``public`` or private, then lints them. ``weights_as``: the ported ``weights`` as a dataset or a Kaggle Model
     (one variation per model); the notebooks' sources name them, or the port notebook's output when there are
-    none. Every input is checked before the first write; each folder is built beside its target and moved into
-    place when complete (replacing one: ``overwrite``)."""
+    none; ``kit`` False: no kit folder (the weights alone, as notebook 3 writes them). Every input is checked
+    before the first write; each folder is built beside its target and moved into place when complete (replacing
+    one: ``overwrite``)."""
     repo, out = Path(repo), Path(out)
     if not isinstance(public, bool):
         raise PackagingError("choose --public (others can fork the notebooks and attach the kit and weights) or "
@@ -156,13 +158,16 @@ def package(out: str | Path, *, public: bool, user: str | None = None, notebooks
         for name, files in variations.items():  # refused here, before any write, if no Model license fits
             instance_metadata(owner, name, files)
     plan = _plan(out, notebooks, checked, weights_as, overwrite)
+    if not kit:
+        del plan[KIT_SLUG]
     stripped = {src.name: keys for _, src, notebook in plan.values()  # the copies' pinned-image keys, in memory
                 if notebook is not None and (keys := strip_pinned_image(notebook))}
     try:
         out.mkdir(parents=True, exist_ok=True)
         folders = {}
         for name, (kind, src, notebook) in plan.items():
-            staged = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=out))
+            staged = out / f".{name}.{uuid.uuid4().hex[:8]}.partial"  # mkdir: the umask's mode, as any folder
+            staged.mkdir()
             try:
                 _build(kind, staged, release, repo, checked, src, notebook)
                 _replace_dir(staged, out / name)

@@ -66,8 +66,8 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
     if tx is not None and config.optim.lr == "auto":
         raise ConfigError("--lr auto sweeps the rate of the kit's optimizer; with run.train(tx=...) give a number")
     notes = {"tx": _custom_tx_note(tx)} if tx is not None else {}
-    if config.model.weights is not None:  # config.json names the file the run fine-tuned and its digest
-        notes["weights"] = checkpoint.file_record(config.model.weights)
+    # config.json names the ported file the run fine-tuned and its digest
+    read = {"weights": checkpoint.file_record(config.model.weights)} if config.model.weights is not None else {}
     out, main = Path(out), jax.process_index() == 0
     owned = outdir.owned(out) if main else contextlib.nullcontext()  # the lock on out (the others write nothing)
     with owned, run_data(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
@@ -88,7 +88,8 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
                                                           progress=progress)
         if main:
             print(plan.describe(resolved) + "".join(f"; {note}" for note in notes.values()))
-            write_config(out, resolved, plan, given=config, notes={**notes, "lr_find": lr_note} if lr_note else notes)
+            write_config(out, resolved, plan, given=config,
+                         notes={**notes, **read, **({"lr_find": lr_note} if lr_note else {})})
         opened = open_writers(resolved, out)  # closed last: W&B then uploads the pictures and tables
         try:
             result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
