@@ -512,13 +512,17 @@ def test_without_weights_the_notebooks_attach_the_port_notebooks_output(tmp_path
 # ------------------------------------------------------------------ each rejection of the client is lint's
 
 
-def folder_of(tmp_path: Path, kind: str) -> Path:
-    """A folder with one valid metadata file of ``kind`` (the files package writes) and what it names."""
-    result = package_for(tmp_path / "built", True, "model")
-    source = {"kernel": result.folders["flower-classification-on-tpu-with-jax"], "dataset": result.folders[
-        publish.KIT_SLUG], "model": result.folders[publish.MODEL_FOLDER]}.get(kind)
-    if kind == "instance":
-        source = result.folders[publish.MODEL_FOLDER] / "tf-efficientnetv2-m"
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The folders package writes (weights as a Model), once for the rules' tests, which copy what they change."""
+    return package_for(tmp_path_factory.mktemp("built"), True, "model")
+
+
+def folder_of(tmp_path: Path, built, kind: str) -> Path:
+    """A copy of the folder holding one valid metadata file of ``kind``, with what it names."""
+    source = {"kernel": built.folders["flower-classification-on-tpu-with-jax"], "dataset": built.folders[
+        publish.KIT_SLUG], "model": built.folders[publish.MODEL_FOLDER],
+        "instance": built.folders[publish.MODEL_FOLDER] / "tf-efficientnetv2-m"}[kind]
     folder = tmp_path / kind
     shutil.copytree(source, folder, ignore=shutil.ignore_patterns("tf-efficientnetv2-*"))
     return folder
@@ -528,9 +532,9 @@ FILES = {"kernel": metadata.KERNEL_METADATA, "dataset": metadata.DATASET_METADAT
          "instance": metadata.INSTANCE_METADATA}
 
 
-def client_and_lint(tmp_path: Path, kind: str, change) -> tuple[tuple, list]:
+def client_and_lint(tmp_path: Path, built, kind: str, change) -> tuple[tuple, list]:
     """The client's verdict and lint's problems on a valid ``kind`` file changed by ``change(meta)``."""
-    folder = folder_of(tmp_path, kind)
+    folder = folder_of(tmp_path, built, kind)
     path = folder / FILES[kind]
     meta = json.loads(path.read_text())
     change(meta)
@@ -601,8 +605,8 @@ REJECTED = [  # (kind, change, what the client says, lint's key, lint's words): 
 
 
 @pytest.mark.parametrize("kind, change, client_words, key, lint_words", REJECTED)
-def test_each_rejection_of_the_client_is_a_lint_problem(tmp_path, kind, change, client_words, key, lint_words):
-    (verdict, message), problems = client_and_lint(tmp_path, kind, change)
+def test_each_rejection_of_the_client_is_a_lint_problem(tmp_path, built, kind, change, client_words, key, lint_words):
+    (verdict, message), problems = client_and_lint(tmp_path, built, kind, change)
     assert verdict == "refused" and client_words in message, message
     assert any(p.key == key and lint_words in p.message for p in problems), problems
 
@@ -624,8 +628,8 @@ ACCEPTED = [  # what the client accepts, lint too: no rule stricter where the cl
 
 
 @pytest.mark.parametrize("kind, change", ACCEPTED)
-def test_what_the_client_accepts_lint_accepts(tmp_path, kind, change):
-    (verdict, request), problems = client_and_lint(tmp_path, kind, change)
+def test_what_the_client_accepts_lint_accepts(tmp_path, built, kind, change):
+    (verdict, request), problems = client_and_lint(tmp_path, built, kind, change)
     assert verdict == "sent", request
     assert problems == []
 
