@@ -183,10 +183,10 @@ def _check_title(found: Found, title, slug: str | None) -> None:
                        f"kernel at .../{expected} and the id would name nothing; make the title slugify to the id")
 
 
-# sources: key -> (segments of a reference, which of them is the slug, its least length, an example)
-_SOURCES = {"dataset_sources": ((2, 3), 1, 1, "owner/slug or owner/slug/VERSION"),
-            "kernel_sources": ((2, 3), 1, KERNEL_SLUG_MIN, "owner/slug or owner/slug/VERSION"),
-            "model_sources": ((5,), 1, 1, "owner/model/framework/variation/VERSION")}
+# sources: key -> (segments a reference may have, the least length of its slug (the second), an example)
+_SOURCES = {"dataset_sources": ((2, 3), 1, "owner/slug or owner/slug/VERSION"),
+            "kernel_sources": ((2, 3), KERNEL_SLUG_MIN, "owner/slug or owner/slug/VERSION"),
+            "model_sources": ((5,), 1, "owner/model/framework/variation/VERSION")}
 
 
 def _check_sources(found: Found, meta: dict) -> None:
@@ -197,7 +197,7 @@ def _check_sources(found: Found, meta: dict) -> None:
         if "/" in source or ":" in source:
             found("competition_sources", f"{source!r}: give the bare competition slug (e.g. {COMPETITION!r}), "
                                          "no 'c/' prefix or URL")
-    for key, (counts, slug_at, least, example) in _SOURCES.items():
+    for key, (counts, least, example) in _SOURCES.items():
         for source in strings(key):
             parts = source.split("/")
             url = ":" in source or "kaggle.com" in source or parts[0] in ("d", "k", "m", "code", "datasets", "models")
@@ -205,7 +205,7 @@ def _check_sources(found: Found, meta: dict) -> None:
                 found(key, f"{source!r} is not {example!r} (no URL, no 'd/' prefix)")
             elif len(parts) > 2 and not parts[-1].isdigit():
                 found(key, f"{source!r}: the version {parts[-1]!r} is not a number")
-            elif len(parts[slug_at]) < least:
+            elif len(parts[1]) < least:
                 found(key, f"{source!r}: the kaggle client wants a kernel slug of at least {least} characters")
 
 
