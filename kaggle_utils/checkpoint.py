@@ -121,6 +121,16 @@ def save(path: str | os.PathLike, tree: Any, *, manifest: dict | None = None) ->
     return digest
 
 
+def file_record(path: str | os.PathLike) -> dict:
+    """Which file a run read, so its folder says it: the absolute path, the size and the sha256 of the bytes."""
+    path = Path(path).resolve()
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return {"file": str(path), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
 def check_format(path: str | os.PathLike) -> None:
     """Raises :class:`CheckpointError` for a missing, empty or PyTorch file from its first bytes, before any work."""
     path = Path(path)

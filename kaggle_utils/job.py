@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 
-from . import checkpoint, outdir, report, run
+from . import checkpoint, outdir, report, run, runtime
 from .config import ConfigError, DataConfig, TrainConfig, add_config_flags, config_from_args, config_from_file, int_in
 from .data import DataError
 from .data.convert import source_from_spec
@@ -101,6 +101,15 @@ def train_command(args) -> None:
         steps = report.next_lines(result.out, data_dir=result.config.data.data_dir,
                                   submission=result.submission is not None)
         print("\n".join(report.summary_lines(result.out, wall_s=time.perf_counter() - started, next_steps=steps)))
+        _submit_on_kaggle(result.submission)
+
+
+def _submit_on_kaggle(submission: Path | None) -> None:
+    """On Kaggle, the run's submission also where Kaggle reads one (``/kaggle/working/submission.csv``), said."""
+    copied = runtime.kaggle_submission(submission) if submission is not None else None
+    if copied is not None:
+        print(f"submission: {copied}" + ("" if copied == Path(submission) else f" (a copy of {submission})")
+              + ": where Kaggle's Submit and a code competition read it")
 
 
 def _cv_flags(parser) -> None:
@@ -124,6 +133,8 @@ def cv_command(args) -> None:
                                 overwrite=args.overwrite, progress=args.progress)
     if jax.process_index() == 0:
         print("\n".join(_cv_lines(result, time.perf_counter() - started)))
+        if result.scores is not None and (result.out / runtime.SUBMISSION).is_file():  # the fold ensemble's
+            _submit_on_kaggle(result.out / runtime.SUBMISSION)
 
 
 def _cv_lines(result, wall_s: float) -> list[str]:

@@ -1,10 +1,13 @@
-"""The notebooks' first cell: what machine is this, where are the inputs, what to train.
+"""The notebooks' first cell: what machine is this, where are the inputs, what to train, where outputs go.
 
 The same notebook runs unchanged on a Kaggle TPU or GPU, a CPU session and CI: :data:`BOOTSTRAP` puts the kit
 on ``sys.path`` and :func:`setup` returns a :class:`Runtime` whose ``config`` this machine trains (smoke mode
-on a CPU without the competition data). Probes take ``root`` (``$KAGGLE_UTILS_ROOT``), so tests fake Kaggle.
+on a CPU without the competition data); ``RT.configure(...)`` is a notebook's settings cell. Kaggle mounts inputs
+in several layouts (:func:`find_weights` lists them) and reads a submission from ``/kaggle/working/submission.csv``
+(:func:`kaggle_submission`). Probes take ``root`` (``$KAGGLE_UTILS_ROOT``), so tests fake Kaggle.
 """
 import argparse
+import dataclasses
 import json
 import os
 import platform as _platform_module
@@ -19,7 +22,7 @@ from typing import Mapping
 import jax
 
 from . import compilation
-from .checkpoint import manifest_path
+from .checkpoint import atomic_write_bytes, manifest_path
 from .config import TrainConfig, overrides
 from .data import locate_competition_data, tensorflow_on_host
 from .efficientnet import resolve_name
@@ -28,6 +31,12 @@ from .precision import choose_precision
 ROOT_ENV, SMOKE_ENV = "KAGGLE_UTILS_ROOT", "KAGGLE_UTILS_SMOKE"
 DATA_ENV, WEIGHTS_ENV = "KAGGLE_UTILS_DATA", "KAGGLE_UTILS_WEIGHTS"
 FLOWER_SIZES = (192, 224, 331, 512)  # the competition's tfrecords-jpeg-SxS folders
+SUBMISSION = "submission.csv"  # in working/: where Kaggle's Submit and a code competition read it
+# Below input/, where Kaggle mounts what a notebook attaches (all seen; newer mounts name the owner):
+#   a dataset          SLUG/...                      datasets/OWNER/SLUG/...
+#   a notebook output  SLUG/...                      notebooks/OWNER/SLUG/...
+#   a Kaggle Model     MODEL/FRAMEWORK/VARIATION/N/  models/OWNER/MODEL/FRAMEWORK/VARIATION/N/
+WEIGHTS_DEPTH = 7  # folders below input/ to a weights file in the deepest of them (a Model's newer mount)
 
 # What a notebook trains on each machine: TrainConfig flags, RT.config = TrainConfig().replace(**row).
 # A flag a row leaves out keeps TrainConfig's default (the batch: 16 per device, at least 64 per step).
@@ -116,18 +125,29 @@ def _ported_model(msgpack: Path) -> str | None:
     return model if isinstance(model, str) else None  # training checkpoints name a model config (a dict)
 
 
+def _msgpack_files(folder: Path, max_depth: int) -> list[Path]:
+    """``*.msgpack`` files up to ``max_depth`` folders below ``folder``, shallowest first, then by path: one walk."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        depth = len(Path(dirpath).relative_to(folder).parts)
+        found += [(depth, Path(dirpath) / name) for name in filenames if name.endswith(".msgpack")]
+        dirnames[:] = sorted(dirnames) if depth < max_depth else []
+    return [path for _, path in sorted(found)]
+
+
 def find_weights(model: str | None = None, root: str | os.PathLike | None = None) -> list[Path]:
     """Ported weights (``NAME.msgpack`` with weights_port's ``NAME.json`` manifest), of ``model`` if given, in
-    ``root/input`` or ``$KAGGLE_UTILS_WEIGHTS`` (a file or a folder, where finding nothing is an error)."""
+    ``root/input`` in any of Kaggle's mount layouts (a dataset, a notebook's output, a Kaggle Model, old and new:
+    see :data:`WEIGHTS_DEPTH`), shallowest first; or in ``$KAGGLE_UTILS_WEIGHTS`` (a file or a folder, where
+    finding nothing is an error)."""
     requested = os.environ.get(WEIGHTS_ENV)
     if requested:
         base = Path(requested)
         if not base.exists():
             raise RuntimeSetupError(f"{WEIGHTS_ENV}={requested} does not exist")
-        candidates = [base] if base.is_file() else sorted(base.glob("*.msgpack")) + sorted(base.glob("*/*.msgpack"))
+        candidates = [base] if base.is_file() else _msgpack_files(base, 1)
     else:
-        inputs = kaggle_root(root) / "input"
-        candidates = [p for depth in ("*", "*/*", "*/*/*") for p in sorted(inputs.glob(f"{depth}/*.msgpack"))]
+        candidates = _msgpack_files(kaggle_root(root) / "input", WEIGHTS_DEPTH - 1)
     wanted = resolve_name(model) if model is not None else None  # short names ("m") too
     found = [p for p in candidates if (m := _ported_model(p)) is not None and (wanted is None or m == wanted)]
     if requested and not found:
@@ -135,6 +155,33 @@ def find_weights(model: str | None = None, root: str | os.PathLike | None = None
         raise RuntimeSetupError(f"{WEIGHTS_ENV}={requested}: no {what} there (a NAME.msgpack with the NAME.json "
                                 "manifest that weights_port writes)")
     return found
+
+
+def weights_note(path: Path) -> str:
+    """What a weights file is, from its manifest: its source (``random init`` when the port had no internet)."""
+    try:
+        source = json.loads(manifest_path(path).read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    return f" ({source})" if isinstance(source, str) and source else ""
+
+
+def on_kaggle(root: str | os.PathLike | None = None) -> bool:
+    """A Kaggle session (its kernels set ``KAGGLE_KERNEL_RUN_TYPE``), or a root laid out as one (``root/input``)."""
+    return "KAGGLE_KERNEL_RUN_TYPE" in os.environ or (kaggle_root(root) / "input").is_dir()
+
+
+def kaggle_submission(submission: str | os.PathLike, root: str | os.PathLike | None = None) -> Path | None:
+    """On Kaggle, ``submission`` copied (atomically) to ``working/submission.csv``, where the notebook's Submit and a
+    code competition read it; returns that path, or None off Kaggle (nothing is copied)."""
+    if not on_kaggle(root):
+        return None
+    target = kaggle_root(root) / "working" / SUBMISSION
+    source = Path(submission)
+    if source.resolve() != target.resolve():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(target, source.read_bytes())
+    return target
 
 
 def package_version(*names: str) -> str | None:
@@ -186,8 +233,35 @@ class Runtime:
     kit: Path  # where the kit was imported from
     kit_source: str
     out_dir: Path  # where to write outputs (/kaggle/working on Kaggle)
+    root: Path = Path("/kaggle")  # where the inputs were looked for (root/input)
+    weights_found: tuple[Path, ...] = ()  # every ported file of the model found; ``weights`` is the first
+
+    def configure(self, *, model: str | None = None, image_size: int | None = None, epochs: int | None = None,
+                  batch_per_device: int | None = None, quiet: bool = False) -> "Runtime":
+        """A notebook's settings cell: this runtime with ``model`` and ``image_size`` (the competition folder and the
+        ported weights looked for again, for them), ``epochs`` and ``batch_per_device`` (images per device per step);
+        None keeps what :func:`setup` chose. Prints what changed unless ``quiet``."""
+        changed = self
+        if model is not None or image_size is not None:
+            changed = dataclasses.replace(detect(model=model or self.config.model.name, image_size=image_size,
+                                                 smoke=self.smoke, root=self.root), smoke_reason=self.smoke_reason)
+        config = changed.config
+        if epochs is not None:
+            config = config.replace(epochs=epochs)
+        if batch_per_device is not None:
+            config = config.replace(batch_per_device=batch_per_device, batch_size=None)
+        changed = dataclasses.replace(changed, config=config)
+        if not quiet:
+            lines = changed._lines()
+            at = next(i for i, line in enumerate(lines) if line.startswith("  config"))
+            shown = lines[at:at + 2] + [line for line in lines if line.startswith(("  data", "  weights"))]
+            print("\n".join(["kaggle_utils settings", *shown]), flush=True)
+        return changed
 
     def __str__(self) -> str:
+        return "\n".join(self._lines())
+
+    def _lines(self) -> list[str]:
         v = self.versions
         shown = ", ".join(f"{k} {v[k]}" for k in ("python", "jax", "jaxlib", "libtpu", "flax", "optax") if v.get(k))
         tf = v.get("tensorflow")
@@ -202,7 +276,12 @@ class Runtime:
         data = (f"{self.data_dir} ({size}x{size})" if self.data_dir else
                 f"competition data not found: use kaggle_utils.data.make_sample_dataset(dir, image_size={size})")
         changes = ", ".join(f"{k}={v!r}" for k, v in overrides(self.config).items())
-        return "\n".join([
+        weights = f"none found for {model}"
+        if self.weights is not None:
+            more = len(self.weights_found) - 1
+            weights = f"{self.weights}{weights_note(self.weights)}" + (f"; {more} more of {model} found, the first "
+                                                                       "is used" if more > 0 else "")
+        return [
             "kaggle_utils runtime",
             f"  machine   {self.platform}: {self.device_count} x {self.device_kind}, {self.process_count} process(es)"
             + (" on Kaggle" if self.on_kaggle else ""),
@@ -214,10 +293,10 @@ class Runtime:
             f"{loop.epochs} epoch(s){steps}",
             f"  precision {self.precision} ({self.precision_reason})",
             f"  data      {data}",
-            f"  weights   {self.weights or f'none found for {model}'}",
+            f"  weights   {weights}",
             f"  kit       {self.kit} ({self.kit_source})",
             f"  output    {self.out_dir}",
-        ])
+        ]
 
 
 def _smoke(smoke: bool | None, platform: str, data_found: bool) -> tuple[bool, str]:
@@ -247,21 +326,23 @@ def detect(*, model: str | None = None, image_size: int | None = None, smoke: bo
     found = find_competition_data(image_size or defaults(platform).model.image_size, root)
     is_smoke, smoke_reason = _smoke(smoke, platform, found is not None)
     config = defaults(platform, smoke=is_smoke)
-    if is_smoke and found is not None and image_size is None:  # smoke on real data: its smallest images
-        found = find_competition_data(min(FLOWER_SIZES), root)
+    if is_smoke and found is not None and image_size is None:  # smoke on real data: its smallest images, resized
+        found = find_competition_data(min(FLOWER_SIZES), root)  # to the smoke size: the same path, in seconds
     weights = find_weights(model or config.model.name, root)
+    at_data_size = found is not None and (image_size is not None or not is_smoke)
     config = config.replace(model=model or config.model.name, weights=str(weights[0]) if weights else None,
-                            image_size=found[1] if found is not None else (image_size or config.model.image_size),
+                            image_size=found[1] if at_data_size else (image_size or config.model.image_size),
                             data_dir=str(found[0]) if found is not None else None)
     kit = Path(__file__).resolve().parent.parent
-    on_kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ or (root / "input").is_dir()
+    kaggle = on_kaggle(root)
     return Runtime(
         platform=platform, device_count=len(devices), device_kind=devices[0].device_kind,
-        process_count=jax.process_count(), versions=MappingProxyType(_versions()), on_kaggle=on_kaggle,
+        process_count=jax.process_count(), versions=MappingProxyType(_versions()), on_kaggle=kaggle,
         smoke=is_smoke, smoke_reason=smoke_reason, config=config, precision=precision.name,
         precision_reason=precision_reason, data_dir=found[0] if found is not None else None,
         weights=weights[0] if weights else None, kit=kit, kit_source=_kit_source(kit, root),
-        out_dir=root / "working" if on_kaggle else Path(tempfile.gettempdir()) / "kaggle_utils_out")
+        out_dir=root / "working" if kaggle else Path(tempfile.gettempdir()) / "kaggle_utils_out", root=root,
+        weights_found=tuple(weights))
 
 
 def setup(*, model: str | None = None, image_size: int | None = None, smoke: bool | None = None,

@@ -76,3 +76,20 @@ def test_a_changed_readme_block_names_its_line(tmp_path):
     problems = publish.lint([path])
     assert [(p.key, p.fixed) for p in problems] == [(f"line {marker_line}", False)], problems
     assert "KAGGLE_ROOT" in problems[0].message
+
+
+def test_an_edited_setup_line_is_reported_never_rewritten(tmp_path):
+    """The natural edit (a model in the first cell) is the user's: --fix leaves it and names the settings cell."""
+    edited = runtime.BOOTSTRAP.replace("RT = runtime.setup()", 'RT = runtime.setup(model="tf_efficientnetv2_s")')
+    settings = 'MODEL = "tf_efficientnetv2_s"\nRT = RT.configure(model=MODEL)\n'
+    path = write_notebook(tmp_path / "edited.ipynb", edited, settings)
+    before = path.read_text()
+    problems = publish.lint([path], fix=True)
+    assert [(p.key, p.fixed) for p in problems] == [("cells[bootstrap]", False)], problems
+    assert "settings cell" in problems[0].message and "RT.configure" in problems[0].message
+    assert path.read_text() == before
+    # a stale copy whose setup line is the bootstrap's is still brought up to date, the settings cell untouched
+    stale = runtime.BOOTSTRAP.replace('"input/*/*/*"', '"input/*/*"')
+    path = write_notebook(tmp_path / "stale.ipynb", stale, settings)
+    assert publish.main(["lint", "--fix", str(path)]) == 0
+    assert code_cells(path) == [runtime.BOOTSTRAP.rstrip("\n"), settings]

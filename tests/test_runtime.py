@@ -171,7 +171,10 @@ def test_environment_forces_smoke_either_way(tmp_path, monkeypatch):
     monkeypatch.setenv(runtime.SMOKE_ENV, "1")
     rt = runtime.detect(root=tmp_path)
     assert rt.smoke and runtime.SMOKE_ENV in rt.smoke_reason
-    assert (rt.data_dir.name, rt.config.model.image_size) == ("tfrecords-jpeg-192x192", 192)  # its smallest images
+    # its smallest images, resized to the smoke size: the same code path in seconds
+    assert (rt.data_dir.name, rt.config.model.image_size) == ("tfrecords-jpeg-192x192",
+                                                              runtime.PLATFORM_DEFAULTS["smoke"]["image_size"])
+    assert runtime.detect(root=tmp_path, image_size=500).config.model.image_size == 512  # a size asked for: the data's
     empty = tmp_path / "elsewhere"
     (empty / "input").mkdir(parents=True)
     monkeypatch.setenv(runtime.SMOKE_ENV, "0")
@@ -188,6 +191,72 @@ def test_data_variable_points_at_a_local_copy(tmp_path, monkeypatch):
     monkeypatch.setenv(runtime.DATA_ENV, str(tmp_path / "kaggle"))
     with pytest.raises(runtime.RuntimeSetupError, match=runtime.DATA_ENV):
         runtime.find_competition_data(512, tmp_path / "kaggle")
+
+
+MOUNTS = {  # where Kaggle mounts what a notebook attaches, below input/ (runtime's WEIGHTS_DEPTH comment)
+    "dataset": "efficientnetv2-jax",
+    "dataset, newer mount": "datasets/alice/efficientnetv2-jax",
+    "notebook output": "port-pytorch-weights-to-flax",
+    "notebook output, newer mount": "notebooks/alice/port-pytorch-weights-to-flax",
+    "notebook output, a folder in it": "notebooks/alice/port-pytorch-weights-to-flax/upload/efficientnetv2-jax",
+    "Kaggle Model": "efficientnetv2-jax/flax/tf-efficientnetv2-m/1",
+    "Kaggle Model, newer mount": "models/alice/efficientnetv2-jax/flax/tf-efficientnetv2-m/3",
+}
+
+
+@pytest.mark.parametrize("mount", MOUNTS)
+def test_weights_are_found_in_each_of_kaggles_mount_layouts(tmp_path, mount):
+    weights = ported(tmp_path / "input" / MOUNTS[mount], "tf_efficientnetv2_m", "tf_efficientnetv2_m")
+    competition(tmp_path, 192)  # the competition's records beside it are no weights
+    assert runtime.find_weights("m", root=tmp_path) == [weights]
+    rt = runtime.detect(root=tmp_path, model="tf_efficientnetv2_m", smoke=True)
+    assert rt.weights == weights and rt.config.model.weights == str(weights)
+
+
+def test_several_weights_of_the_model_the_shallowest_first_and_the_report_says_so(tmp_path):
+    deep = ported(tmp_path / "input" / MOUNTS["Kaggle Model, newer mount"], "m", "tf_efficientnetv2_m")
+    shallow = ported(tmp_path / "input" / MOUNTS["notebook output"], "m", "tf_efficientnetv2_m")
+    json_path = shallow.with_suffix(".json")
+    json_path.write_text(json.dumps({"model": "tf_efficientnetv2_m", "source": "random init (seed 0); for demos"}))
+    too_deep = ported(tmp_path / "input" / MOUNTS["Kaggle Model, newer mount"] / "x", "m", "tf_efficientnetv2_m")
+    assert runtime.find_weights("m", root=tmp_path) == [shallow, deep]  # 8 folders down is no mount of Kaggle's
+    report = str(runtime.detect(root=tmp_path, model="tf_efficientnetv2_m", smoke=True))
+    assert f"weights   {shallow} (random init (seed 0); for demos); 1 more of tf_efficientnetv2_m found" in report
+    assert too_deep.is_file()
+
+
+def test_the_settings_cell_changes_the_run_and_looks_for_its_weights_again(tmp_path, capsys):
+    competition(tmp_path, 192)
+    competition(tmp_path, 512)
+    s_weights = ported(tmp_path / "input" / "weights", "s", "tf_efficientnetv2_s")
+    rt = runtime.detect(root=tmp_path, smoke=True)
+    assert rt.weights is None and rt.config.model.name == runtime.PLATFORM_DEFAULTS["smoke"]["model"]
+    assert rt.configure(quiet=True) == rt  # nothing chosen: nothing changes
+    chosen = rt.configure(model="tf_efficientnetv2_s", image_size=512, epochs=5, batch_per_device=3)
+    shown = capsys.readouterr().out
+    assert (chosen.config.model.name, chosen.config.model.image_size, chosen.data_dir.name) == (
+        "tf_efficientnetv2_s", 512, "tfrecords-jpeg-512x512")
+    assert chosen.weights == s_weights and chosen.config.model.weights == str(s_weights)
+    assert (chosen.config.loop.epochs, chosen.config.data.batch_per_device) == (5, 3)
+    assert chosen.smoke and chosen.smoke_reason == rt.smoke_reason
+    assert shown.startswith("kaggle_utils settings\n") and str(s_weights) in shown and "epochs=5" in shown
+    assert rt.configure(epochs=1, quiet=True).config.model == rt.config.model  # epochs alone: the same model
+
+
+def test_a_submission_goes_where_kaggle_reads_it_on_kaggle_only(tmp_path, monkeypatch):
+    run_dir = tmp_path / "elsewhere" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "submission.csv").write_text("id,label\na,1\n")
+    assert runtime.kaggle_submission(run_dir / "submission.csv", root=tmp_path / "kaggle") is None  # not Kaggle
+    assert not (tmp_path / "kaggle").exists()
+    (tmp_path / "kaggle" / "input").mkdir(parents=True)
+    copied = runtime.kaggle_submission(run_dir / "submission.csv", root=tmp_path / "kaggle")
+    assert copied == tmp_path / "kaggle" / "working" / "submission.csv"
+    assert copied.read_text() == "id,label\na,1\n"
+    assert runtime.kaggle_submission(copied, root=tmp_path / "kaggle") == copied  # already there: left as it is
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Batch")  # a Kaggle session, whatever the root holds
+    assert runtime.kaggle_submission(run_dir / "submission.csv", root=tmp_path / "other") == \
+        tmp_path / "other" / "working" / "submission.csv"
 
 
 def test_weights_are_matched_to_the_model_by_their_manifest(tmp_path, monkeypatch):

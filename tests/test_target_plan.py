@@ -16,7 +16,7 @@ import jax
 import pytest
 
 from kaggle_utils import job, run
-from kaggle_utils.config import TrainConfig
+from kaggle_utils.config import ConfigError, TrainConfig
 from kaggle_utils.parallel import make_mesh
 from kaggle_utils.run import memory_plan, target_plan
 
@@ -185,3 +185,24 @@ def test_the_local_plan_on_a_device_without_a_memory_limit_asks_for_a_budget_bef
         assert ("error: plan --target local needs a memory budget: the cpu device (cpu) reports none (no bytes_limit in"
                 " memory_stats()); give --memory-budget GiB\n") in result.stderr
         assert "--batch-per-device N" not in result.stderr and not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.slow  # three compiles of the tiny model on 8 CPU devices: ~25 s on 2 busy cores
+def test_a_plan_without_the_search_compiles_the_run_s_three_steps_only():
+    """What notebook 4 asks of the chips it runs on: the run's batch, no search (a search is a dozen compiles)."""
+    calls, real = [], memory_plan.step_compiler
+
+    def counting(*args, **kwargs):
+        compile_step = real(*args, **kwargs)
+        return lambda name, per_device: calls.append((name, per_device)) or compile_step(name, per_device)
+
+    config = TrainConfig().replace(model=TEST_MODEL, image_size=16, num_classes=10, batch_per_device=4,
+                                   memory_budget=0.5)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(memory_plan, "step_compiler", counting)
+        plan = target_plan.plan(config, "local", train_images=256, search=False)
+    assert sorted(calls) == [("eval", 4), ("predict", 4), ("train", 4)]
+    assert plan["largest_per_device_batch"] is None and plan["fits"] and "not searched" in plan["search"]
+    assert "not searched" in "\n".join(target_plan.plan_lines(plan))
+    with pytest.raises(ConfigError, match="auto is the batch search"):
+        target_plan.plan(config.replace(batch_per_device="auto"), "local", train_images=256, search=False)

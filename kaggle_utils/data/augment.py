@@ -68,7 +68,7 @@ class RandAugment:
 
     def __call__(self, image, seed):
         if self._compiled is None:
-            self._compiled = tf.function(self._augment, jit_compile=self.jit_compile)
+            self._compiled = tf.function(self._augment, jit_compile=self.jit_compile, autograph=False)
         # drawn outside the compiled function: XLA's stateless RNG gives other numbers than TF's
         draws = tf.random.stateless_uniform([3 * self.num_ops + 1], seed=seed)
         return self._compiled(tf.convert_to_tensor(image), draws)

@@ -119,8 +119,10 @@ def _source_data(config: TrainConfig) -> RunData:
                                multi_label=source.multi_label, description=f"--source {data.source}")
 
 
-def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None = None, task=None) -> dict:
-    """The run's steps compiled for ``target``: bytes per device against its budget, the largest batch that fits,
+def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None = None, task=None,
+         search: bool = True) -> dict:
+    """The run's steps compiled for ``target``: bytes per device against its budget, the largest batch that fits
+    (unless not ``search``: then only the run's batch is compiled, three compiles instead of a search's dozen),
     FLOPs per image and the peak's bound on images/s; written to ``out/plan.json`` when ``out`` is given. A run
     batch above the budget is refused (:class:`ConfigError` naming the bytes) after the plan is written."""
     devices = target_devices(target)
@@ -130,6 +132,8 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
     data = (_source_data(config) if config.data.source else open_data(config, config.data.data_dir)
             if config.data.data_dir else no_data(config, train_images))
     auto, k = config.data.batch_per_device == "auto", config.optim.accumulate_steps
+    if auto and not search:
+        raise ConfigError("--batch-per-device auto is the batch search: a plan without it needs a batch")
     # as train would on the target; --memory-budget is the plan's budget, with any batch
     per_chip = None if auto else global_batch(config.replace(memory_budget=None), chips) // chips
     if (per_chip or k) * chips > data.num_train:
@@ -144,7 +148,7 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
               (TARGETS[target].hbm, f"the HBM the TPU compiler gives a {devices[0].device_kind} device"))
     compiled = memory_plan.step_compiler(resolved, run_plan, mesh=make_mesh(devices), task=task)
     fit = memory_plan.fit_batch(resolved, run_plan, per_device_limit=data.num_train // chips, budget=budget,
-                                compile_step=compiled)
+                                compile_step=compiled) if search else None
     per_chip = per_chip or fit.per_device
     steps = {name: compiled(name, per_chip) for name in ("train", "eval", "predict")}
     per_step = per_chip * chips
@@ -158,8 +162,10 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
         "remat": resolved.model.remat, "accumulate_steps": k, "data": data.description, "train_images": data.num_train,
         "classes": resolved.model.num_classes, "per_device_batch": per_chip, "global_batch": per_step,
         "steps_per_epoch": data.num_train // per_step, "budget_bytes": budget[0], "budget_source": budget[1],
-        "usable_bytes": usable, "fits": steps["train"].bytes <= usable, "largest_per_device_batch": fit.per_device,
-        "search": fit.describe(), "steps": {n: {**dataclasses.asdict(s), "bytes": s.bytes} for n, s in steps.items()},
+        "usable_bytes": usable, "fits": steps["train"].bytes <= usable,
+        "largest_per_device_batch": fit.per_device if fit else None,
+        "search": fit.describe() if fit else "not searched (the run's batch only)",
+        "steps": {n: {**dataclasses.asdict(s), "bytes": s.bytes} for n, s in steps.items()},
         "train_gflops_per_image": flops["train"], "eval_gflops_per_image": flops["eval"], "peak_tflops": peak,
         "images_per_s_at_peak": images_per_s, "epoch_seconds_at_peak": epoch_images / images_per_s if images_per_s
         else None, "epoch_images": epoch_images, "libtpu": runtime.package_version("libtpu")}

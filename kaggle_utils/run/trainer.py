@@ -66,6 +66,8 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
     if tx is not None and config.optim.lr == "auto":
         raise ConfigError("--lr auto sweeps the rate of the kit's optimizer; with run.train(tx=...) give a number")
     notes = {"tx": _custom_tx_note(tx)} if tx is not None else {}
+    # config.json names the ported file the run fine-tuned and its digest
+    read = {"weights": checkpoint.file_record(config.model.weights)} if config.model.weights is not None else {}
     out, main = Path(out), jax.process_index() == 0
     owned = outdir.owned(out) if main else contextlib.nullcontext()  # the lock on out (the others write nothing)
     with owned, run_data(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
@@ -86,7 +88,8 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
                                                           progress=progress)
         if main:
             print(plan.describe(resolved) + "".join(f"; {note}" for note in notes.values()))
-            write_config(out, resolved, plan, given=config, notes={**notes, "lr_find": lr_note} if lr_note else notes)
+            write_config(out, resolved, plan, given=config,
+                         notes={**notes, **read, **({"lr_find": lr_note} if lr_note else {})})
         opened = open_writers(resolved, out)  # closed last: W&B then uploads the pictures and tables
         try:
             result = fit_run(resolved, plan, data, training, out, resume=resume, progress=progress, hooks=hooks,
@@ -135,7 +138,7 @@ def _custom_tx_note(tx: optax.GradientTransformation | Callable) -> str:
 def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given: TrainConfig | None = None,
                  notes: dict | None = None) -> Path:
     """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan and
-    ``notes`` (e.g. ``lr_find``: how ``--lr auto`` found the lr)."""
+    ``notes`` (e.g. ``lr_find``: how ``--lr auto`` found the lr; ``weights``: the ported file read and its sha256)."""
     path = Path(out_dir) / "config.json"
     record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan),
               **(notes or {})}
