@@ -20,7 +20,7 @@ import numpy as np
 from . import jpeg
 from .augment import augment_batches, per_image_ops, resolve_augment
 from .sources import Source
-from .tfhost import first_success, host_cores, op_message, records_read, tf
+from .tfhost import first_success, host_cores, op_message, records_read, tf, traced
 from .tfrecords import (UNDECODABLE, BadRecordError, DataError, RecordProblem, count_data_items, first_problem,
                         list_tfrecords, parse_record, reader_problem, record_filter, record_spec, shard_files,
                         size_problem)
@@ -204,7 +204,7 @@ def _host_dataset(records, to_example, *, training: bool, seed: int, batch_size:
     """Records -> examples (the parallel map, each with a per-image seed) -> batches -> per-batch augmentation."""
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
     examples = tf.data.Dataset.zip(records.repeat() if training else records, seeds).map(
-        lambda record, image_seed: to_example(*record, image_seed), num_parallel_calls=tf.data.AUTOTUNE,
+        traced(lambda record, image_seed: to_example(*record, image_seed)), num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic)
     examples = examples.filter(lambda example: example["keep"])
     # copied into batches in parallel (the filter keeps tf.data from fusing the map with the batch, which would)
@@ -310,7 +310,7 @@ def scan_labels(files, *, image_size: int, multi_label_classes: int | None = Non
                                          multi_label_classes=multi_label_classes)
         return label, problems.keep(name, index, problem)
 
-    labels = read_records(files).map(target, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    labels = read_records(files).map(traced(target), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     labels = labels.filter(lambda _, keep: keep).map(lambda label, _: label).batch(4096)
     explain = _unreadable(files, record_spec(True, multi_label_classes is not None))
     found = [batch.numpy() for batch in problems.batches(labels, explain)]
