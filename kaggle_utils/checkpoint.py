@@ -34,6 +34,10 @@ class CheckpointError(ValueError):
     """A checkpoint file is unreadable or does not fit the tree it is loaded into."""
 
 
+class ChangedCheckpointError(CheckpointError):
+    """A checkpoint's sha256 is not the one its manifest records: changed, or another file copied over it."""
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that ``path`` is always either old or complete."""
     path = Path(path)
@@ -161,7 +165,7 @@ def check_digest(path: str | os.PathLike, data: bytes | None = None) -> None:
         return
     actual = hashlib.sha256(path.read_bytes() if data is None else data).hexdigest()
     if actual != recorded:
-        raise CheckpointError(
+        raise ChangedCheckpointError(
             f"checkpoint {path} differs from its manifest {manifest_path(path).name} (sha256 {actual[:12]}... vs "
             f"{recorded[:12]}...): it was changed or truncated after it was written")
 
@@ -194,15 +198,20 @@ def check_tree(actual: Any, expected: Any, *, what: str = "tree") -> None:
         raise CheckpointError("\n".join(lines))
 
 
-def load(path: str | os.PathLike, target: Any = None) -> Any:
+def load(path: str | os.PathLike, target: Any = None, *, accept_changed: bool = False) -> Any:
     """A checkpoint of :func:`save` as a nested dict of numpy arrays, or with ``target`` (arrays or
-    ``jax.ShapeDtypeStruct``) every key and shape checked and the values in ``target``'s structure and dtypes."""
+    ``jax.ShapeDtypeStruct``) every key and shape checked and the values in ``target``'s structure and dtypes.
+
+    A file whose sha256 is not its manifest's is refused (another run's file copied over it predicts as this run);
+    ``accept_changed``: loaded with a warning (a file changed knowingly, or one whose manifest a kill left behind)."""
     path = Path(path)
     check_format(path)
     data = path.read_bytes()
     try:
         check_digest(path, data)
-    except CheckpointError as problem:  # it may still load (an edited manifest): say it and go on; --weights refuses
+    except CheckpointError as problem:
+        if not accept_changed:
+            raise
         warnings.warn(str(problem), RuntimeWarning, stacklevel=2)
     try:
         state = serialization.msgpack_restore(data)

@@ -153,10 +153,12 @@ class DataConfig(_Section):
                                  valid=within("(0, 1)"))
     class_names: tuple[str, ...] = _field((), "submission labels by class index (default: the records' own; empty: "
                                               "the index itself)")
-    batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
+    batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)",
+                                    valid=AT_LEAST_1)
     batch_per_device: int | str | None = _field(None, "batch per device instead of --batch-size; auto: the largest "
                                                       "whose compiled train step fits the device, less a margin",
-                                                parse=_or_word(int, "auto", "auto", "integer or auto"))
+                                                parse=_or_word(int, "auto", "auto", "integer or auto"),
+                                                valid=AT_LEAST_1)
     memory_budget: float | None = _field(None, "with --batch-per-device auto: GiB a device may use (default: what "
                                                "a GPU or TPU reports; a CPU needs it)", resume_may_change=True,
                                          valid=POSITIVE)
@@ -216,7 +218,7 @@ class DataConfig(_Section):
                               "global_batch needs a number")
         if self.batch_per_device is not None:
             return self.batch_per_device * devices
-        return self.batch_size or max(16 * devices, -(-64 // devices) * devices)
+        return self.batch_size if self.batch_size is not None else max(16 * devices, -(-64 // devices) * devices)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -136,7 +136,8 @@ def checkpoint_file(path: Path) -> Path:
 
 
 def run_config(file: Path) -> TrainConfig:
-    """The config of the run that wrote checkpoint ``file`` (its manifest)."""
+    """The config of the run that wrote checkpoint ``file`` (its manifest), refused where the run folder's
+    ``config.json`` records another model or other classes (the checkpoint and manifest of another run copied in)."""
     manifest_file = checkpoint.manifest_path(file)
     if not manifest_file.is_file():
         raise checkpoint.CheckpointError(f"{file} has no manifest {manifest_file.name} beside it: cannot tell which "
@@ -148,17 +149,38 @@ def run_config(file: Path) -> TrainConfig:
             f"{file} is not a checkpoint of a training run" + (f": it holds ported {what} weights (weights_port); "
                                                                f"fine-tune them with train --weights {file}"
                                                                if what else " (its manifest has no 'config')"))
-    return TrainConfig.from_dict(manifest["config"], where=f"{manifest_file} config")
+    config = TrainConfig.from_dict(manifest["config"], where=f"{manifest_file} config")
+    folder_config = file.parent / "config.json"
+    try:
+        recorded = TrainConfig.from_dict(json.loads(folder_config.read_text())["config"]).model
+    except (OSError, ValueError, KeyError, TypeError):
+        return config  # a checkpoint outside a run folder, or a folder without a readable config.json
+    for what, theirs, ours in (("--model", config.model.name, recorded.name),
+                               ("classes", config.model.num_classes, recorded.num_classes)):
+        if theirs != ours:
+            raise checkpoint.CheckpointError(f"{file}: its manifest {manifest_file.name} records {what} {theirs} but "
+                                             f"{folder_config} records {ours}: it is another run's checkpoint")
+    return config
 
 
-def run_variables(file: Path, model: nn.Module, config: TrainConfig) -> dict:
-    """The evaluation variables (EMA weights where kept) of checkpoint ``file``, checked leaf by leaf with ``model``."""
-    raw = checkpoint.load(file)
+def run_variables(file: Path, model: nn.Module, config: TrainConfig, *, accept_changed: bool = False) -> dict:
+    """The evaluation variables (EMA weights where kept) of checkpoint ``file``, checked leaf by leaf with ``model``
+    (``config``: the run predicting, or starting from them). A file changed since its manifest was written is refused
+    unless ``accept_changed``; a classifier of another width than its run's classes, always."""
+    written_by = run_config(file)
+    raw = checkpoint.load(file, accept_changed=accept_changed)
     if "state" in raw:  # last.msgpack / ckpt-*.msgpack: the whole training state
         state = raw["state"]
         raw = {"params": state.get("ema_params") or state["params"], "batch_stats": state.get("batch_stats", {})}
     variables = {k: raw[k] for k in ("params", "batch_stats") if k in raw}
     if "classifier" in variables["params"]:  # cut to the classes, padded to this run's --head-multiple (a TPU's 128)
+        found = {np.shape(v)[-1] for v in jax.tree.leaves(variables["params"]["classifier"])}
+        written = surgery.padded_width(written_by.model.num_classes, written_by.model.head_multiple)
+        if found != {written}:  # a wider head would otherwise be cut as if padded: predicted as this run
+            raise checkpoint.CheckpointError(
+                f"{file}: its classifier has {'/'.join(map(str, sorted(found)))} outputs, but its run has "
+                f"{written_by.model.num_classes} classes (a head {written} wide, per "
+                f"{checkpoint.manifest_path(file).name}): it is another run's checkpoint")
         classes = config.model.num_classes
         width = surgery.padded_width(classes, config.model.head_multiple)
         head = jax.tree.map(lambda v: np.pad(np.asarray(v)[..., :classes], [(0, 0)] * (np.ndim(v) - 1) +

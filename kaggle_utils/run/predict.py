@@ -73,13 +73,14 @@ def predict_split(steps: Steps, variables: dict, files: list[str], config: Train
     return texts, probs
 
 
-def load_run(path: str | Path) -> tuple[nn.Module, dict, TrainConfig]:
+def load_run(path: str | Path, *, accept_changed: bool = False) -> tuple[nn.Module, dict, TrainConfig]:
     """``(model, variables, config)`` of a run folder (its best checkpoint) or one of its checkpoints: the evaluation
-    variables (EMA weights where kept), checked leaf by leaf against the model the config builds."""
+    variables (EMA weights where kept), checked leaf by leaf against the model the config builds; a file changed since
+    its manifest was written only with ``accept_changed``."""
     file = checkpoint_file(Path(path))
     config = run_config(file)
     model = build_model(config)
-    return model, run_variables(file, model, config), config
+    return model, run_variables(file, model, config, accept_changed=accept_changed), config
 
 
 def prediction_steps(config: TrainConfig, model: nn.Module, *, tta: bool | None = None, mode: str | None = None
@@ -122,9 +123,10 @@ def expand_checkpoint(path: str | Path) -> list[Path]:
     return folds
 
 
-def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | None = None) -> list[Member]:
+def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | None = None, *,
+                 accept_changed: bool = False) -> list[Member]:
     """Every model of ``checkpoints``, checked to agree on their classes, with ``weights`` (one per entry, default
-    equal; a CV folder's folds share its weight) normalised to sum to 1."""
+    equal; a CV folder's folds share its weight) normalised to sum to 1; ``accept_changed``: :func:`load_run`'s."""
     if not checkpoints:
         raise ConfigError("give at least one --checkpoint")
     weights = [1.0] * len(checkpoints) if weights is None else list(weights)
@@ -138,7 +140,11 @@ def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | N
     for given, weight in zip(checkpoints, weights):
         paths = expand_checkpoint(given)
         for path in paths:
-            model, variables, config = load_run(path)
+            try:
+                model, variables, config = load_run(path, accept_changed=accept_changed)
+            except checkpoint.ChangedCheckpointError as err:
+                raise checkpoint.ChangedCheckpointError(f"{err}; --accept-changed-checkpoint uses it knowingly"
+                                                        ) from None
             members.append(Member(path, model, variables, config, weight / len(paths) / sum(weights),
                                   file=checkpoint_file(path)))
     for member in members[1:]:
