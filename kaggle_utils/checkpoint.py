@@ -112,11 +112,20 @@ def manifest_path(path: str | os.PathLike) -> Path:
     return path.with_suffix(".json") if path.suffix == ".msgpack" else Path(f"{path}.json")
 
 
+def _serialized(tree: Any) -> bytes:
+    host = jax.tree.map(np.asarray, jax.device_get(tree))  # sharded arrays fetched whole; numpy for msgpack
+    return serialization.msgpack_serialize(serialization.to_state_dict(host))
+
+
+def digest(tree: Any) -> str:
+    """The sha256 :func:`save` would record for ``tree``: what a run started from, without a file."""
+    return hashlib.sha256(_serialized(tree)).hexdigest()
+
+
 def save(path: str | os.PathLike, tree: Any, *, manifest: dict | None = None) -> str:
     """Serialises ``tree`` (any Flax-serialisable pytree) to msgpack; returns its sha256. ``manifest``: a JSON file
     beside it, with ``sha256`` and ``file`` added, written after it (never describing a file not there)."""
-    host = jax.tree.map(np.asarray, jax.device_get(tree))  # sharded arrays fetched whole; numpy for msgpack
-    data = serialization.msgpack_serialize(serialization.to_state_dict(host))
+    data = _serialized(tree)
     digest = hashlib.sha256(data).hexdigest()
     atomic_write_bytes(path, data)
     if manifest is not None:

@@ -189,7 +189,7 @@ def predict_command(args) -> None:
     if args.test_image_dir is not None and args.test_source is None:
         raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     outdir.check_writable(args.out)  # before the prediction, not after it
-    batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))  # before the models are read
+    batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)).check())  # before the models
     members = run.load_members(args.checkpoint, args.weights_per_checkpoint,
                                accept_changed=args.accept_changed_checkpoint)
     source = None if args.test_source is None else source_from_spec(

@@ -25,9 +25,9 @@ from ..device_augment import MixConfig, RandAugmentConfig, make_device_augment, 
 from ..efficientnet import efficientnet_v2_pretrained
 from ..precision import Precision
 from ..variable_trees import VariableTreeError, abstract_variables
-from ..train import (AXIS, StepConfig, Steps, Task, TrainState, assign_lr_groups, create_train_state,
-                     describe_lr_groups, init_variables, make_optimizer, make_schedule, make_steps)
-from ..train import make_task as task_named
+from ..registry import TRAIN_CROPS
+from ..train import (AXIS, StepConfig, Steps, Task, TrainState, assign_lr_groups, describe_lr_groups, init_variables,
+                     make_optimizer, make_schedule, make_steps, make_task)
 from ..train.progressive import SIZE_MULTIPLE, Stage, progressive_schedule
 from .data import RunData
 
@@ -82,12 +82,6 @@ def _size_text(size: dict | None) -> str:
     return f" ({count(size['params_trainable'] + size['params_frozen'])} parameters{frozen}{flops})"
 
 
-def make_task(config: TrainConfig) -> Task:
-    task = config.task
-    return task_named(task.task, label_smoothing=task.label_smoothing, focal_gamma=task.focal_gamma,
-                      threshold=task.threshold)
-
-
 def build_model(config: TrainConfig) -> nn.Module:
     """The module a run trains: the registered model (:mod:`kaggle_utils.models`) with ``head_width`` outputs."""
     model = config.model
@@ -97,24 +91,33 @@ def build_model(config: TrainConfig) -> nn.Module:
                               remat=model.remat == "blocks")
 
 
-def initial_variables(config: TrainConfig, model: nn.Module) -> dict:
-    """Random init, ``--init-from``'s run's weights, or ported weights for the backbone with a zero classifier: equal
-    logits, so the first loss is ln C (timm's init, sized for 1000 outputs, gives a few classes large logits the
-    features must unlearn; ``--no-zero-head`` keeps it)."""
+def initial_variables(config: TrainConfig, model: nn.Module, *, pretrained: dict | None = None) -> dict:
+    """Random init, ``--init-from``'s run's weights, pretrained variables, or ``--weights``: an EfficientNet's ported
+    backbone, any other model's own saved variables, with a zero classifier: equal logits, so the first loss is ln C
+    (timm's init, sized for 1000 outputs, gives a few classes large logits the features must unlearn;
+    ``--no-zero-head`` keeps it). ``pretrained`` (``run.train(variables=...)``): every leaf whose path and shape fit
+    is taken, classifier included; the others stay at their init."""
     if config.model.init_from:  # classifier included
         file = check_parent(config)
         if jax.process_index() == 0:
             print(f"--init-from {file}: {config.model.name}, {config.model.num_classes} classes, classifier kept")
         return run_variables(file, model, config)
     variables = init_variables(model, config.model.image_size, seed=config.seed)
-    if config.model.weights is None:
+    weights = config.model.weights
+    if pretrained is None and weights is None:
         return variables
-    _, ported = efficientnet_v2_pretrained(config.model.name, config.model.weights, input_size=config.model.image_size)
-    variables, report = surgery.inherit(ported, variables)
+    if pretrained is None and models.registered(config.model.name).efficientnet:
+        _, pretrained = efficientnet_v2_pretrained(config.model.name, weights, input_size=config.model.image_size)
+    elif pretrained is None:  # another model's own variables (checkpoint.save of them; its manifest checked)
+        pretrained = checkpoint.load(weights)
+    variables, report = surgery.inherit(pretrained, variables)
+    head = "classifier" in variables["params"]
     if jax.process_index() == 0:
-        print(f"--weights {Path(config.model.weights).name}: {report}; classifier starts at "
-              f"{'zero' if config.model.zero_head else 'random (timm init)'}")
-    if not config.model.zero_head:
+        where = f"--weights {Path(weights).name}" if weights else "run.train(variables=...)"
+        start = ("kept where it fits" if not weights else "zero" if config.model.zero_head and head else
+                 "random (its init)")
+        print(f"{where}: {report}; classifier {start}")
+    if not (weights and config.model.zero_head and head):
         return variables
     return {**variables, "params": {**variables["params"],
                                     "classifier": jax.tree.map(jnp.zeros_like, variables["params"]["classifier"])}}
@@ -150,6 +153,7 @@ def run_config(file: Path) -> TrainConfig:
                                                                f"fine-tune them with train --weights {file}"
                                                                if what else " (its manifest has no 'config')"))
     config = TrainConfig.from_dict(manifest["config"], where=f"{manifest_file} config")
+    import_recorded_model(config, manifest, manifest_file)
     folder_config = file.parent / "config.json"
     try:
         recorded = TrainConfig.from_dict(json.loads(folder_config.read_text())["config"]).model
@@ -161,6 +165,14 @@ def run_config(file: Path) -> TrainConfig:
             raise checkpoint.CheckpointError(f"{file}: its manifest {manifest_file.name} records {what} {theirs} but "
                                              f"{folder_config} records {ours}: it is another run's checkpoint")
     return config
+
+
+def import_recorded_model(config: TrainConfig, record: dict, where: Path) -> None:
+    """``config``'s model registered from where ``record`` (a run's config.json or a checkpoint's manifest) says its
+    builder lives, when this process has not registered it (:func:`kaggle_utils.models.import_model`)."""
+    plan = record.get("plan") if isinstance(record.get("plan"), dict) else {}
+    preprocessing = {key: tuple(plan[key]) for key in ("mean", "std") if isinstance(plan.get(key), list)}
+    models.import_model(config.model.name, record.get("builder"), where=str(where), **preprocessing)
 
 
 def run_variables(file: Path, model: nn.Module, config: TrainConfig, *, accept_changed: bool = False) -> dict:
@@ -251,10 +263,8 @@ def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables:
     """
     optim = config.optim
     if schedule is None:
-        schedule = make_schedule(optim.schedule, plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps,
-                                 end_factor=optim.end_lr_factor, decay_rate=optim.decay_rate,
-                                 decay_steps=round(optim.decay_epochs * plan.steps_per_epoch) if optim.decay_epochs
-                                 else None)
+        schedule = make_schedule(optim, plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps,
+                                 steps_per_epoch=plan.steps_per_epoch)
     if isinstance(tx, optax.GradientTransformation):
         schedule = None  # the transform's own rate, which the history cannot know
     elif tx is not None:
@@ -266,14 +276,11 @@ def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables:
         except surgery.SurgeryError as err:
             raise ConfigError(f"--freeze: {err}") from None
     if plan.lr_multipliers is not None:
-        groups = assign_lr_groups(variables["params"], model.lr_parts(), layer_decay=config.optim.layer_decay,
-                                  head_lr_mult=config.optim.head_lr_mult)
-    tx = make_optimizer(schedule, optimizer=tx or optim.optimizer, weight_decay=optim.weight_decay,
-                        clip_norm=optim.clip_norm, b1=optim.b1, b2=optim.b2, momentum=optim.momentum,
-                        nesterov=optim.nesterov, frozen=frozen, lr_multipliers=groups)
+        groups = assign_lr_groups(variables["params"], model.lr_parts(), layer_decay=optim.layer_decay,
+                                  head_lr_mult=optim.head_lr_mult)
+    tx = make_optimizer(schedule, optim, tx=tx, frozen=frozen, lr_multipliers=groups)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=plan.mean, std=plan.std,
-                             task=task or make_task(config), ema_decay=config.optim.ema_decay or 0.999,
-                             tta_flip=config.task.tta, accumulate_steps=config.optim.accumulate_steps)
+                             task=task or make_task(config.task), optim=optim, tta_flip=config.task.tta)
 
     def steps_of(run_config: TrainConfig) -> Steps:  # the run's steps, or a stage's (its dropout and augmentation)
         rate = run_config.model.drop_rate
@@ -283,7 +290,7 @@ def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables:
         return make_steps(trained, tx, augmented, mode=mode or config.loop.mode, mesh=mesh)
 
     steps = steps_of(config)
-    state = functools.partial(create_train_state, tx=tx, seed=config.seed, ema=config.optim.ema_decay > 0,
+    state = functools.partial(steps.init_state, seed=config.seed,
                               loss_scale=Precision(config.model.precision).loss_scaling)
     abstract = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(variables))
     staged = tuple(steps if stage is plan.stages[-1] else steps_of(stage_config(config, stage))  # the last: the run's
@@ -366,12 +373,9 @@ def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | No
 
 
 def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Resize | None:
-    """Training: timm's RandomResizedCrop, the whole image flipped half the time (``flip``), a resize, or as stored."""
-    size = config.model.image_size
-    if config.data.train_crop != "none":  # flip: the whole (square) image's box
-        whole = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0)) if config.data.train_crop == "flip" else {}
-        return RandomResizedCrop(size, **whole)
-    return Resize(size) if size != stored_size else None
+    """Training: ``--train-crop``'s (:data:`~kaggle_utils.registry.TRAIN_CROPS`): timm's RandomResizedCrop, the whole
+    image flipped half the time (``flip``), a resize, or as stored."""
+    return TRAIN_CROPS[config.data.train_crop].build(config.model.image_size, stored_size)
 
 
 def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) -> HostDataset:

@@ -32,11 +32,11 @@ from ..data.convert import iterative_stratification, source_from_spec
 from ..data.tfrecords import scan_records
 from ..report import read_metrics
 from ..train import Hook, Task
-from .build import eval_dataset, make_task
+from .build import eval_dataset
 from .data import RunData, commit_conversion, data_root, open_data
 from .predict import load_members, load_run, predict, predict_ensemble, prediction_steps, write_predictions
-from .resolve import check_config, resolve
-from .trainer import RunResult, train
+from .resolve import check_config, resolve, run_task
+from .trainer import RunResult, recorded_model, train
 
 FOLDS_FILE = "folds.csv"
 FOLD_OOF = "oof.csv"  # in fold{k}/: its held-out predictions; present = the fold is finished
@@ -76,15 +76,20 @@ class Pool:
 
 def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_folds: Sequence[int] | None = None,
                    fold_group: str | None = None, fold_group_file: str | Path | None = None, resume: bool = False,
-                   overwrite: bool = False, progress: bool = True, hooks: Sequence[Hook] = ()) -> CVResult:
+                   overwrite: bool = False, progress: bool = True, hooks: Sequence[Hook] = (), task: Task | None = None,
+                   tx=None, variables: dict | None = None) -> CVResult:
     """Trains the folds of ``out`` not finished yet (``only_folds``: those of them), then the CV's files.
 
     ``config`` is every fold's; ``resume`` goes on with a CV folder (else one is refused), ``overwrite`` starts
-    it again. ``fold_group``: a column whose groups stay in one fold (its CSV: ``fold_group_file``).
+    it again. ``fold_group``: a column whose groups stay in one fold (its CSV: ``fold_group_file``). ``task``,
+    ``tx``, ``variables``: every fold's, as :func:`~kaggle_utils.run.train` takes and records them.
     """
     out = Path(out)
     chosen = _check_args(folds, only_folds, resume, overwrite)
-    check_config(config)
+    if resume:  # a model of yours registered by the process that started the CV: found where its folds recorded it
+        recorded_model(config, *sorted(out.glob("fold*")))
+    config, task = run_task(config, task)
+    check_config(config, task)
     if (out / FOLDS_FILE).is_file() and not (resume or overwrite):
         raise ConfigError(f"--out {out} already holds a CV ({out / FOLDS_FILE}): pass --resume to go on with it "
                           "(finished folds are skipped) or --overwrite to start it again")
@@ -101,7 +106,7 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
         pool = _pool(data, folds, config.seed, groups)
         if chosen:  # what a fold's run would refuse from the data, refused before the CV's own files are written;
             # --batch-per-device auto is searched here once, for every fold
-            _, plan = resolve(fold_config, _fold_data(data, pool, chosen[0]))
+            _, plan = resolve(fold_config, _fold_data(data, pool, chosen[0]), task)
             if fold_config.data.batch_per_device == "auto":
                 fold_config = fold_config.replace(batch_per_device=plan.per_device_batch, memory_budget=None)
         out.mkdir(parents=True, exist_ok=True)
@@ -120,11 +125,12 @@ def cross_validate(config: TrainConfig, out: str | Path, *, folds: int, only_fol
             go_on = resume and (fold_out / "last.msgpack").is_file()  # else a fold killed before it saved anything
             print(f"fold {k} of {folds}: {fold_data.num_train} training, {int((pool.folds == k).sum())} held-out "
                   f"records -> {fold_out}" + (" (resumed)" if go_on else ""))
-            trained[k] = train(fold_config, fold_out, data=fold_data, resume=go_on,
-                               overwrite=overwrite or (resume and not go_on), progress=progress, hooks=hooks)
+            trained[k] = train(fold_config, fold_out, data=fold_data, resume=go_on, task=task, tx=tx,
+                               variables=variables, overwrite=overwrite or (resume and not go_on), progress=progress,
+                               hooks=hooks)
             _write_fold_oof(fold_out, k, pool, fold_data)
         remaining = tuple(k for k in range(folds) if not (out / f"fold{k}" / FOLD_OOF).is_file())
-        scores = None if remaining else _finish(out, folds, pool, data, make_task(fold_config))
+        scores = None if remaining else _finish(out, folds, pool, data, task)
     return CVResult(out, trained, scores, remaining)
 
 

@@ -22,8 +22,8 @@ from ..config import ConfigError, TrainConfig
 from ..data import Source, count_data_items, list_tfrecords, load_dataset
 from ..data.convert import convert_test_split
 from ..parallel import local_rows
-from ..train import StepConfig, Steps, TrainState, inference_state, make_steps
-from .build import build_model, checkpoint_file, eval_crop, make_task, run_config, run_variables
+from ..train import StepConfig, Steps, TrainState, inference_state, make_steps, make_task
+from .build import build_model, checkpoint_file, eval_crop, run_config, run_variables
 from .data import find_splits, infer_image_size, named_classes, scan_test_ids
 
 Records = Callable[[TrainConfig], tuple[list[str], int]]  # (config) -> (test split's TFRecords, their stored size)
@@ -88,7 +88,7 @@ def prediction_steps(config: TrainConfig, model: nn.Module, *, tta: bool | None 
     """The predict and evaluate steps of a saved run's model (``tta``, ``mode``: default the run's own)."""
     cfg = models.registered(config.model.name)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg.mean), std=tuple(cfg.std),
-                             task=make_task(config), tta_flip=config.task.tta if tta is None else tta)
+                             task=make_task(config.task), tta_flip=config.task.tta if tta is None else tta)
     return make_steps(model, None, step_config, mode=mode or config.loop.mode)
 
 

@@ -23,6 +23,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import variable_trees
+from ..config import OptimConfig
 from ..parallel import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
 from ..precision import LossScale, all_finite
 from .tasks import SoftmaxClassification, Task
@@ -83,17 +84,18 @@ def init_variables(model, image_size: int, *, seed: int = 0, channels: int = 3) 
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """What the steps need besides model and optimizer (hashable: part of the compiled step). ``augment``:
-    ``(key, uint8 images) -> uint8 images`` before normalisation; ``mix``: ``(key, images, targets, mask) ->
-    (images, targets)`` after it, leaving masked rows alone; each with its own key per step and replica."""
+    """What the steps need besides model and optimizer (hashable: part of the compiled step). ``optim``: the config's
+    section, of which the step reads ``ema_decay`` (> 0: the state keeps an EMA of the weights,
+    :meth:`Steps.init_state`) and ``accumulate_steps``. ``augment``: ``(key, uint8 images) -> uint8 images`` before normalisation; ``mix``:
+    ``(key, images, targets, mask) -> (images, targets)`` after it, leaving masked rows alone; each with its own key
+    per step and replica."""
 
     num_classes: int
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # of pixel values in [0, 1]; the model's pretrained_cfg
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     task: Task = SoftmaxClassification()
-    ema_decay: float = 0.999  # used only when the state keeps ema_params
+    optim: OptimConfig = OptimConfig()
     tta_flip: bool = False  # predict: average with the horizontally flipped image
-    accumulate_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
     augment: Callable | None = None
     mix: Callable | None = None
 
@@ -148,7 +150,7 @@ def _accumulated(state: TrainState, batch: dict, key, count, scale, *, model, co
     """:func:`micro_step` over ``config.accumulate_steps`` micro-batches one after another: the memory of a batch K
     times smaller for the whole batch's gradient; BatchNorm normalises each micro-batch on its own statistics."""
     step = functools.partial(micro_step, model=model, config=config)
-    k = config.accumulate_steps
+    k = config.optim.accumulate_steps
     if k == 1:
         return step(state.params, state.batch_stats, batch, key, count, scale)
     micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
@@ -179,10 +181,13 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
     batch_stats = lax.pmean(batch_stats, AXIS)  # already equal with synchronised BN; averages otherwise
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    ema = state.ema_params
+    ema, decay = state.ema_params, config.optim.ema_decay
+    if (ema is not None) != (decay > 0):
+        raise ValueError(f"ema_decay is {decay} but the state {'keeps' if ema is not None else 'has no'} EMA weights: "
+                         "make the state with Steps.init_state (or create_train_state(ema=ema_decay > 0))")
     if ema is not None:
         # TF's num_updates warm-up: early on the average follows the weights instead of the init
-        decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
+        decay = jnp.minimum(decay, (1.0 + state.step) / (10.0 + state.step))
         ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
     task_sums = lax.psum(task_sums, AXIS)
     optim = {"grad_norm": optax.tree.norm(grads), "param_norm": optax.tree.norm(params),  # fp32, as the state
@@ -230,6 +235,13 @@ class Steps:
     evaluate: Callable  # jitted (state, device_batch) -> metrics
     predict: Callable  # jitted (state, device_batch) -> probabilities [global batch, C]
     config: StepConfig  # the task, num_classes, ...: what the loop needs to read the outputs
+    tx: optax.GradientTransformation | None = None  # the train step's optimizer (None: steps that only predict)
+
+    def init_state(self, variables: dict, *, seed: int = 0, loss_scale: bool = False) -> TrainState:
+        """The state these steps train from ``variables``: their optimizer's, with EMA weights where
+        ``config.optim.ema_decay`` > 0 (one value for the state and the step)."""
+        return create_train_state(variables, self.tx, seed=seed, ema=self.config.optim.ema_decay > 0,
+                                  loss_scale=loss_scale)
 
     @property
     def jitted(self) -> dict[str, Callable]:
@@ -281,4 +293,4 @@ def make_steps(model, tx: optax.GradientTransformation, config: StepConfig, *, m
         return jax.jit(mapped, donate_argnums=donate)
 
     return Steps(mode=mode, mesh=mesh, train=distribute(train_step, donate=(0,), tx=tx),
-                 evaluate=distribute(eval_step), predict=distribute(predict_step), config=config)
+                 evaluate=distribute(eval_step), predict=distribute(predict_step), config=config, tx=tx)

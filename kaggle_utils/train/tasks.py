@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..config import TaskConfig
 from ..metrics import confusion_counts, macro_f1, multilabel_f1
+from ..registry import TASKS
 
 UserMetric = Callable[[Mapping[str, np.ndarray]], float]
 
@@ -215,17 +217,17 @@ class MultiLabelClassification(Task):
         return ("loss", "acc", "f1", "micro_f1") if full else ("loss", "acc")
 
 
-TASKS = {"softmax": SoftmaxClassification, "focal": FocalClassification, "multilabel": MultiLabelClassification}
+TASKS.register("softmax", lambda task: SoftmaxClassification(label_smoothing=task.label_smoothing),
+               help="softmax cross-entropy; accuracy, top-5, macro F1")
+TASKS.register("focal", lambda task: FocalClassification(label_smoothing=task.label_smoothing, gamma=task.focal_gamma),
+               help="softmax focal loss, --focal-gamma")
+TASKS.register("multilabel", lambda task: MultiLabelClassification(label_smoothing=task.label_smoothing,
+                                                                   threshold=task.threshold),
+               help="several labels per image: sigmoid BCE, a class predicted above --threshold")
 
 
-def make_task(name: str, *, label_smoothing: float = 0.0, focal_gamma: float = 2.0, threshold: float = 0.5) -> Task:
-    """The built-in task called ``name`` (``softmax`` | ``focal`` | ``multilabel``); ``threshold``: multilabel's
-    decision (a class is predicted where its probability exceeds it)."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
-    if name == "multilabel" and not 0.0 < threshold < 1.0:
-        raise ValueError(f"threshold must be in (0, 1), got {threshold}")
-    options = {"focal": {"gamma": focal_gamma}, "multilabel": {"threshold": threshold}}.get(name, {})
-    return TASKS[name](label_smoothing=label_smoothing, **options)
+def make_task(task: TaskConfig | str = TaskConfig()) -> Task:
+    """The task of a config's ``task`` section (checked where it is defined, :meth:`TaskConfig.check`), by its
+    :data:`~kaggle_utils.registry.TASKS` entry; a name: that task with the section's defaults."""
+    task = TaskConfig(task=task) if isinstance(task, str) else task
+    return TASKS[task.task].build(task)
