@@ -122,27 +122,30 @@ def _class_logits(logits: jax.Array, config: StepConfig) -> jax.Array:
 
 def micro_step(params, batch_stats, batch: dict, key, count, scale, *, model, config: StepConfig):
     """Gradients (of ``loss x scale``), new BatchNorm statistics and task sums of one (micro-)batch on one replica;
-    the loss is divided by ``count``, the whole step's real examples, so micro-batch gradients add up exactly."""
+    the loss is divided by ``count``, the whole step's real examples, so micro-batch gradients add up exactly.
+    Every field but the image and the mask goes to the task, which makes its targets of the ones it reads."""
     dropout_key, augment_key, mix_key = jax.random.split(key, 3)
-    images, labels, mask = batch["image"], batch["label"], batch["mask"]
+    images, mask = batch["image"], batch["mask"]
+    fields = {name: value for name, value in batch.items() if name not in ("image", "mask")}
     if config.augment is not None:
         images = config.augment(augment_key, images)
     images = normalize(images, config)
-    targets = config.task.targets(labels, config.num_classes)
-    if config.mix is not None:
+    targets = config.task.targets(fields, config.num_classes)
+    if config.mix is not None:  # every target blended as the images are
         images, targets = config.mix(mix_key, images, targets, mask)
 
     def loss_fn(params):
         variables = {"params": params, "batch_stats": batch_stats}
         logits, updates = model.apply(variables, images, mutable=["batch_stats"], rngs={"dropout": dropout_key})
         logits = _class_logits(logits, config)
-        losses = config.task.loss(logits, targets)
+        losses = config.task.example_losses(logits, targets)
         loss = jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(count, 1)
         return loss * scale, (logits, losses, updates.get("batch_stats", {}))
 
     (_, (logits, losses, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    # the loss trained on (mixed, smoothed targets); mixed rows count as their main label for accuracy
-    sums = config.task.metric_sums(logits, labels if config.mix is None else targets, mask, full=False, losses=losses)
+    # the loss trained on (mixed, smoothed targets, a teacher's); mixed rows count as their main label for accuracy
+    labels = fields["label"] if config.mix is None else targets["label"]
+    sums = config.task.metric_sums(logits, labels, mask, full=False, losses=losses)
     return grads, new_stats, sums
 
 

@@ -1,8 +1,10 @@
 """Tasks: what a step optimises and what a split is scored by, kept out of the step itself.
 
-A task gives float targets ``[B, C]``, a per-example loss, and scores a split in two halves: ``metric_sums``
-in the jitted step (*sums* over real examples, exact across batches, devices and hosts: a mean of per-batch
-F1 scores is not the split's F1) and ``finish`` on the host.
+A task reads the batch's fields it declares (:meth:`Task.fields`: ``label``; with a teacher, ``teacher``; a
+``weight`` where the batch has one) into per-example targets (``targets``, each ``[B, ...]``, blended alike by
+Mixup / CutMix), gives a per-example loss of them (``example_losses``), and scores a split in two halves:
+``metric_sums`` in the jitted step (*sums* over real examples, exact across batches, devices and hosts: a mean of
+per-batch F1 scores is not the split's F1) and ``finish`` on the host. Metrics read the labels, never the teacher.
 """
 import dataclasses
 import math
@@ -40,14 +42,50 @@ class Task:
 
     label_smoothing: float = 0.0
     user_metrics: tuple[tuple[str, UserMetric, str], ...] = ()  # (name, fn, "max" | "min": which way is better)
+    distill_alpha: float = 0.0  # > 0: the loss learns the batch's ``teacher`` probabilities with this weight
+    distill_temperature: float = 1.0  # both sides' logits divided by it (Hinton et al.), the teacher term x T^2
     minimized: ClassVar[tuple[str, ...]] = ("loss",)  # the built-in metrics where lower is better
 
     # ---- on the device
-    def targets(self, labels: jax.Array, num_classes: int) -> jax.Array:
-        """Integer labels ``[B]`` or float rows ``[B, C]`` -> smoothed float targets ``[B, C]``: timm's rule, off =
-        smoothing / C, on = 1 - smoothing + off (rows of a soft target stay sums of 1)."""
-        targets, smoothing = self._unsmoothed(labels, num_classes), self.label_smoothing
-        return targets * (1.0 - smoothing) + smoothing / targets.shape[-1] if smoothing else targets
+    def fields(self) -> tuple[str, ...]:
+        """The batch fields the loss needs (a ``weight`` field, where a batch has one, weighs each example)."""
+        return ("label", "teacher") if self.distill_alpha else ("label",)
+
+    def targets(self, batch: Mapping[str, jax.Array], num_classes: int) -> dict[str, jax.Array]:
+        """The per-example targets of a batch's fields: ``label`` (integer ``[B]`` or float rows ``[B, C]``) smoothed
+        by timm's rule (off = smoothing / C, on = 1 - smoothing + off: a soft row stays a sum of 1), the ``teacher``'s
+        probabilities at the temperature, a ``weight`` as it is."""
+        missing = [name for name in self.fields() if name not in batch]
+        if missing:
+            raise KeyError(f"{type(self).__name__} reads the batch field(s) {', '.join(missing)}; the batch has "
+                           f"{', '.join(sorted(batch))}" + (" (a teacher's: see --teacher)" if "teacher" in missing
+                                                            else ""))
+        targets, smoothing = self._unsmoothed(batch["label"], num_classes), self.label_smoothing
+        out = {"label": targets * (1.0 - smoothing) + smoothing / targets.shape[-1] if smoothing else targets}
+        if self.distill_alpha:
+            teacher = batch["teacher"].astype(jnp.float32)
+            t = self.distill_temperature
+            out["teacher"] = teacher if t == 1.0 else self.probabilities(self.logits(teacher) / t)
+        if "weight" in batch:
+            out["weight"] = batch["weight"].astype(jnp.float32)
+        return out
+
+    def example_losses(self, logits: jax.Array, targets: Mapping[str, jax.Array]) -> jax.Array:
+        """Per-example loss ``[B]`` of :meth:`targets` (mixed, where the batch was): the label's, with a teacher
+        ``(1 - alpha) x`` that ``+ alpha x T^2 x`` the loss of ``logits / T`` against the teacher's (at T = 1, the
+        loss of the soft targets ``alpha x teacher + (1 - alpha) x label``: every built-in loss is linear in them),
+        times the ``weight``."""
+        losses = self.loss(logits, targets["label"])
+        if self.distill_alpha:
+            alpha, t = self.distill_alpha, self.distill_temperature
+            losses = (1.0 - alpha) * losses + alpha * t * t * self.loss(logits / t, targets["teacher"])
+        return losses * targets["weight"] if "weight" in targets else losses
+
+    def with_teacher(self, alpha: float, temperature: float = 1.0) -> "Task":
+        """A copy that also learns a ``teacher`` field (its probabilities ``[B, C]``) with weight ``alpha``."""
+        if not (0.0 < alpha <= 1.0 and temperature > 0):
+            raise ValueError(f"a teacher needs 0 < alpha <= 1 and temperature > 0, got {alpha} and {temperature}")
+        return dataclasses.replace(self, distill_alpha=float(alpha), distill_temperature=float(temperature))
 
     def _unsmoothed(self, labels: jax.Array, num_classes: int) -> jax.Array:
         if labels.ndim == 1:
