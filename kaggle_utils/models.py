@@ -72,12 +72,10 @@ def import_model(name: str, path: str | None, *, where: str, **preprocessing) ->
         if path is None:
             raise
     module, _, qualname = path.partition(":")
-    fix = (f"define it in a module of its own (a .py file) and register it there, so that a new process can "
-           f"import it" if module == "__main__" or "<locals>" in qualname else
-           f"put the folder holding {module.replace('.', '/')}.py on the path (PYTHONPATH, or sys.path in a notebook)")
     if module == "__main__" or "<locals>" in qualname:
         raise ConfigError(f"--model {name}: {where} records its builder as {path}, which only the process that "
-                          f"trained it had: {fix}")
+                          "trained it had: define it in a module of its own (a .py file) and register it there, so "
+                          "that a new process can import it")
     try:
         found = importlib.import_module(module)
         if name not in _MODELS:
@@ -85,7 +83,8 @@ def import_model(name: str, path: str | None, *, where: str, **preprocessing) ->
             register_model(name, builder, **preprocessing)
     except (ImportError, AttributeError) as err:
         raise ConfigError(f"--model {name}: {where} records its builder as {path}, which does not import here "
-                          f"({type(err).__name__}: {err}): {fix}") from None
+                          f"({type(err).__name__}: {err}): put the folder holding {module.replace('.', '/')}.py on "
+                          "the path (PYTHONPATH, or sys.path in a notebook)") from None
 
 
 def build_model(name: str, *, num_classes: int, **options):
