@@ -10,7 +10,7 @@ writes anything. Each component is built from its own section (``make_task(confi
 config.optim)``, ``fit(..., config.loop)``), so a value has one home and one hop. ``--resume`` compares
 ``config.json`` field by field (:func:`differences`).
 
-Size: one concern, the config. Half of it is the fields of its five sections, each with its help text and valid
+Size: one concern, the config. Half of it is the fields of its six sections, each with its help text and valid
 values (the flags' ``--help``), the other half the machinery that turns those fields into flags, checks and JSON;
 the two change together (a field's metadata is what the machinery reads), so they stay in one module. The
 default batch rule (:meth:`DataConfig.global_batch`) sits beside the batch fields it reads, so the notebook's
@@ -358,6 +358,35 @@ class LoopConfig(_Section):
                               f"number of epochs; give at least {n} epochs, or fewer stages")
 
 
+@dataclasses.dataclass(frozen=True)
+class DistillConfig(_Section):
+    teacher: str | None = _field(None, "learn from a finished run's probabilities: a CV folder (its out-of-fold "
+                                       "oof.csv: every labelled record predicted by a model that did not train on "
+                                       "it), a run or predict folder, or a probabilities CSV (id, a column per class)")
+    distill_alpha: float = _field(0.5, "with --teacher: the teacher's share of each target, alpha x teacher + "
+                                       "(1 - alpha) x label", valid=within("(0, 1]"))
+    distill_temperature: float = _field(1.0, "with --teacher: both sides' logits / T, the teacher term x T^2 "
+                                             "(Hinton et al.; a teacher's logits are its log-probabilities)",
+                                        valid=POSITIVE)
+    pseudo_labels: str | None = _field(None, "train on the test images a teacher is sure of: a CV folder (its "
+                                             "test_probabilities.csv), a run or predict folder (probabilities.csv), "
+                                             "or a CSV; never in validation or a fold's held-out part")
+    pseudo_threshold: float = _field(0.9, "with --pseudo-labels: a test image joins when the teacher's top "
+                                          "probability is at least P (multilabel: each class's within 1 - P of 0 "
+                                          "or 1)", valid=within("(0, 1]"))
+    pseudo_targets: str = _field("soft", "with --pseudo-labels: soft (the teacher's probabilities) | hard (its top "
+                                         "class; multilabel: the classes above --threshold)", choices=("soft", "hard"))
+
+    def _rules(self):
+        default = DistillConfig()
+        for path, flags in (("teacher", ("distill_alpha", "distill_temperature")),
+                            ("pseudo_labels", ("pseudo_threshold", "pseudo_targets"))):
+            given = [flag_of(f) for f in flags if getattr(self, f) != getattr(default, f)]
+            if getattr(self, path) is None and given:
+                raise ConfigError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} {flag_of(path)}: "
+                                  "without it nothing would read them")
+
+
 def _from_dict(cls, data: dict, where: str = "config"):
     """A config (or section) from its :meth:`TrainConfig.to_dict` form; unknown keys are an error naming them."""
     if not isinstance(data, dict):
@@ -381,6 +410,7 @@ class TrainConfig:
     optim: OptimConfig = OptimConfig()
     task: TaskConfig = TaskConfig()
     loop: LoopConfig = LoopConfig()
+    distill: DistillConfig = DistillConfig()
     seed: int = _field(0, "seed of the initialisation, data order, dropout and augmentation")
 
     def check(self) -> "TrainConfig":

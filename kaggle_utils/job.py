@@ -198,6 +198,7 @@ def predict_command(args) -> None:
     with run.open_test_split(data_dir=args.data_dir, source=source) as records:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
     submission, _ = run.write_predictions(args.out, ids, probs, members[0].config)
+    run.write_blend_record(args.out, members)
     if jax.process_index() == 0:
         test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source
         test_flag = f"--data-dir {args.data_dir}" if args.data_dir is not None else f"--test-source {test}"

@@ -15,7 +15,8 @@ from kaggle_utils.data import ExampleFields, load_dataset
 from kaggle_utils.data.tfrecords import BadRecordError
 from kaggle_utils.device_augment import MixConfig, mix
 from kaggle_utils.parallel import make_mesh
-from kaggle_utils.train import SoftmaxClassification, StepConfig, init_variables, make_optimizer, make_steps
+from kaggle_utils.train import (MultiLabelClassification, SoftmaxClassification, StepConfig, init_variables,
+                                make_optimizer, make_steps)
 from train_helpers import TinyCNN
 
 CLASSES = 16
@@ -133,6 +134,22 @@ def test_the_distilled_loss_is_the_soft_target_loss_written_out_by_hand(variable
             soft = teacher ** (1 / temperature) / np.sum(teacher ** (1 / temperature), axis=1, keepdims=True)
             per_row = 0.3 * -np.sum(smoothed * log_p, 1) + 0.7 * temperature ** 2 * -np.sum(soft * log_q, 1)
         np.testing.assert_allclose(got, np.sum((per_row * weight)[real]), rtol=2e-5)
+
+
+def test_a_multi_label_student_learns_a_teacher_s_sigmoid_probabilities_as_soft_targets(variables):
+    rng = np.random.default_rng(6)
+    batch = probe_batch()
+    del batch["code"]
+    batch["label"] = (rng.uniform(size=(16, CLASSES)) < 0.3).astype(np.float32)
+    teacher = rng.uniform(size=(16, CLASSES)).astype(np.float32)
+    model = TinyCNN(num_classes=CLASSES)
+    logits = np.asarray(model.apply(variables, (batch["image"] / 255.0 - 0.5) / 0.5, mutable=["batch_stats"])[0],
+                        np.float64)
+    target = 0.4 * teacher + 0.6 * batch["label"]  # no smoothing
+    bce = np.maximum(logits, 0) - logits * target + np.log1p(np.exp(-np.abs(logits)))
+    task = MultiLabelClassification().with_teacher(0.4)
+    got = loss_sum(task, variables, {**batch, "teacher": teacher}, devices=1)
+    np.testing.assert_allclose(got, bce.mean(1)[batch["mask"]].sum(), rtol=2e-5)
 
 
 def test_a_task_that_reads_a_field_the_batch_lacks_says_so(variables):

@@ -10,7 +10,7 @@ image only, and every label of the read becomes a float row ``[C]``.
 """
 import dataclasses
 import os
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -48,6 +48,11 @@ class ExampleFields:
         """Rows for TFRecords named by ``(file, index)``."""
         return cls(tuple(record_key(f, i) for f, i in records), dict(values), label_rows)
 
+    def moved(self, where: Callable[[str], str]) -> "ExampleFields":
+        """The same rows for records whose files moved: ``where(file)`` is a file's new path."""
+        keys = tuple(f"{where(file)}#{index}" for file, _, index in (key.rpartition("#") for key in self.keys))
+        return dataclasses.replace(self, keys=keys)
+
     @property
     def gives_labels(self) -> bool:
         return self.label_rows is not None and bool(self.label_rows.any())
@@ -68,7 +73,8 @@ class ExampleFields:
         def find(key):
             row = table.lookup(key)
             found, at = row >= 0, tf.maximum(row, 0)
-            return found, {name: tf.gather(column, at) for name, column in columns.items()}, found & tf.gather(given, at)
+            values = {name: tf.gather(column, at) for name, column in columns.items()}
+            return found, values, found & tf.gather(given, at)
 
         return find
 

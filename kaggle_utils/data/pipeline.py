@@ -5,9 +5,14 @@ of ``{"image": uint8 [B, H, W, 3], "label": int32 [B] | float32 [B, C] | "id": b
 (uint8: normalised on the device, a quarter of float32's bytes to send). A training read is this JAX process's
 share, shuffled, repeated, in full batches; any other read is the whole split in order, its last batch padded
 (static shapes) with ``mask`` False. ``fields`` (:class:`~.fields.ExampleFields`) add each record's own values
-(a teacher's probabilities, a weight) beside them, and may give a record its label. Parallel and exact: every map keeps its order (``deterministic=True``) and
-every random draw comes from a seed given by the element's place in the stream, never by the thread or worker
-that ran it, so a seed gives the same batches on 1 core or 64 without TensorFlow's op determinism.
+(a teacher's probabilities, a weight) beside them, and may give a record its label. Parallel and exact: every map
+keeps its order (``deterministic=True``) and every random draw comes from a seed given by the element's place in
+the stream, never by the thread or worker that ran it, so a seed gives the same batches on 1 core or 64 without
+TensorFlow's op determinism.
+
+Size: one concern, the read. Its stages (:class:`ProblemLog`, :class:`HostDataset`, the records, the decode, the
+batches) are shared by its two entries, TFRecords and sources, whose example maps differ only in where the bytes,
+the label and the fields come from; apart, each entry would be read without the stages it runs.
 """
 
 import math

@@ -28,6 +28,7 @@ from ..train.loop import progress_bar
 from .build import Plan, Training, build_model, build_training, initial_variables, train_dataset
 from .data import RunData, run_data
 from .resolve import check_config, resolve, run_task
+from .teacher import teach
 
 LR_MIN, LR_MAX = 1e-7, 10.0  # per 256 images: from "changes nothing" to "destroys any network"
 DEFAULT_STEPS, FEWEST_DEFAULT_STEPS = 100, 40
@@ -196,6 +197,7 @@ def find_lr(config: TrainConfig, data: RunData | None = None, *, task: Task | No
     check_config(config, task)
     with (tempfile.TemporaryDirectory(prefix="kaggle_utils_lr_find_") as staging,
           run_data(config, staging, data) as data):
+        data = teach(config, data)  # a teacher's fields: what the task reads
         resolved, plan = resolve(config, data, task)
         model = build_model(resolved)
         finding = range_test(resolved, plan, data, model, initial_variables(resolved, model), task=task,

@@ -6,7 +6,9 @@ An ensemble's :class:`Member` s (runs, checkpoints, a CV folder's folds) each pr
 their own steps; only their classes must agree.
 """
 import contextlib
+import csv
 import dataclasses
+import json
 import math
 import re
 import tempfile
@@ -23,8 +25,9 @@ from ..data import Source, count_data_items, list_tfrecords, load_dataset
 from ..data.convert import convert_test_split
 from ..parallel import local_rows
 from ..train import StepConfig, Steps, TrainState, inference_state, make_steps, make_task
-from .build import build_model, checkpoint_file, eval_crop, run_config, run_variables
+from .build import build_model, eval_crop
 from .data import find_splits, infer_image_size, named_classes, scan_test_ids
+from .saved import checkpoint_file, run_config, run_variables
 
 Records = Callable[[TrainConfig], tuple[list[str], int]]  # (config) -> (test split's TFRecords, their stored size)
 
@@ -213,6 +216,45 @@ def predict_ensemble(members: Sequence[Member], records: Records, *, batch_size:
 
 
 # --------------------------------------------------------------------------- the files: views of the probabilities
+
+
+def read_probabilities(path: str | Path) -> tuple[list[str], list[str], np.ndarray]:
+    """``(ids, class columns, probabilities [N, C])`` of a ``probabilities.csv`` (:func:`write_predictions`'s, or any
+    CSV of an id and a column per class): a teacher's rows (``--teacher``, ``--pseudo-labels``)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            header, *rows = list(csv.reader(f)) or [[]]
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err.strerror})") from None
+    if len(header) < 2 or any(len(row) != len(header) for row in rows):
+        raise ConfigError(f"{path} is not a probabilities CSV: an id column, then one column per class, in every row")
+    try:
+        probs = np.array([[float(v) for v in row[1:]] for row in rows], np.float64).reshape(len(rows), len(header) - 1)
+    except ValueError:
+        raise ConfigError(f"{path}: a row whose class columns are not all numbers") from None
+    return [row[0] for row in rows], header[1:], probs
+
+
+BLEND_RECORD = "predict.json"  # beside a predict's files: the checkpoints they came from
+
+
+def write_blend_record(out_dir: str | Path, members: Sequence[Member]) -> Path:
+    """``predict.json``: the checkpoints a prediction averaged and their weights, so that its probabilities as a
+    teacher say which records their models trained on."""
+    path = Path(out_dir) / BLEND_RECORD
+    if jax.process_index() == 0:
+        record = {"checkpoints": [str(Path(m.file or m.path).resolve()) for m in members],
+                  "weights": [m.weight for m in members]}
+        checkpoint.atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def blend_checkpoints(folder: str | Path) -> list[Path] | None:
+    """The checkpoints :func:`write_blend_record` recorded in ``folder`` (None: no record)."""
+    try:
+        return [Path(p) for p in json.loads((Path(folder) / BLEND_RECORD).read_text())["checkpoints"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray, config: TrainConfig,

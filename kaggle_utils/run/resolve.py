@@ -21,17 +21,25 @@ from ..train import Task, group_multipliers, history_columns, make_task, scaled_
 from ..train.optim import default_lr, default_weight_decay
 from ..train.writers import import_wandb
 from . import memory_plan
-from .build import Plan, build_model, check_parent, progressive_stages
+from .build import Plan, build_model, progressive_stages
 from .data import RunData
+from .saved import check_parent
 
 # a task's attribute -> the task section's field it is set from (what a given task overrides in the record)
 _TASK_FIELDS = {"label_smoothing": "label_smoothing", "gamma": "focal_gamma", "threshold": "threshold"}
 
 
 def run_task(config: TrainConfig, task: Task | None = None) -> tuple[TrainConfig, Task]:
-    """The task a run trains, built once: ``task`` (``run.train(task=...)``) or the config's; and the config saying
-    what it trains with. A given task's own values (label smoothing, focal gamma, threshold; its built-in name) are
-    recorded in place of the defaults; one that contradicts a value the config changed is refused, naming both."""
+    """The task a run trains, built once: ``task`` (``run.train(task=...)``) or the config's, learning from the
+    ``--teacher``'s field where one is given; and the config saying what it trains with. A given task's own values
+    (label smoothing, focal gamma, threshold; its built-in name) are recorded in place of the defaults; one that
+    contradicts a value the config changed is refused, naming both."""
+    config, task = _reconciled(config, task)
+    teacher = config.distill
+    return config, task.with_teacher(teacher.distill_alpha, teacher.distill_temperature) if teacher.teacher else task
+
+
+def _reconciled(config: TrainConfig, task: Task | None) -> tuple[TrainConfig, Task]:
     if task is None:
         return config, make_task(config.task)
     default, changes = type(config.task)(), {}

@@ -22,12 +22,14 @@ from ..data import HostDataset
 from ..train import (FitResult, Hook, MetricWriter, Steps, Task, TensorBoardWriter, WandbWriter, evaluate, fit,
                      inference_state)
 from ..train.writers import close_writers
-from .build import (Plan, Training, build_model, build_training, epoch_config, import_recorded_model,
-                    initial_variables, model_size, train_dataset, val_dataset)
+from .build import (Plan, Training, build_model, build_training, epoch_config, initial_variables, model_size,
+                    train_dataset, val_dataset)
 from .data import RunData, commit_conversion, run_data
 from .lr_find import settle_lr
 from .predict import predict_split, write_predictions
 from .resolve import check_config, resolve, run_task
+from .saved import import_recorded_model
+from .teacher import describe as describe_teaching, teach
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +83,8 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
     out, main = Path(out), jax.process_index() == 0
     owned = outdir.owned(out) if main else contextlib.nullcontext()  # the lock on out (the others write nothing)
     with owned, run_data(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
+        data = teach(config, data)  # --teacher, --pseudo-labels: fields of the training records, checked
+        notes.update({"teaching": data.teaching} if data.teaching else {})
         chosen, batch_note, lr_note = resumed_config(config, out) if resume else (config, "", None)
         resolved, plan = resolve(chosen, data, task)  # 3. resolve: what the config left open, for this machine
         plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
@@ -98,8 +102,8 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
             resolved, plan, training, lr_note = settle_lr(resolved, plan, data, model, variables, out, task=task,
                                                           progress=progress)
         if main:
-            shown = [note for key, note in notes.items() if key != "variables"]  # its report was printed
-            print(plan.describe(resolved) + "".join(f"; {note}" for note in shown))
+            shown = [note for key, note in notes.items() if key not in ("variables", "teaching")]  # said already
+            print(plan.describe(resolved) + describe_teaching(data.teaching) + "".join(f"; {note}" for note in shown))
             write_config(out, resolved, plan, given=config,
                          notes={**notes, **read, **({"lr_find": lr_note} if lr_note else {})})
         opened = open_writers(resolved, out)  # closed last: W&B then uploads the pictures and tables
@@ -224,7 +228,7 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
         return fit(training.steps, training.state, train_batches, loop,
                    val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
                    writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
-                   report={"model": plan.model_size} if plan.model_size else None,
+                   report={**({"model": plan.model_size} if plan.model_size else {}), **(data.teaching or {})},
                    stages=tuple(zip(plan.stages, training.stage_steps)))
     finally:
         for dataset in [*opened, val]:

@@ -86,9 +86,9 @@ def init_variables(model, image_size: int, *, seed: int = 0, channels: int = 3) 
 class StepConfig:
     """What the steps need besides model and optimizer (hashable: part of the compiled step). ``optim``: the config's
     section, of which the step reads ``ema_decay`` (> 0: the state keeps an EMA of the weights,
-    :meth:`Steps.init_state`) and ``accumulate_steps``. ``augment``: ``(key, uint8 images) -> uint8 images`` before normalisation; ``mix``:
-    ``(key, images, targets, mask) -> (images, targets)`` after it, leaving masked rows alone; each with its own key
-    per step and replica."""
+    :meth:`Steps.init_state`) and ``accumulate_steps``. ``augment``: ``(key, uint8 images) -> uint8 images`` before
+    normalisation; ``mix``: ``(key, images, targets, mask) -> (images, targets)`` after it, leaving masked rows
+    alone; each with its own key per step and replica."""
 
     num_classes: int
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # of pixel values in [0, 1]; the model's pretrained_cfg
