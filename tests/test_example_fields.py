@@ -39,14 +39,8 @@ class Probe(SoftmaxClassification):
 
 
 @dataclasses.dataclass(frozen=True)
-class MixProbe(SoftmaxClassification):
+class MixProbe(Probe):
     """Mixed like the targets: ``code`` (a copy of the one-hot label) must still equal the mixed label row."""
-
-    def fields(self):
-        return ("label", "code")
-
-    def targets(self, batch, num_classes):
-        return {"label": jax.nn.one_hot(batch["label"], num_classes), "code": batch["code"]}
 
     def example_losses(self, logits, targets):
         unequal = 1000.0 * jnp.sum((targets["code"] - targets["label"]) ** 2, axis=-1)
