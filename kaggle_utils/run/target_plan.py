@@ -128,7 +128,8 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
     devices = target_devices(target)
     chips, config = len(devices), target_config(config, target)
     config, task = run_task(config, task)
-    check_config(config, task)  # what train would refuse, before any data is read
+    # what train would refuse, before any data is read; --memory-budget is the plan's own, with any batch
+    check_config(config.replace(memory_budget=None) if config.data.batch_per_device != "auto" else config, task)
     if train_images is not None and (config.data.data_dir or config.data.source):
         raise ConfigError("--train-images is for a plan without data: --data-dir / --source give their own count")
     data = (_source_data(config) if config.data.source else open_data(config, config.data.data_dir)
