@@ -85,8 +85,10 @@ def read_teacher(path: str | Path, *, test: bool, flag: str) -> TeacherRows:
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     if path.is_dir():
-        names = (["test_probabilities.csv"] if test else [FOLD_OOF]) if (path / FOLDS_FILE).is_file() else \
-            ["probabilities.csv"] if test else [FOLD_OOF, "probabilities.csv"]
+        if (path / FOLDS_FILE).is_file():  # a CV folder
+            names = ["test_probabilities.csv"] if test else [FOLD_OOF]
+        else:  # a run folder (a CV's fold has its own oof.csv) or a folder predict wrote
+            names = ["probabilities.csv"] if test else [FOLD_OOF, "probabilities.csv"]
         file = next((path / name for name in names if (path / name).is_file()), None)
         if file is None:
             raise ConfigError(f"{flag} {path}: holds no {' or '.join(names)} (a CV, run or predict folder of the kit, "
