@@ -110,9 +110,10 @@ def read_teacher(path: str | Path, *, test: bool, flag: str) -> TeacherRows:
     return TeacherRows(file, ids, probs, tuple(columns), multi_label, False, known)
 
 
-def _check_classes(rows: TeacherRows, config: TrainConfig, classes: int, flag: str) -> None:
+def _check_classes(rows: TeacherRows, config: TrainConfig, data: RunData, flag: str) -> None:
     """Refuses a teacher whose columns are not the run's classes, or whose rows are not probabilities of its task."""
-    ours = named_classes(config.data.class_names)
+    classes = config.model.num_classes or data.max_label + 1
+    ours = named_classes(data.class_names)
     theirs = named_classes(rows.classes)
     multi = config.task.task == "multilabel"
     problem = (f"{rows.probs.shape[1]} classes, the run {classes}" if rows.probs.shape[1] != classes else
@@ -156,7 +157,7 @@ def teach(config: TrainConfig, data: RunData) -> RunData:
     pairs, values, note = [pool.pairs()[r] for r in rows], {}, {}
     if distill.teacher is not None:
         teacher = read_teacher(distill.teacher, test=False, flag="--teacher")
-        _check_classes(teacher, config, classes, "--teacher")
+        _check_classes(teacher, config, data, "--teacher")
         taught = [names[r] for r in rows]
         found = _named_rows(teacher, taught, "--teacher", "training records")
         seen = sorted(set(taught) & teacher.trained_on) if not teacher.held_out and teacher.trained_on else []
@@ -191,7 +192,7 @@ def _pseudo(config: TrainConfig, data: RunData, classes: int) -> tuple[list, np.
     if not data.splits["test"]:
         raise ConfigError(f"--pseudo-labels {distill.pseudo_labels}: the run has no test split to pseudo-label")
     source = read_teacher(distill.pseudo_labels, test=True, flag="--pseudo-labels")
-    _check_classes(source, config, classes, "--pseudo-labels")
+    _check_classes(source, config, data, "--pseudo-labels")
     test = scan_records(data.splits["test"])
     row_of = {name: r for r, name in enumerate(source.ids)}
     known = [r for r, name in enumerate(map(str, test.ids)) if name in row_of]
@@ -204,7 +205,7 @@ def _pseudo(config: TrainConfig, data: RunData, classes: int) -> tuple[list, np.
     probs = probs[sure]
     hard = (probs > config.task.threshold if multi else np.eye(classes)[probs.argmax(1)]).astype(np.float32)
     counts = hard.sum(0).astype(int) if len(hard) else np.zeros(classes, int)
-    names = named_classes(config.data.class_names) or tuple(map(str, range(classes)))
+    names = named_classes(data.class_names) or tuple(map(str, range(classes)))
     note = {"file": str(source.file), "threshold": distill.pseudo_threshold, "targets": distill.pseudo_targets,
             "images": int(sure.sum()), "of": len(test), "per_class": {names[c]: int(n) for c, n in enumerate(counts)}}
     pairs = [test.pairs()[known[r]] for r in np.flatnonzero(sure)]
