@@ -26,8 +26,9 @@ import jax
 import numpy as np
 
 from kaggle_utils import checkpoint
+from kaggle_utils.config import LoopConfig, OptimConfig
 from kaggle_utils.efficientnet import create_model
-from kaggle_utils.train import FitSettings, StepConfig, create_train_state, fit, init_variables, make_optimizer
+from kaggle_utils.train import StepConfig, fit, init_variables, make_optimizer
 from kaggle_utils.train import make_steps
 
 
@@ -62,9 +63,9 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     model = MLP() if args.model == "mlp" else create_model(args.model, num_classes=10)
-    tx = make_optimizer(1e-3, weight_decay=0.05)
-    steps = make_steps(model, tx, StepConfig(num_classes=10), mode="jit")
-    state = jax.device_get(create_train_state(init_variables(model, args.size), tx, ema=True))
+    tx = make_optimizer(1e-3, OptimConfig(weight_decay=0.05))
+    steps = make_steps(model, tx, StepConfig(num_classes=10, optim=OptimConfig(ema_decay=0.999)), mode="jit")
+    state = jax.device_get(steps.init_state(init_variables(model, args.size)))
     rng = np.random.default_rng(0)
     batches = [{"image": rng.integers(0, 256, (args.batch, args.size, args.size, 3), np.uint8),
                 "label": rng.integers(0, 10, args.batch).astype(np.int32), "mask": np.ones(args.batch, bool)}
@@ -78,7 +79,7 @@ def main(argv=None) -> None:
         writes = checkpoint.BackgroundWrites
         checkpoint.BackgroundWrites = InlineWrites if mode == "inline" else writes  # RunFolder makes one per fit
         try:
-            settings = FitSettings(steps_per_epoch=total, total_steps=total, checkpoint_every=args.every,
+            settings = LoopConfig(steps_per_epoch=total, steps=total, checkpoint_every=args.every,
                                    log_every=total, monitor="train_loss")
             started = time.perf_counter()
             fit(steps, state, train_batches, settings, out_dir=folder, progress=False)

@@ -34,6 +34,10 @@ class CheckpointError(ValueError):
     """A checkpoint file is unreadable or does not fit the tree it is loaded into."""
 
 
+class ChangedCheckpointError(CheckpointError):
+    """A checkpoint's sha256 is not the one its manifest records: changed, or another file copied over it."""
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that ``path`` is always either old or complete."""
     path = Path(path)
@@ -108,11 +112,20 @@ def manifest_path(path: str | os.PathLike) -> Path:
     return path.with_suffix(".json") if path.suffix == ".msgpack" else Path(f"{path}.json")
 
 
+def _serialized(tree: Any) -> bytes:
+    host = jax.tree.map(np.asarray, jax.device_get(tree))  # sharded arrays fetched whole; numpy for msgpack
+    return serialization.msgpack_serialize(serialization.to_state_dict(host))
+
+
+def digest(tree: Any) -> str:
+    """The sha256 :func:`save` would record for ``tree``: what a run started from, without a file."""
+    return hashlib.sha256(_serialized(tree)).hexdigest()
+
+
 def save(path: str | os.PathLike, tree: Any, *, manifest: dict | None = None) -> str:
     """Serialises ``tree`` (any Flax-serialisable pytree) to msgpack; returns its sha256. ``manifest``: a JSON file
     beside it, with ``sha256`` and ``file`` added, written after it (never describing a file not there)."""
-    host = jax.tree.map(np.asarray, jax.device_get(tree))  # sharded arrays fetched whole; numpy for msgpack
-    data = serialization.msgpack_serialize(serialization.to_state_dict(host))
+    data = _serialized(tree)
     digest = hashlib.sha256(data).hexdigest()
     atomic_write_bytes(path, data)
     if manifest is not None:
@@ -161,7 +174,7 @@ def check_digest(path: str | os.PathLike, data: bytes | None = None) -> None:
         return
     actual = hashlib.sha256(path.read_bytes() if data is None else data).hexdigest()
     if actual != recorded:
-        raise CheckpointError(
+        raise ChangedCheckpointError(
             f"checkpoint {path} differs from its manifest {manifest_path(path).name} (sha256 {actual[:12]}... vs "
             f"{recorded[:12]}...): it was changed or truncated after it was written")
 
@@ -194,15 +207,20 @@ def check_tree(actual: Any, expected: Any, *, what: str = "tree") -> None:
         raise CheckpointError("\n".join(lines))
 
 
-def load(path: str | os.PathLike, target: Any = None) -> Any:
+def load(path: str | os.PathLike, target: Any = None, *, accept_changed: bool = False) -> Any:
     """A checkpoint of :func:`save` as a nested dict of numpy arrays, or with ``target`` (arrays or
-    ``jax.ShapeDtypeStruct``) every key and shape checked and the values in ``target``'s structure and dtypes."""
+    ``jax.ShapeDtypeStruct``) every key and shape checked and the values in ``target``'s structure and dtypes.
+
+    A file whose sha256 is not its manifest's is refused (another run's file copied over it predicts as this run);
+    ``accept_changed``: loaded with a warning (a file changed knowingly, or one whose manifest a kill left behind)."""
     path = Path(path)
     check_format(path)
     data = path.read_bytes()
     try:
         check_digest(path, data)
-    except CheckpointError as problem:  # it may still load (an edited manifest): say it and go on; --weights refuses
+    except CheckpointError as problem:
+        if not accept_changed:
+            raise
         warnings.warn(str(problem), RuntimeWarning, stacklevel=2)
     try:
         state = serialization.msgpack_restore(data)

@@ -3,11 +3,14 @@
 The notebook builds one (``TrainConfig().replace(lr=3e-3, epochs=5)``), the job builds one from its
 flags, and both hand it to :mod:`kaggle_utils.run`. A field's type, default and ``help`` become its flag
 (``lr`` -> ``--lr``, unless the metadata names another: ``flag="model"``), so a field added here appears in
-``--help`` and ``config.json`` with no other edit. The values a field may take sit beside it (``valid``)
-and a section's rules in its ``_rules``: :meth:`TrainConfig.check` refuses the others, naming the flag,
-before a run writes anything. ``--resume`` compares ``config.json`` field by field (:func:`differences`).
+``--help`` and ``config.json`` with no other edit. The values a field may take sit beside it (``valid``, or
+``choices``: a :mod:`~kaggle_utils.registry` where the code that dispatches on the name registers it) and a
+section's rules in its ``_rules``: :meth:`TrainConfig.check` refuses the others, naming the flag, before a run
+writes anything. Each component is built from its own section (``make_task(config.task)``, ``make_optimizer(...,
+config.optim)``, ``fit(..., config.loop)``), so a value has one home and one hop. ``--resume`` compares
+``config.json`` field by field (:func:`differences`).
 
-Size: one concern, the config. Half of it is the fields of its five sections, each with its help text and valid
+Size: one concern, the config. Half of it is the fields of its six sections, each with its help text and valid
 values (the flags' ``--help``), the other half the machinery that turns those fields into flags, checks and JSON;
 the two change together (a field's metadata is what the machinery reads), so they stay in one module. The
 default batch rule (:meth:`DataConfig.global_batch`) sits beside the batch fields it reads, so the notebook's
@@ -22,6 +25,8 @@ import types
 import typing
 from pathlib import Path
 from typing import Any
+
+from .registry import OPTIMIZERS, SCHEDULES, TASKS, TRAIN_CROPS, Registry
 
 
 class ConfigError(ValueError):
@@ -83,18 +88,33 @@ def _field(default, help: str, **metadata):
 
 
 class _Section:
-    """A section's :meth:`check`: each field's ``valid`` values, then the section's rules across fields."""
+    """A section's :meth:`check`: each field's ``valid`` values and ``choices``, then the section's rules across
+    fields."""
 
     def check(self) -> None:
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
+            value, flag = getattr(self, field.name), flag_of(field.metadata.get("flag", field.name))
             test, words = field.metadata.get("valid", (None, ""))
             if test is not None and isinstance(value, (int, float)) and not test(value):
-                raise ConfigError(f"{flag_of(field.metadata.get('flag', field.name))} {value}: {words}")
+                raise ConfigError(f"{flag} {value}: {words}")
+            choices = field.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise ConfigError(f"{flag} {value!r}: choose one of {', '.join(choices)}")
         self._rules()
 
     def _rules(self) -> None:
         """Refusals that read several fields of the section."""
+
+    def _unread(self, *chosen: tuple[str, Registry]) -> None:
+        """Refuses an option field given (not its default) that the choices made (``(field, its registry)``) would
+        not read: ``--momentum`` with ``--optimizer adamw`` is a mistake, not a setting."""
+        default = type(self)()
+        read = {option for name, registry in chosen for option in registry[getattr(self, name)].reads}
+        unread = [flag_of(option) for _, registry in chosen for option in registry.option_fields()
+                  if option not in read and getattr(self, option) != getattr(default, option)]
+        if unread:
+            choices = " ".join(f"{flag_of(name)} {getattr(self, name)}" for name, _ in chosen)
+            raise ConfigError(f"{' / '.join(unread)} would not be read by {choices}: drop it, or choose what reads it")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,10 +173,12 @@ class DataConfig(_Section):
                                  valid=within("(0, 1)"))
     class_names: tuple[str, ...] = _field((), "submission labels by class index (default: the records' own; empty: "
                                               "the index itself)")
-    batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)")
+    batch_size: int | None = _field(None, "GLOBAL batch over all devices (default 16 per device, at least 64)",
+                                    valid=AT_LEAST_1)
     batch_per_device: int | str | None = _field(None, "batch per device instead of --batch-size; auto: the largest "
                                                       "whose compiled train step fits the device, less a margin",
-                                                parse=_or_word(int, "auto", "auto", "integer or auto"))
+                                                parse=_or_word(int, "auto", "auto", "integer or auto"),
+                                                valid=AT_LEAST_1)
     memory_budget: float | None = _field(None, "with --batch-per-device auto: GiB a device may use (default: what "
                                                "a GPU or TPU reports; a CPU needs it)", resume_may_change=True,
                                          valid=POSITIVE)
@@ -171,9 +193,7 @@ class DataConfig(_Section):
     mix_prob: float = _field(1.0, "probability of mixing a batch", valid=within("[0, 1]"))
     mix_switch_prob: float = _field(0.5, "probability of CutMix instead of Mixup when both are on",
                                     valid=within("[0, 1]"))
-    train_crop: str = _field("none", "training crop: none (the stored image, resized to --image-size) | flip (the "
-                                     "same, flipped left-right half the time) | random-resized (timm's "
-                                     "RandomResizedCrop + flip)", choices=("none", "flip", "random-resized"))
+    train_crop: str = _field("none", "training crop", choices=TRAIN_CROPS)
     eval_image_size: int | None = _field(None, "image side for evaluation and prediction (FixRes; default "
                                                "--image-size)", valid=AT_LEAST_1)
     crop_pct: float | None = _field(None, "evaluation center crop: resize to size / crop_pct, crop the center "
@@ -216,24 +236,21 @@ class DataConfig(_Section):
                               "global_batch needs a number")
         if self.batch_per_device is not None:
             return self.batch_per_device * devices
-        return self.batch_size or max(16 * devices, -(-64 // devices) * devices)
+        return self.batch_size if self.batch_size is not None else max(16 * devices, -(-64 // devices) * devices)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Section):
-    optimizer: str = _field("adamw", "adamw | sgd | lamb | lion | adafactor (optax), each with its own default --lr "
-                                     "and --weight-decay", choices=("adamw", "sgd", "lamb", "lion", "adafactor"))
+    optimizer: str = _field("adamw", "the optimizer (optax), each with its own default --lr and --weight-decay",
+                            choices=OPTIMIZERS)
     lr: float | str | None = _field(None, "peak learning rate per 256 images (scaled to the global batch), or auto: an "
-                                          "LR range test picks it before the run (default: the optimizer's, 1e-2; "
-                                          "lion 1e-3; sgd 0.1)",
+                                          "LR range test picks it before the run (default: the optimizer's, as "
+                                          "--optimizer lists them)",
                                     parse=_or_word(learning_rate, "auto", "auto", "learning rate"), valid=POSITIVE)
     lr_find_steps: int | None = _field(None, "with --lr auto: steps of the range test (default: 100, fewer for a "
                                              "shorter run, at least 40)", resume_may_change=True,
                                        valid=(lambda v: v >= 10, "must be at least 10 (the range test's curve)"))
-    schedule: str = _field("cosine", "after the warmup: cosine (to --end-lr-factor x the peak) | linear (the same) | "
-                                     "constant | step (x --decay-rate every --decay-epochs) | onecycle (optax's, "
-                                     "rising over the warmup)",
-                           choices=("cosine", "linear", "constant", "step", "onecycle"))
+    schedule: str = _field("cosine", "the learning rate after the warmup", choices=SCHEDULES)
     end_lr_factor: float = _field(0.0, "cosine and linear schedules: the last rate as a fraction of the peak",
                                   valid=within("[0, 1]"))
     decay_epochs: float | None = _field(None, "step schedule: epochs between drops (default: a third of the steps "
@@ -243,8 +260,9 @@ class OptimConfig(_Section):
                                   valid=NOT_NEGATIVE)
     warmup_max_fraction: float = _field(0.2, "the largest share of the run's steps the warmup takes",
                                         valid=within("[0, 1)"))
-    weight_decay: float | None = _field(None, "weight decay of matrices and kernels (default: the optimizer's, 0.05; "
-                                              "lion 0.5; sgd 1e-4, as L2 on the gradient)", valid=NOT_NEGATIVE)
+    weight_decay: float | None = _field(None, "weight decay of matrices and kernels (default: the optimizer's, as "
+                                              "--optimizer lists them; sgd's as L2 on the gradient)",
+                                        valid=NOT_NEGATIVE)
     momentum: float = _field(0.9, "sgd's momentum (0: none)", valid=within("[0, 1)"))
     nesterov: bool = _field(False, "sgd: Nesterov momentum")
     b1: float | None = _field(None, "adamw, lamb, lion: the first moment's decay (default 0.9)", valid=within("[0, 1)"))
@@ -263,25 +281,14 @@ class OptimConfig(_Section):
     def _rules(self):
         if isinstance(self.lr, bool) or isinstance(self.lr, str) and self.lr != "auto":
             raise ConfigError(f"--lr {self.lr!r}: must be a finite number > 0 (per 256 images) or 'auto'")
-        default = OptimConfig()
-        unread = [flag for flag, given, reads in (
-            ("--b1 / --b2", (self.b1, self.b2) != (None, None), self.optimizer in ("adamw", "lamb", "lion")),
-            ("--momentum / --nesterov", (self.momentum, self.nesterov) != (default.momentum, default.nesterov),
-             self.optimizer == "sgd"),
-            ("--end-lr-factor", self.end_lr_factor != 0, self.schedule in ("cosine", "linear")),
-            ("--decay-epochs / --decay-rate", (self.decay_epochs, self.decay_rate) != (None, default.decay_rate),
-             self.schedule == "step")) if given and not reads]
-        if unread:
-            raise ConfigError(f"{unread[0]} would not be read by --optimizer {self.optimizer} --schedule "
-                              f"{self.schedule}: drop it, or choose what reads it")
+        self._unread(("optimizer", OPTIMIZERS), ("schedule", SCHEDULES))
         if self.nesterov and not self.momentum:
             raise ConfigError("--nesterov needs --momentum > 0")
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig(_Section):
-    task: str = _field("softmax", "loss and metrics: softmax | focal | multilabel",
-                       choices=("softmax", "focal", "multilabel"))
+    task: str = _field("softmax", "loss and metrics", choices=TASKS)
     label_smoothing: float = _field(0.1, "label smoothing of the training targets", valid=within("[0, 1)"))
     focal_gamma: float = _field(2.0, "focal loss gamma (task focal)", valid=NOT_NEGATIVE)
     threshold: float = _field(0.5, "task multilabel: a class is predicted above this probability",
@@ -327,6 +334,10 @@ class LoopConfig(_Section):
                                                "at the minimum)", choices=("official", "paper"))
     progressive_dropout: bool = _field(False, "with --progressive-stages: grow the dropout too, from 0.1")
 
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """The run's length: ``--steps``, else ``--epochs`` of ``steps_per_epoch`` (the last epoch may be shorter)."""
+        return self.steps or self.epochs * steps_per_epoch
+
     def _rules(self):
         n = self.progressive_stages
         if n == 0:
@@ -345,6 +356,35 @@ class LoopConfig(_Section):
         elif self.epochs < n:
             raise ConfigError(f"--epochs {self.epochs} cannot make --progressive-stages {n}: each stage is a whole "
                               f"number of epochs; give at least {n} epochs, or fewer stages")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig(_Section):
+    teacher: str | None = _field(None, "learn from a finished run's probabilities: a CV folder (its out-of-fold "
+                                       "oof.csv: every labelled record predicted by a model that did not train on "
+                                       "it), a run or predict folder, or a probabilities CSV (id, a column per class)")
+    distill_alpha: float = _field(0.5, "with --teacher: the teacher's share of each target, alpha x teacher + "
+                                       "(1 - alpha) x label", valid=within("(0, 1]"))
+    distill_temperature: float = _field(1.0, "with --teacher: both sides' logits / T, the teacher term x T^2 "
+                                             "(Hinton et al.; a teacher's logits are its log-probabilities)",
+                                        valid=POSITIVE)
+    pseudo_labels: str | None = _field(None, "train on the test images a teacher is sure of: a CV folder (its "
+                                             "test_probabilities.csv), a run or predict folder (probabilities.csv), "
+                                             "or a CSV; never in validation or a fold's held-out part")
+    pseudo_threshold: float = _field(0.9, "with --pseudo-labels: a test image joins when the teacher's top "
+                                          "probability is at least P (multilabel: each class's within 1 - P of 0 "
+                                          "or 1)", valid=within("(0, 1]"))
+    pseudo_targets: str = _field("soft", "with --pseudo-labels: soft (the teacher's probabilities) | hard (its top "
+                                         "class; multilabel: the classes above --threshold)", choices=("soft", "hard"))
+
+    def _rules(self):
+        default = DistillConfig()
+        for path, flags in (("teacher", ("distill_alpha", "distill_temperature")),
+                            ("pseudo_labels", ("pseudo_threshold", "pseudo_targets"))):
+            given = [flag_of(f) for f in flags if getattr(self, f) != getattr(default, f)]
+            if getattr(self, path) is None and given:
+                raise ConfigError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} {flag_of(path)}: "
+                                  "without it nothing would read them")
 
 
 def _from_dict(cls, data: dict, where: str = "config"):
@@ -370,6 +410,7 @@ class TrainConfig:
     optim: OptimConfig = OptimConfig()
     task: TaskConfig = TaskConfig()
     loop: LoopConfig = LoopConfig()
+    distill: DistillConfig = DistillConfig()
     seed: int = _field(0, "seed of the initialisation, data order, dropout and augmentation")
 
     def check(self) -> "TrainConfig":
@@ -443,6 +484,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig) -
         optional = union and type(None) in typing.get_args(annotation)
         scalar = next(a for a in typing.get_args(annotation) if a is not type(None)) if union else annotation
         name, help_text = field.metadata.get("flag", field.name), field.metadata.get("help", "")
+        if isinstance(field.metadata.get("choices"), Registry):  # its choices, each with its own words
+            help_text += ": " + field.metadata["choices"].describe()
         help_text += "" if "default" in help_text else f" (default: {defaults[name]!r})"
         options: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
         if scalar is bool:

@@ -65,7 +65,11 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
     predict.add_argument("--test-image-dir", help="with a CSV --test-source: the images' folder (default: the CSV's "
                                                   "folder)")
     predict.add_argument("--out", required=True, help="output folder for submission.csv and probabilities.csv")
-    predict.add_argument("--batch-size", type=int, help="global batch (default 16 per device, at least 64)")
+    predict.add_argument("--batch-size", type=int, help="global batch (default 16 per device, at least 64); checked "
+                                                       "as train's")
+    predict.add_argument("--accept-changed-checkpoint", action="store_true",
+                         help="predict with a checkpoint whose sha256 is not its manifest's (changed after its run "
+                              "wrote it), knowingly; refused otherwise")
     predict.add_argument("--tta", action=argparse.BooleanOptionalAction, help="flip TTA (default: the run's)")
     predict.add_argument("--mode", choices=("jit", "pmap"), default="jit")
     predict.add_argument("--no-progress", dest="progress", action="store_false")
@@ -185,14 +189,16 @@ def predict_command(args) -> None:
     if args.test_image_dir is not None and args.test_source is None:
         raise ConfigError("--test-image-dir goes with --test-source (a CSV of ids); --data-dir holds the images")
     outdir.check_writable(args.out)  # before the prediction, not after it
-    members = run.load_members(args.checkpoint, args.weights_per_checkpoint)
+    batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)).check())  # before the models
+    members = run.load_members(args.checkpoint, args.weights_per_checkpoint,
+                               accept_changed=args.accept_changed_checkpoint)
     source = None if args.test_source is None else source_from_spec(
         args.test_source, image_dir=args.test_image_dir, labeled=False,
         id_column=members[0].config.data.id_column or "id")
-    batch = run.global_batch(TrainConfig(data=DataConfig(batch_size=args.batch_size)))
     with run.open_test_split(data_dir=args.data_dir, source=source) as records:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
     submission, _ = run.write_predictions(args.out, ids, probs, members[0].config)
+    run.write_blend_record(args.out, members)
     if jax.process_index() == 0:
         test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source
         test_flag = f"--data-dir {args.data_dir}" if args.data_dir is not None else f"--test-source {test}"

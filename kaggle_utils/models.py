@@ -7,9 +7,14 @@ EfficientNet's parameter names; ``--layer-decay`` / ``--head-lr-mult`` a module'
 and those of ``dtype``, ``drop_rate``, ``drop_path_rate``, ``bn_axis_name``, ``remat`` it names. The kit applies
 the module as ``apply(variables, images)`` to evaluate and with ``mutable=["batch_stats"]`` and a ``dropout``
 rng to train: ``self.is_mutable_collection("batch_stats")`` tells the two apart, as in the EfficientNet.
+
+A registry is per process, so a run folder records where a model of yours is defined (:func:`builder_path`,
+``module:qualname``); :func:`import_model` registers it again from there in a new process (``predict``,
+``cv --resume``, ``--init-from``), or says which module to make importable.
 """
 import dataclasses
 import functools
+import importlib
 import inspect
 from typing import Callable
 
@@ -43,6 +48,43 @@ def registered(name: str) -> RegisteredModel:
     except ValueError:
         raise ConfigError(f"--model: unknown model {name!r}: choose one of {', '.join(sorted(_MODELS))}, or "
                           "register yours (kaggle_utils.models.register_model)") from None
+
+
+def builder_path(name: str) -> str | None:
+    """``module:qualname`` of a model's builder, what a run folder records; None for the kit's own models."""
+    entry = registered(name)
+    if entry.efficientnet:
+        return None
+    builder = entry.builder.func if isinstance(entry.builder, functools.partial) else entry.builder
+    return f"{builder.__module__}:{builder.__qualname__}"
+
+
+def import_model(name: str, path: str | None, *, where: str, **preprocessing) -> None:
+    """Registers ``name`` from the builder ``path`` a run folder recorded (``where``), unless this process has it:
+    the module is imported (registering it, if it does so itself), else its builder is registered with
+    ``preprocessing`` (the run's mean and std). Refused, naming the module, where it cannot be imported."""
+    if name in _MODELS:
+        return
+    try:
+        registered(name)  # a short V2 name, or a built-in
+        return
+    except ConfigError:
+        if path is None:
+            raise
+    module, _, qualname = path.partition(":")
+    if module == "__main__" or "<locals>" in qualname:
+        raise ConfigError(f"--model {name}: {where} records its builder as {path}, which only the process that "
+                          "trained it had: define it in a module of its own (a .py file) and register it there, so "
+                          "that a new process can import it")
+    try:
+        found = importlib.import_module(module)
+        if name not in _MODELS:
+            builder = functools.reduce(getattr, qualname.split("."), found)
+            register_model(name, builder, **preprocessing)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"--model {name}: {where} records its builder as {path}, which does not import here "
+                          f"({type(err).__name__}: {err}): put the folder holding {module.replace('.', '/')}.py on "
+                          "the path (PYTHONPATH, or sys.path in a notebook)") from None
 
 
 def build_model(name: str, *, num_classes: int, **options):

@@ -11,7 +11,7 @@ import pytest
 
 from kaggle_utils import job, run
 from kaggle_utils.config import ConfigError, TrainConfig
-from kaggle_utils.run.cv import assign_folds, read_folds
+from kaggle_utils.run.folds import assign_folds, read_folds
 
 from job_helpers import TEST_MODEL
 from test_job_data import _digit_images, _save_png

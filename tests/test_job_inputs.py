@@ -267,10 +267,13 @@ def _saved_then_changed(tmp_path):
     return path
 
 
-def test_a_checkpoint_that_differs_from_its_manifest_loads_with_a_warning(tmp_path):
+def test_a_checkpoint_that_differs_from_its_manifest_is_refused_unless_accepted_knowingly(tmp_path):
     path = _saved_then_changed(tmp_path)
+    with pytest.raises(checkpoint.ChangedCheckpointError, match=r"weights.msgpack differs from its manifest "
+                                                                r"weights.json \(sha256"):
+        checkpoint.load(path)
     with pytest.warns(RuntimeWarning, match=r"weights.msgpack differs from its manifest weights.json \(sha256"):
-        assert "params" in checkpoint.load(path)
+        assert "params" in checkpoint.load(path, accept_changed=True)
 
 
 def test_weights_that_differ_from_their_manifest_are_refused(tmp_path, capsys, monkeypatch):

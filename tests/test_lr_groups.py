@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from kaggle_utils.config import ConfigError, TrainConfig
+from kaggle_utils.config import ConfigError, OptimConfig, TrainConfig
 from kaggle_utils.efficientnet import create_model
 from kaggle_utils.train import assign_lr_groups, describe_lr_groups, group_multipliers, make_optimizer
 from kaggle_utils.variable_trees import VariableTreeError, abstract_variables, flatten, init_variables
@@ -105,7 +105,7 @@ def first_update(tx, grads, params):
 
 def test_each_group_moves_at_its_own_rate(trained):
     params, grads, groups = trained
-    tx = make_optimizer(LR, weight_decay=0.0, clip_norm=None, lr_multipliers=groups)
+    tx = make_optimizer(LR, OptimConfig(weight_decay=0.0, clip_norm=None), lr_multipliers=groups)
     updates = first_update(tx, grads, params)
     multiplier = groups.per_leaf()
     for path, u in flatten(updates).items():
@@ -127,7 +127,7 @@ def test_weight_decay_is_scaled_with_the_rate(trained):
     """With zero gradients the update is the decay alone: lr x multiplier x wd x p, on kernels only."""
     params, _, groups = trained
     wd = 0.1
-    tx = make_optimizer(LR, weight_decay=wd, clip_norm=None, lr_multipliers=groups)
+    tx = make_optimizer(LR, OptimConfig(weight_decay=wd, clip_norm=None), lr_multipliers=groups)
     updates = first_update(tx, jax.tree.map(jnp.zeros_like, params), params)
     expected = jax.tree.map(lambda p, m: -LR * m * wd * p * (p.ndim > 1), params, groups.per_leaf())
     for path, u in flatten(updates).items():
@@ -137,7 +137,7 @@ def test_weight_decay_is_scaled_with_the_rate(trained):
 
 def test_frozen_leaves_stay_still_with_lr_groups(trained):
     params, grads, groups = trained
-    tx = make_optimizer(LR, weight_decay=0.05, clip_norm=1.0, frozen=["^conv_stem", "^bn1", "^blocks_0_"],
+    tx = make_optimizer(LR, OptimConfig(weight_decay=0.05, clip_norm=1.0), frozen=["^conv_stem", "^bn1", "^blocks_0_"],
                         lr_multipliers=groups)
     updates = flatten(first_update(tx, grads, params))
     frozen = [p for p in updates if p.split("/")[0] in ("conv_stem", "bn1", "blocks_0_0")]

@@ -123,6 +123,7 @@ def test_a_budget_below_one_image_is_refused_before_anything_is_written(sample, 
 def test_auto_without_a_usable_budget_is_a_clear_error(sample, changes, message):
     config = auto_config(sample, **changes)
     with pytest.raises(ConfigError, match=re.escape(message)):
+        run.check_config(config)  # as a run checks it, once, before resolve
         run.resolve(config, run.open_data(config, sample.root))
 
 

@@ -1,14 +1,26 @@
-"""The model registry: ``--model`` names any registered Flax module, which then gets the whole kit."""
+"""The model registry: ``--model`` names any registered Flax module, which then gets the whole kit; a run folder says
+where its builder lives (issue 47), and its own saved variables start it (``--weights``, ``run.train(variables=)``)."""
 import json
+import shutil
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from kaggle_utils import job, models, run
+from kaggle_utils import checkpoint, job, models, run
 from kaggle_utils.config import ConfigError, TrainConfig
 from kaggle_utils.run.target_plan import no_data
+from kaggle_utils.train import SoftmaxClassification, init_variables
+
+from job_helpers import cpu_process_env, finish
 
 
 class TinyConvNet(nn.Module):
@@ -40,36 +52,128 @@ def tiny_config(sample, **changes):
                                     "eval_every": 3, "tensorboard": False, "lr": 0.05, **changes})
 
 
-def test_a_registered_module_trains_predicts_and_reloads_through_run_train(sample, tmp_path):
-    result = run.train(tiny_config(sample), tmp_path / "run", progress=False)
+@pytest.fixture(scope="module")
+def trained(sample, tmp_path_factory):
+    out = tmp_path_factory.mktemp("models") / "run"
+    return run.train(tiny_config(sample), out, progress=False), out
+
+
+def test_a_registered_module_trains_predicts_and_reloads_through_run_train(trained, sample, tmp_path):
+    result, out = trained
     assert len(result.history) == 2 and result.history[-1]["train_loss"] < result.history[0]["train_loss"]
     assert result.plan.mean == (0.5, 0.5, 0.5) and result.plan.std == (0.25, 0.25, 0.25)  # its own preprocessing
     assert result.submission.is_file() and len(result.test_ids) == len(sample.test_labels)
-    model, variables, config = run.load_run(tmp_path / "run")
+    model, variables, config = run.load_run(out)
     assert isinstance(model, TinyConvNet) and model.num_classes == 10 and model.drop_rate == config.model.drop_rate
     assert set(variables["params"]) == {"stem", "conv", "norm", "head"}
     # predict, from the run folder, as the job does it
-    job.main(["predict", "--checkpoint", str(tmp_path / "run"), "--data-dir", sample.root, "--out",
+    job.main(["predict", "--checkpoint", str(out), "--data-dir", sample.root, "--out",
               str(tmp_path / "predicted"), "--no-progress"])
-    predicted, trained = (np.loadtxt(tmp_path / folder / "probabilities.csv", delimiter=",", skiprows=1,
-                                     usecols=range(1, 11)) for folder in ("predicted", "run"))
-    np.testing.assert_allclose(predicted, trained, atol=1e-6)
+    predicted, trained_probs = (np.loadtxt(folder / "probabilities.csv", delimiter=",", skiprows=1,
+                                           usecols=range(1, 11)) for folder in (tmp_path / "predicted", out))
+    np.testing.assert_allclose(predicted, trained_probs, atol=1e-6)
 
 
-def test_cross_validation_trains_a_registered_module_per_fold(sample, tmp_path):
-    result = run.cross_validate(tiny_config(sample, steps=3, eval_every=3), tmp_path / "cv", folds=2, progress=False)
+def test_a_run_folder_records_where_its_model_s_builder_lives_and_a_process_without_it_imports_it(trained):
+    _, out = trained
+    for record in (out / "config.json", out / "best.json"):
+        assert json.loads(record.read_text())["builder"] == f"{__name__}:TinyConvNet"
+    entry = models._MODELS.pop("tiny_convnet")  # a new process: its registry never heard of the model
+    try:
+        model, _, _ = run.load_run(out)
+        assert isinstance(model, TinyConvNet) and models.registered("tiny_convnet").mean == entry.mean
+    finally:
+        models._MODELS["tiny_convnet"] = entry
+
+
+@pytest.mark.parametrize("builder, words", [
+    ("no_such_module:Net", "records its builder as no_such_module:Net, which does not import here "
+                           "(ModuleNotFoundError: No module named 'no_such_module'): put the folder holding "
+                           "no_such_module.py on the path"),
+    ("__main__:Net", "records its builder as __main__:Net, which only the process that trained it had: define it in "
+                     "a module of its own"),
+])
+def test_a_builder_that_cannot_be_imported_is_named_with_what_to_do(trained, tmp_path, builder, words):
+    _, out = trained
+    folder = tmp_path / "run"
+    shutil.copytree(out, folder)
+    record = json.loads((folder / "best.json").read_text())
+    (folder / "best.json").write_text(json.dumps({**record, "builder": builder}))
+    entry = models._MODELS.pop("tiny_convnet")
+    try:
+        with pytest.raises(ConfigError, match=re.escape(f"--model tiny_convnet: {folder / 'best.json'} {words}")):
+            run.load_run(folder)
+    finally:
+        models._MODELS["tiny_convnet"] = entry
+
+
+@pytest.mark.slow  # a process that runs JAX
+def test_a_registered_user_model_is_predicted_from_a_new_process(trained, sample, tmp_path):
+    _, out = trained
+    env = cpu_process_env(1)
+    env["PYTHONPATH"] += os.pathsep + str(Path(__file__).parent)  # where the builder's module is
+    proc = subprocess.Popen([sys.executable, "-m", "kaggle_utils", "predict", "--checkpoint", str(out), "--data-dir",
+                             sample.root, "--out", str(tmp_path / "pred")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    finish(proc)
+    predicted, trained_probs = (np.loadtxt(folder / "probabilities.csv", delimiter=",", skiprows=1,
+                                           usecols=range(1, 11)) for folder in (tmp_path / "pred", out))
+    np.testing.assert_allclose(predicted, trained_probs, atol=1e-6)
+
+
+def test_a_module_of_yours_starts_from_its_own_saved_variables(sample, tmp_path):
+    config, _ = run.resolve(tiny_config(sample).replace(weights=str(tmp_path / "w.msgpack")),
+                            run.open_data(tiny_config(sample), sample.root))
+    model = run.build_model(config)
+    saved = init_variables(TinyConvNet(num_classes=1000), 16, seed=7)  # pretrained on another label set
+    checkpoint.save(tmp_path / "w.msgpack", saved, manifest={"model": "tiny_convnet"})
+    run.check_config(config)
+    started = run.initial_variables(config, model)
+    for layer in ("stem", "conv", "norm"):
+        np.testing.assert_array_equal(started["params"][layer]["kernel" if layer != "norm" else "scale"],
+                                      saved["params"][layer]["kernel" if layer != "norm" else "scale"])
+    assert started["params"]["head"]["kernel"].shape == (32, 10)  # the new head: at its init (no 'classifier')
+    given = run.initial_variables(config.replace(weights=None), model, pretrained=saved)
+    np.testing.assert_array_equal(given["params"]["conv"]["kernel"], saved["params"]["conv"]["kernel"])
+    checkpoint.save(tmp_path / "other.msgpack", saved, manifest={"model": "tf_efficientnetv2_b0"})
+    with pytest.raises(ConfigError, match="its manifest other.json says they are tf_efficientnetv2_b0's variables, "
+                                          "not --model tiny_convnet's"):
+        run.check_config(config.replace(weights=str(tmp_path / "other.msgpack")))
+
+
+def test_cross_validation_trains_a_registered_module_per_fold_with_a_task_tx_and_variables_given(sample, tmp_path):
+    saved = init_variables(TinyConvNet(num_classes=10), 16, seed=7)
+    task = SoftmaxClassification(label_smoothing=0.0).with_metric("error", lambda sums: 1 - sums["correct"] / sums[
+        "count"], mode="min")
+    result = run.cross_validate(tiny_config(sample, steps=3, eval_every=3, monitor="val_error"), tmp_path / "cv",
+                                folds=2, progress=False, task=task, tx=optax.sgd(0.01), variables=saved)
     scores = json.loads((tmp_path / "cv" / "cv.json").read_text())
     assert len(scores["folds"]) == 2 and 0 <= scores["oof"]["acc"] <= 1 and result.remaining == ()
     assert all(isinstance(run.load_run(tmp_path / "cv" / f"fold{k}")[0], TinyConvNet) for k in range(2))
     assert (tmp_path / "cv" / "submission.csv").is_file()
+    for k in range(2):  # every fold records what it was given, and trains with the task's label smoothing
+        record = json.loads((tmp_path / "cv" / f"fold{k}" / "config.json").read_text())
+        assert record["config"]["task"]["label_smoothing"] == 0.0 and record["given"]["label_smoothing"] == 0.0
+        assert "SoftmaxClassification with metrics error" in record["task"] and "optax transform" in record["tx"]
+        assert record["variables"]["sha256"] == checkpoint.digest(saved)
+        assert "val_error" in result.trained[k].best
+
+
+def test_a_given_task_that_contradicts_a_flag_the_config_changed_is_refused(sample, tmp_path):
+    task = SoftmaxClassification(label_smoothing=0.0)
+    with pytest.raises(ConfigError, match=r"--label-smoothing 0.2 and the task given to run.train "
+                                          r"\(SoftmaxClassification, label_smoothing 0.0\) disagree"):
+        run.train(tiny_config(sample, label_smoothing=0.2), tmp_path / "refused", task=task)
+    assert not (tmp_path / "refused").exists()
+    config, used = run.run_task(tiny_config(sample), task)  # the default 0.1: the task's value is recorded
+    assert used is task and config.task.label_smoothing == 0.0
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"weights": "w.msgpack"}, "--weights reads an EfficientNet's parameter names; --model tiny_convnet is not one"),
     ({"layer_decay": 0.8}, "--layer-decay / --head-lr-mult read a model's lr_parts\\(\\); --model tiny_convnet"),
     ({"model": "no_such_net"}, "--model: unknown model 'no_such_net': choose one of .*tiny_convnet"),
 ])
-def test_what_needs_an_efficientnet_or_an_unknown_name_is_refused(sample, tmp_path, changes, message):
+def test_what_needs_lr_parts_or_an_unknown_name_is_refused(sample, tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
         run.train(tiny_config(sample, **changes), tmp_path / "refused")
     assert not (tmp_path / "refused").exists()

@@ -17,7 +17,7 @@ from kaggle_utils import job, run
 from kaggle_utils.config import TrainConfig
 from kaggle_utils.data import convert
 from kaggle_utils.data.tfrecords import scan_records
-from kaggle_utils.run.cv import assign_folds, read_folds
+from kaggle_utils.run.folds import assign_folds, read_folds
 
 from job_helpers import TEST_MODEL
 

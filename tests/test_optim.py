@@ -9,11 +9,14 @@ import optax
 import pytest
 
 from kaggle_utils import job, run
-from kaggle_utils.config import ConfigError, TrainConfig, config_from_args
-from kaggle_utils.train import make_optimizer
+from kaggle_utils.config import ConfigError, OptimConfig, TrainConfig, config_from_args
+from kaggle_utils.parallel import make_mesh
+from kaggle_utils.registry import OPTIMIZERS
+from kaggle_utils.train import StepConfig, init_variables, make_optimizer, make_steps
 from kaggle_utils.train.optim import make_schedule
 
 from job_helpers import TEST_MODEL
+from train_helpers import TinyCNN, batches, digits
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -24,8 +27,10 @@ from job_helpers import TEST_MODEL
     ("step", {4: 1.0, 8: 1.0, 9: 0.5, 14: 0.25, 19: 0.125}),  # x0.5 every 5 steps after the warmup
 ])
 def test_each_schedule_warms_up_then_follows_its_shape(name, expected):
-    options = {"end_factor": 0.1} if name in ("cosine", "linear") else {}
-    schedule = make_schedule(name, 1.0, 20, warmup_steps=4, decay_steps=5, decay_rate=0.5, **options)
+    options = {"end_lr_factor": 0.1} if name in ("cosine", "linear") else {}
+    if name == "step":
+        options = {"decay_epochs": 5, "decay_rate": 0.5}  # of 1 step each
+    schedule = make_schedule(OptimConfig(schedule=name, **options), 1.0, 20, warmup_steps=4, steps_per_epoch=1)
     for step, value in expected.items():
         assert float(schedule(step)) == pytest.approx(value, abs=1e-6), (name, step)
 
@@ -47,10 +52,12 @@ def quadratic_step(tx, params, target):
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lamb", "lion", "adafactor"])
 def test_every_optimizer_moves_towards_the_minimum_and_decays_matrices_only(name):
     params = {"kernel": jnp.full((4, 3), 2.0), "bias": jnp.full((3,), 2.0)}
-    moved = quadratic_step(make_optimizer(0.05, optimizer=name, weight_decay=0.0, clip_norm=None), params, 0.0)
+    moved = quadratic_step(make_optimizer(0.05, OptimConfig(optimizer=name, weight_decay=0.0, clip_norm=None)), params,
+                           0.0)
     assert all(float(jnp.max(moved[k])) < 2.0 for k in params), name
     # no gradient at all: only the weight decay moves anything, and it leaves the 1-D bias alone
-    decayed = quadratic_step(make_optimizer(0.05, optimizer=name, weight_decay=0.5, clip_norm=None), params, 2.0)
+    decayed = quadratic_step(make_optimizer(0.05, OptimConfig(optimizer=name, weight_decay=0.5, clip_norm=None)),
+                             params, 2.0)
     assert float(jnp.max(decayed["kernel"])) < 2.0 and np.array_equal(decayed["bias"], params["bias"]), name
 
 
@@ -59,7 +66,8 @@ def test_sgd_momentum_and_nesterov_follow_their_textbook_updates():
     params = {"w": jnp.zeros((2, 2))}
     grads = {"w": jnp.full((2, 2), grad)}
     for nesterov, expected in ((False, [-lr * 1, -lr * (1 + mu)]), (True, [-lr * (1 + mu), -lr * (1 + mu + mu * mu)])):
-        tx = make_optimizer(lr, optimizer="sgd", weight_decay=0.0, clip_norm=None, momentum=mu, nesterov=nesterov)
+        tx = make_optimizer(lr, OptimConfig(optimizer="sgd", weight_decay=0.0, clip_norm=None, momentum=mu,
+                                            nesterov=nesterov))
         state = tx.init(params)
         for step_update in expected:
             updates, state = tx.update(grads, state, params)
@@ -76,7 +84,8 @@ def test_betas_reach_the_optimizer():
             updates, state = tx.update(g, state, params)
         return updates["w"]
 
-    ours = second_update(make_optimizer(0.01, optimizer="adamw", weight_decay=0.0, clip_norm=None, b1=0.5, b2=0.6))
+    ours = second_update(make_optimizer(0.01, OptimConfig(optimizer="adamw", weight_decay=0.0, clip_norm=None, b1=0.5,
+                                                          b2=0.6)))
     np.testing.assert_allclose(ours, second_update(optax.adamw(0.01, b1=0.5, b2=0.6, weight_decay=0.0)), rtol=1e-6)
     assert not np.allclose(ours, second_update(optax.adamw(0.01, weight_decay=0.0)), rtol=1e-3)
 
@@ -96,10 +105,10 @@ def test_the_flags_are_generated_from_the_config():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"optimizer": "sgd", "b1": 0.8}, "--b1 / --b2 would not be read by --optimizer sgd"),
-    ({"momentum": 0.5}, "--momentum / --nesterov would not be read by --optimizer adamw"),
+    ({"optimizer": "sgd", "b1": 0.8}, "--b1 would not be read by --optimizer sgd"),
+    ({"momentum": 0.5, "nesterov": True}, "--momentum / --nesterov would not be read by --optimizer adamw"),
     ({"schedule": "constant", "end_lr_factor": 0.1}, "--end-lr-factor would not be read by .* --schedule constant"),
-    ({"decay_rate": 0.5}, "--decay-epochs / --decay-rate would not be read by .* --schedule cosine"),
+    ({"decay_rate": 0.5}, "--decay-rate would not be read by .* --schedule cosine"),
     ({"b2": 1.0}, r"--b2 1.0: must be in \[0, 1\)"),
     ({"optimizer": "sgd", "momentum": 0.0, "nesterov": True}, "--nesterov needs --momentum > 0"),
     ({"schedule": "step", "decay_epochs": 0.0}, "--decay-epochs 0.0: must be a finite number > 0"),
@@ -123,6 +132,36 @@ def test_each_optimizer_has_its_own_default_rate_and_decay_and_the_plan_names_th
     assert (config.optim.lr, config.optim.weight_decay) == (lr, weight_decay)
     assert plan.peak_lr == pytest.approx(lr * 64 / 256)
     assert f"{optimizer}, linear schedule, peak learning rate" in plan.describe(config)
+
+
+def test_an_optimizer_of_yours_is_one_registration_and_trains(tmp_path):
+    """Issue 47: a new optimizer was 3-4 edits (the flag's choices, its defaults, the dispatch); now its builder."""
+    @OPTIMIZERS.register("test_rmsprop", help="lr 3e-3, no weight decay", lr=3e-3, weight_decay=0.0)
+    def rmsprop(optim, schedule, weight_decay):
+        return optax.rmsprop(schedule)
+
+    try:
+        config = parse("--optimizer", "test_rmsprop", "--model", TEST_MODEL, "--image-size", "16", "--batch-size", "8",
+                       "--warmup-epochs", "0")
+        assert "test_rmsprop (lr 3e-3, no weight decay)" in job.build_parser()._subparsers._group_actions[0].choices[
+            "train"].format_help().replace("\n", " ").replace("  ", " ")
+        run.check_config(config)
+        config, plan = run.resolve(config, fake_data(tmp_path))
+        assert (config.optim.lr, config.optim.weight_decay) == (3e-3, 0.0)
+        tx = make_optimizer(plan.peak_lr, config.optim)  # what build_training makes of the config's section
+        steps = make_steps(TinyCNN(), tx, StepConfig(num_classes=10), mode="jit", mesh=make_mesh(jax.devices()[:1]))
+        variables = init_variables(TinyCNN(), 8)
+        state = steps.put_state(steps.init_state(variables))
+        images, labels = digits()
+        state, metrics = steps.train(state, steps.put_batch(next(batches(images, labels, 8))))
+        after = steps.get(state)
+        assert int(after.step) == 1 and np.isfinite(float(steps.get(metrics)["task"]["loss_sum"]))
+        moved = jax.tree.map(lambda a, b: not np.allclose(a, b), after.params, variables["params"])
+        assert all(jax.tree.leaves(moved))
+    finally:
+        OPTIMIZERS._entries.pop("test_rmsprop")
+    with pytest.raises(ConfigError, match="--optimizer 'test_rmsprop': choose one of adamw, sgd"):
+        TrainConfig().replace(optimizer="test_rmsprop").check()
 
 
 def tiny(sample, **changes):

@@ -25,7 +25,7 @@ KNOWN_CYCLES: dict = {}  # data.augment <-> data.tfrecords went with pipeline.py
 # The layers, lowest first: a package (or a base module) imports only what sits in its own layer or below.
 LAYERS = [
     {"kaggle_utils", "xla_cpu", "compilation", "config", "metrics", "parallel", "precision", "variable_trees",
-     "checkpoint", "outdir", "randaugment_ops"},  # base modules: jax, flax, numpy and each other
+     "checkpoint", "outdir", "randaugment_ops", "registry"},  # base modules: jax, flax, numpy and each other
     {"efficientnet", "models", "surgery", "device_augment", "data", "train"},  # the models, surgery, input, engine
     {"runtime", "report"},  # the notebooks' machine set-up; a run's words and pictures
     {"run"},  # one training run from a TrainConfig, and what is made of runs (cv, predict)

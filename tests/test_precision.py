@@ -14,10 +14,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from kaggle_utils import run, runtime
-from kaggle_utils.config import TrainConfig
+from kaggle_utils.config import LoopConfig, OptimConfig, TrainConfig
 from kaggle_utils.parallel import AXIS, make_mesh
 from kaggle_utils.precision import INITIAL_SCALE, MIN_SCALE, LossScale, Precision, choose_precision
-from kaggle_utils.train import (FitSettings, SoftmaxClassification, StepConfig, TrainingDiverged, create_train_state,
+from kaggle_utils.train import (SoftmaxClassification, StepConfig, TrainingDiverged, create_train_state,
                                 fit, init_variables, make_optimizer, make_steps, train_step, make_schedule)
 from train_helpers import TinyCNN, batches, digits
 
@@ -112,12 +112,12 @@ class PoisonableTask(SoftmaxClassification):
 
 def make_engine(precision: str, *, mode="jit", task=None, lr=0.03, total=24):
     schedule = make_schedule("cosine", lr, total, warmup_steps=2)
-    tx = make_optimizer(schedule, weight_decay=1e-4)
+    tx = make_optimizer(schedule, OptimConfig(weight_decay=1e-4))
     model = TinyCNN(num_classes=11, bn_axis_name="data", dtype=Precision(precision).compute_dtype)
     task = task or SoftmaxClassification(label_smoothing=0.0)
-    steps = make_steps(model, tx, StepConfig(num_classes=11, task=task), mode=mode)
-    state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3, ema=True,
-                                              loss_scale=Precision(precision).loss_scaling))
+    steps = make_steps(model, tx, StepConfig(num_classes=11, task=task, optim=OptimConfig(ema_decay=0.999)), mode=mode)
+    state = jax.device_get(steps.init_state(init_variables(model, 8, seed=0), seed=3,
+                                            loss_scale=Precision(precision).loss_scaling))
     return steps, state, schedule
 
 
@@ -148,7 +148,7 @@ def test_an_overflow_is_skipped_halves_the_scale_and_the_run_recovers(tmp_path):
     steps, state, schedule = make_engine("fp16", task=PoisonableTask(label_smoothing=0.0))
     trace = []
     result = fit(steps, state, functools.partial(train_batches, poison_at=(2, 3)),
-                 FitSettings(steps_per_epoch=8, epochs=3, log_every=1, monitor="train_loss"),
+                 LoopConfig(steps_per_epoch=8, epochs=3, log_every=1, monitor="train_loss"),
                  lr_schedule=schedule, progress=False, out_dir=tmp_path,
                  hooks=[SimpleNamespace(on_log=lambda step, scalars: trace.append((step, scalars["loss_scale"],
                                                                                     scalars["skipped_steps"])))])
@@ -192,7 +192,7 @@ def test_overflow_at_every_step_stops_the_run_as_diverged_with_nothing_saved(tmp
     steps, state, schedule = make_engine("fp16", task=AlwaysOverflows(label_smoothing=0.0))
     with pytest.raises(TrainingDiverged, match=r"fp16 gradients overflowed \d+ step\(s\) in a row, loss scale 1 "
                                                r"\(its floor\)"):
-        fit(steps, state, train_batches, FitSettings(steps_per_epoch=20, epochs=1, log_every=5,
+        fit(steps, state, train_batches, LoopConfig(steps_per_epoch=20, epochs=1, log_every=5,
                                                      monitor="train_loss"),
             lr_schedule=schedule, progress=False, out_dir=tmp_path)
     assert not (tmp_path / "last.msgpack").exists()
@@ -202,7 +202,7 @@ def test_fp16_learns_digits_as_well_as_fp32_with_the_same_seed():
     accuracy = {}
     for name in ("fp32", "fp16"):
         steps, state, schedule = make_engine(name)
-        result = fit(steps, state, train_batches, FitSettings(steps_per_epoch=8, epochs=3),
+        result = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=8, epochs=3),
                      val_batches=lambda: batches(*VAL, 64), lr_schedule=schedule, progress=False)
         accuracy[name] = result.history[-1]["val_acc"]
     print("digits val accuracy:", accuracy)
@@ -223,7 +223,7 @@ def test_pmap_and_jit_agree_in_fp16():
 
 
 def test_fp16_resume_mid_run_is_exact(tmp_path):
-    settings = FitSettings(steps_per_epoch=8, epochs=2, log_every=2, checkpoint_every=5, monitor="train_loss")
+    settings = LoopConfig(steps_per_epoch=8, epochs=2, log_every=2, checkpoint_every=5, monitor="train_loss")
     poisoned = functools.partial(train_batches, poison_at=(1, 2))
     steps, state, schedule = make_engine("fp16", task=PoisonableTask(label_smoothing=0.0))
     full = fit(steps, state, poisoned, settings, lr_schedule=schedule, progress=False, out_dir=tmp_path / "full")

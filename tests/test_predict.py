@@ -131,6 +131,68 @@ def test_checkpoints_whose_classes_disagree_are_refused_naming_both(two_runs, sa
     assert not (tmp_path / "pred").exists()
 
 
+def _another_run_s_checkpoint(run_folder, out, classes=12):
+    """``run_folder``'s best checkpoint with a classifier ``classes`` wide and its manifest saying so: what a copy of
+    another run's best.msgpack and best.json would be."""
+    from kaggle_utils import checkpoint
+
+    variables = checkpoint.load(run_folder / "best.msgpack")
+    head = variables["params"]["classifier"]
+    variables["params"]["classifier"] = {"kernel": np.pad(head["kernel"], ((0, 0), (0, classes - 10))),
+                                         "bias": np.pad(head["bias"], (0, classes - 10))}
+    manifest = json.loads((run_folder / "best.json").read_text())
+    manifest["config"]["model"]["num_classes"] = classes
+    checkpoint.save(out / "best.msgpack", variables, manifest=manifest)
+
+
+def test_a_run_folder_s_checkpoint_that_is_not_what_its_manifest_says_is_refused(two_runs, sample, tmp_path, capsys):
+    """Issue 47: another run's 12-class checkpoint copied over best.msgpack was predicted as this 10-class run (its
+    wider head cut as padding), a changed best.msgpack used with only a RuntimeWarning."""
+    other, folder = tmp_path / "other", tmp_path / "run"
+    other.mkdir()
+    _another_run_s_checkpoint(two_runs / "a", other)
+    shutil.copytree(two_runs / "a", folder)
+    shutil.copy(other / "best.msgpack", folder / "best.msgpack")  # the file only: its manifest is this run's
+    argv = ["predict", "--checkpoint", str(folder), "--data-dir", sample.root, "--out", str(tmp_path / "pred")]
+    code, err = run_main(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"checkpoint {folder / 'best.msgpack'} differs from its manifest best.json (sha256 " in err
+    assert "--accept-changed-checkpoint uses it knowingly" in err
+    code, err = run_main(argv + ["--accept-changed-checkpoint"], capsys)  # accepted: its head is still refused
+    assert code == 2 and err.count("\n") == 1, err
+    assert (f"{folder / 'best.msgpack'}: its classifier has 12 outputs, but its run has 10 classes (a head 10 wide, "
+            "per best.json): it is another run's checkpoint") in err
+    shutil.copy(other / "best.json", folder / "best.json")  # and its manifest: config.json still says 10 classes
+    code, err = run_main(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert (f"{folder / 'best.msgpack'}: its manifest best.json records classes 12 but {folder / 'config.json'} "
+            "records 10: it is another run's checkpoint") in err
+    assert not (tmp_path / "pred" / "submission.csv").exists()
+
+
+def test_a_checkpoint_changed_knowingly_predicts_with_a_warning(two_runs, sample, tmp_path):
+    from kaggle_utils import checkpoint
+
+    folder = tmp_path / "run"
+    shutil.copytree(two_runs / "a", folder)
+    variables = checkpoint.load(folder / "best.msgpack")
+    variables["params"]["classifier"]["bias"] = variables["params"]["classifier"]["bias"] + np.arange(10) * 100.0
+    (folder / "best.msgpack").write_bytes(checkpoint.serialization.msgpack_serialize(variables))
+    with pytest.warns(RuntimeWarning, match="differs from its manifest best.json"):
+        assert job.main(["predict", "--checkpoint", str(folder), "--accept-changed-checkpoint", "--data-dir",
+                         sample.root, "--out", str(tmp_path / "pred")]) == 0
+    _, rows = read_csv(tmp_path / "pred" / "submission.csv")
+    assert {r[1] for r in rows} == {"9"}  # the changed file was the one used: its bias picks class 9
+
+
+def test_predict_refuses_a_batch_of_zero_as_train_does(two_runs, sample, tmp_path, capsys):
+    for command in (["predict", "--checkpoint", str(two_runs / "a"), "--data-dir", sample.root],
+                    ["train", "--data-dir", sample.root, "--model", TEST_MODEL]):
+        code, err = run_main([*command, "--batch-size", "0", "--out", str(tmp_path / command[0])], capsys)
+        assert code == 2 and "error: --batch-size 0: must be at least 1" in err, err
+        assert not (tmp_path / command[0]).exists()
+
+
 # --------------------------------------------------------------------------- Kaggle's CSV layout, converted or not
 
 

@@ -101,6 +101,7 @@ def test_a_schedule_that_cannot_be_is_refused_by_flag(tmp_path, changes, message
     config = TrainConfig().replace(**{"batch_size": 64, "epochs": 3, "image_size": 32, "progressive_stages": 3,
                                       "augment": "randaugment", **changes})
     with pytest.raises(ConfigError, match=message):
+        run.check_config(config)  # as a run checks it, once, before resolve
         run.resolve(config, fake_data(tmp_path))
 
 

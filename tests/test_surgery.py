@@ -11,6 +11,7 @@ import pytest
 from flax import linen as nn
 
 from kaggle_utils import checkpoint, surgery
+from kaggle_utils.config import OptimConfig
 from kaggle_utils.parallel import make_mesh
 from kaggle_utils.efficientnet import create_model
 from kaggle_utils.efficientnet.layers import BatchNorm as KitBatchNorm, LayerCfg
@@ -268,7 +269,7 @@ def test_padded_head_trains_exactly_like_the_unpadded_one():
     dense = plain_vars["params"]["classifier"]
     padded_vars["params"]["classifier"] = {"kernel": jnp.pad(dense["kernel"], ((0, 0), (0, 118))),
                                            "bias": jnp.pad(dense["bias"], (0, 118))}
-    tx = make_optimizer(3e-2, weight_decay=0.05, clip_norm=1.0)
+    tx = make_optimizer(3e-2, OptimConfig(weight_decay=0.05, clip_norm=1.0))
     host_batches = digit_batches(4)
     results = {}
     for name, model, variables in (("plain", plain, plain_vars), ("padded", padded, padded_vars)):
@@ -473,7 +474,7 @@ def test_frozen_efficientnet_backbone_is_bit_identical_after_training(effnet):
     backbone = small_effnet(num_classes=0, global_pool="")
     bb_vars = {col: {k: v for k, v in tree.items() if k != "classifier"} for col, tree in variables.items()}
     model, head_vars, _ = surgery.attach_head(backbone, bb_vars, 10, jnp.zeros((1, 8, 8, 3)), drop_rate=0.2)
-    tx = make_optimizer(1e-2, weight_decay=0.05)
+    tx = make_optimizer(1e-2, OptimConfig(weight_decay=0.05))
     frozen = surgery.freeze(model, tx, head_vars, r"^backbone/")
     assert len(frozen.report.inference_batchnorms) == 1 + 1 + 2 + 3 * 3 + 1  # stem, cn, er, 3 x ir, head
     steps = one_device_steps(frozen.model, frozen.tx)

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from kaggle_utils import checkpoint, job, run
-from kaggle_utils.config import TrainConfig
+from kaggle_utils.config import LoopConfig, TrainConfig
 from kaggle_utils.efficientnet import create_model
-from kaggle_utils.train import FitSettings, TensorBoardWriter, fit, init_variables
+from kaggle_utils.train import TensorBoardWriter, fit, init_variables
 
 from job_helpers import TEST_MODEL, cpu_process_env
 from test_train_loop import assert_trees_equal, comparable, make_run, train_batches, val_batches
 
 TESTS = Path(__file__).resolve().parent
-SETTINGS = FitSettings(steps_per_epoch=8, epochs=2, checkpoint_every=4, log_every=4)  # saves at 4 8 12 16
+SETTINGS = LoopConfig(steps_per_epoch=8, epochs=2, checkpoint_every=4, log_every=4)  # saves at 4 8 12 16
 
 
 # --------------------------------------------------------------------------- background writes
@@ -113,7 +113,7 @@ def test_the_training_thread_does_not_wait_for_a_slow_disk(tmp_path, monkeypatch
     monkeypatch.setattr(checkpoint, "atomic_write_bytes", slow)
     steps, state, schedule = make_run(epochs=2)
     started = time.perf_counter()
-    fit(steps, state, train_batches, FitSettings(steps_per_epoch=8, epochs=2, checkpoint_every=8), out_dir=tmp_path,
+    fit(steps, state, train_batches, LoopConfig(steps_per_epoch=8, epochs=2, checkpoint_every=8), out_dir=tmp_path,
         val_batches=val_batches, lr_schedule=schedule, progress=False)
     report = json.loads((tmp_path / "metrics.json").read_text())
     assert report["checkpoint_s"] >= 0.9  # the run waits for its last write before it reports
@@ -153,7 +153,7 @@ def test_tensorboard_keeps_the_config_as_hparams_and_the_best_metrics_as_scalars
     steps, state, schedule = run_fixture
     hparams = {"lr": 0.01, "model": "tiny", "tta": True, "freeze": ("stem", "head"), "patience": None, "epochs": 3}
     writer = TensorBoardWriter(tmp_path, hparams=hparams)
-    result = fit(steps, state, train_batches, FitSettings(steps_per_epoch=4, epochs=2), val_batches=val_batches,
+    result = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=4, epochs=2), val_batches=val_batches,
                  lr_schedule=schedule, writers=[writer], progress=False)
     writer.close()
     tags = {}

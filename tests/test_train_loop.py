@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from kaggle_utils import checkpoint
-from kaggle_utils.train import (TIMING_COLUMNS, FitSettings, Hook, MetricError, MultiLabelClassification,
+from kaggle_utils.config import LoopConfig, OptimConfig
+from kaggle_utils.train import (TIMING_COLUMNS, Hook, MetricError, MultiLabelClassification,
                                 SoftmaxClassification, StepConfig, TensorBoardWriter, TrainingDiverged, WriterError,
                                 create_train_state, fit, history_columns, init_variables, make_optimizer, make_steps,
                                 make_schedule)
@@ -18,7 +19,8 @@ from train_helpers import TinyCNN, batches, digits
 
 TRAIN, VAL = digits("train"), digits("val")
 BATCH, STEPS_PER_EPOCH = 64, 8
-CONFIG = StepConfig(num_classes=10, task=SoftmaxClassification(label_smoothing=0.05))
+CONFIG = StepConfig(num_classes=10, task=SoftmaxClassification(label_smoothing=0.05),
+                    optim=OptimConfig(ema_decay=0.999))
 
 
 def train_batches(epoch):
@@ -32,10 +34,10 @@ def val_batches():
 
 def make_run(schedule=None, epochs=3):
     schedule = schedule or make_schedule("cosine", 0.03, epochs * STEPS_PER_EPOCH, warmup_steps=4)
-    tx = make_optimizer(schedule, weight_decay=1e-4)
+    tx = make_optimizer(schedule, OptimConfig(weight_decay=1e-4))
     model = TinyCNN(bn_axis_name="data", drop_rate=0.2)
     steps = make_steps(model, tx, CONFIG, mode="jit")
-    state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3, ema=True))
+    state = jax.device_get(steps.init_state(init_variables(model, 8, seed=0), seed=3))  # with EMA weights
     return steps, state, schedule
 
 
@@ -58,7 +60,7 @@ def assert_trees_equal(a, b):
 def uninterrupted(tmp_path_factory, run):
     out = tmp_path_factory.mktemp("full")
     steps, state, schedule = run
-    result = fit(steps, state, train_batches, FitSettings(steps_per_epoch=STEPS_PER_EPOCH, epochs=3, log_every=3),
+    result = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=STEPS_PER_EPOCH, epochs=3, log_every=3),
                  val_batches=val_batches, out_dir=out, lr_schedule=schedule, progress=False)
     return out, result, schedule
 
@@ -102,11 +104,11 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(uninterrupted, run, tm
             yield b
 
     with pytest.raises(KeyboardInterrupt):
-        fit(steps, state, dying_batches, FitSettings(steps_per_epoch=STEPS_PER_EPOCH, epochs=3),
+        fit(steps, state, dying_batches, LoopConfig(steps_per_epoch=STEPS_PER_EPOCH, epochs=3),
             val_batches=val_batches, out_dir=tmp_path, lr_schedule=schedule, progress=False)
     assert json.loads((tmp_path / "metrics.json").read_text())["history"][-1]["epoch"] == 1
 
-    resumed = fit(steps, state, train_batches, FitSettings(steps_per_epoch=STEPS_PER_EPOCH, epochs=3),
+    resumed = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=STEPS_PER_EPOCH, epochs=3),
                   val_batches=val_batches, out_dir=tmp_path, lr_schedule=schedule, progress=False, resume=True)
     assert comparable(resumed.history) == comparable(full.history)
     assert_trees_equal(resumed.state, full.state)
@@ -119,19 +121,19 @@ def test_resume_with_another_model_is_a_clear_error(uninterrupted, tmp_path):
     steps = make_steps(model, tx, StepConfig(num_classes=7), mode="jit")
     state = jax.device_get(create_train_state(init_variables(model, 8), tx))
     with pytest.raises(checkpoint.CheckpointError, match=r"mis-shaped.*Dense_0/kernel"):
-        fit(steps, state, train_batches, FitSettings(steps_per_epoch=2, epochs=1), out_dir=out, resume=True,
+        fit(steps, state, train_batches, LoopConfig(steps_per_epoch=2, epochs=1), out_dir=out, resume=True,
             progress=False)
 
 
 def test_early_stopping_when_the_monitor_stops_improving(run, tmp_path):
     steps, state, _ = run
     # the learning rate is a history column that cannot improve under a decaying schedule
-    result = fit(steps, state, train_batches, FitSettings(steps_per_epoch=2, epochs=10, monitor="lr", patience=2),
+    result = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=2, epochs=10, monitor="lr", patience=2),
                  out_dir=tmp_path, lr_schedule=lambda step: 1.0 / (1 + step), progress=False)
     assert len(result.history) == 3  # epoch 1 is best, 2 and 3 are no better
     assert result.best["epoch"] == 1 and result.stop_reason.startswith("early stopping after epoch 3")
     assert json.loads((tmp_path / "metrics.json").read_text())["stop_reason"] == result.stop_reason
-    again = fit(steps, state, train_batches, FitSettings(steps_per_epoch=2, epochs=10, monitor="lr", patience=2),
+    again = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=2, epochs=10, monitor="lr", patience=2),
                 out_dir=tmp_path, lr_schedule=lambda step: 1.0 / (1 + step), progress=False, resume=True)
     assert len(again.history) == 3 and again.stop_reason == result.stop_reason  # resuming a finished run: no steps
 
@@ -140,7 +142,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     schedule = lambda step: jax.numpy.where(step < 4, 0.01, 1e38)  # noqa: E731  explodes in epoch 2
     steps, state, _ = make_run(schedule=schedule, epochs=3)
     with pytest.raises(TrainingDiverged, match="became (nan|inf) in epoch 2"):
-        fit(steps, state, train_batches, FitSettings(steps_per_epoch=4, epochs=3, log_every=1), val_batches=val_batches,
+        fit(steps, state, train_batches, LoopConfig(steps_per_epoch=4, epochs=3, log_every=1), val_batches=val_batches,
             out_dir=tmp_path, progress=False)
     last = checkpoint.load(tmp_path / "last.msgpack")
     assert int(last["state"]["step"]) == 4
@@ -156,7 +158,7 @@ def test_hook_functions_see_each_evaluation_and_can_stop(run):
         seen.append((row["epoch"], int(host_state.step)))
         return row["epoch"] == 2
 
-    result = fit(steps, state, train_batches, FitSettings(steps_per_epoch=2, epochs=5, monitor="train_loss"),
+    result = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=2, epochs=5, monitor="train_loss"),
                  hooks=[stop_at_two], progress=False)
     assert seen == [(1, 2), (2, 4)] and result.stop_reason == "stopped by a hook after epoch 2 (step 4)"
     assert np.isnan(result.history[0]["val_f1"])  # no validation data given
@@ -164,7 +166,7 @@ def test_hook_functions_see_each_evaluation_and_can_stop(run):
 
 def test_total_steps_make_a_shorter_last_epoch(run):
     steps, state, _ = run
-    result = fit(steps, state, train_batches, FitSettings(steps_per_epoch=4, total_steps=10, monitor="train_loss"),
+    result = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=4, steps=10, monitor="train_loss"),
                  progress=False)
     assert [r["step"] for r in result.history] == [4, 8, 10]
 
@@ -172,7 +174,7 @@ def test_total_steps_make_a_shorter_last_epoch(run):
 def test_train_data_that_runs_out_is_a_clear_error(run):
     steps, state, _ = run
     with pytest.raises(ValueError, match="ran out after 21 of 30 steps"):
-        fit(steps, state, train_batches, FitSettings(steps_per_epoch=30, epochs=1, monitor="train_loss"),
+        fit(steps, state, train_batches, LoopConfig(steps_per_epoch=30, epochs=1, monitor="train_loss"),
             progress=False)
 
 
@@ -182,7 +184,8 @@ def test_train_data_that_runs_out_is_a_clear_error(run):
 def test_eval_every_n_steps_and_checkpoints_keep_exactly_k_plus_best(run, tmp_path):
     steps, state, schedule = run
     result = fit(steps, state, train_batches,
-                 FitSettings(steps_per_epoch=STEPS_PER_EPOCH, epochs=2, eval_every=5, checkpoint_every=3, keep=3),
+                 LoopConfig(steps_per_epoch=STEPS_PER_EPOCH, epochs=2, eval_every=5, checkpoint_every=3,
+                            keep_checkpoints=3),
                  val_batches=val_batches, out_dir=tmp_path, lr_schedule=schedule, progress=False)
     assert [r["step"] for r in result.history] == [5, 10, 15, 16]  # every 5 steps, and the last one
     assert [r["epoch"] for r in result.history] == [1, 2, 2, 2]
@@ -205,7 +208,7 @@ def test_killed_mid_epoch_resumes_from_a_mid_epoch_checkpoint_exactly(uninterrup
                 raise KeyboardInterrupt("killed")
             yield b
 
-    settings = FitSettings(steps_per_epoch=STEPS_PER_EPOCH, epochs=3, log_every=3, checkpoint_every=4)
+    settings = LoopConfig(steps_per_epoch=STEPS_PER_EPOCH, epochs=3, log_every=3, checkpoint_every=4)
     kwargs = dict(val_batches=val_batches, out_dir=tmp_path, lr_schedule=schedule, progress=False)
     with pytest.raises(KeyboardInterrupt):
         fit(steps, state, dying_batches, settings, **kwargs)
@@ -236,12 +239,12 @@ def multilabel_batches(images, labels, batch_size, **kwargs):
 
 def test_a_multilabel_problem_trains_with_the_bce_task_and_its_f1_is_monitored(tmp_path):
     task = MultiLabelClassification()
-    tx = make_optimizer(make_schedule("cosine", 0.03, 24, warmup_steps=4), weight_decay=1e-4)
+    tx = make_optimizer(make_schedule("cosine", 0.03, 24, warmup_steps=4), OptimConfig(weight_decay=1e-4))
     model = TinyCNN(num_classes=12, bn_axis_name="data")
     steps = make_steps(model, tx, StepConfig(num_classes=12, task=task), mode="jit")
     state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))
     result = fit(steps, state, lambda e: multilabel_batches(*TRAIN, BATCH, shuffle_seed=e, pad=False),
-                 FitSettings(steps_per_epoch=8, epochs=3, monitor="val_f1"),
+                 LoopConfig(steps_per_epoch=8, epochs=3, monitor="val_f1"),
                  val_batches=lambda: multilabel_batches(*VAL, BATCH), out_dir=tmp_path, progress=False)
     f1 = [r["val_f1"] for r in result.history]
     assert set(result.history[0]) >= {"val_f1", "val_micro_f1", "val_acc"}
@@ -260,11 +263,11 @@ def test_a_custom_metric_picks_the_best_checkpoint(tmp_path):
         return recall.min()
 
     task = SoftmaxClassification().with_metric("worst_recall", worst_class_recall)
-    tx = make_optimizer(make_schedule("cosine", 0.03, 24, warmup_steps=4), weight_decay=1e-4)
+    tx = make_optimizer(make_schedule("cosine", 0.03, 24, warmup_steps=4), OptimConfig(weight_decay=1e-4))
     model = TinyCNN(bn_axis_name="data")
     steps = make_steps(model, tx, StepConfig(num_classes=10, task=task), mode="jit")
     state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))
-    result = fit(steps, state, train_batches, FitSettings(steps_per_epoch=8, epochs=3, monitor="val_worst_recall"),
+    result = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=8, epochs=3, monitor="val_worst_recall"),
                  val_batches=val_batches, out_dir=tmp_path, progress=False)
     assert [r["val_worst_recall"] for r in result.history] == picked
     assert result.best["val_worst_recall"] == max(picked)
@@ -280,7 +283,7 @@ def test_a_custom_metric_that_raises_is_named_on_its_first_call(run):
     bad = dataclasses.replace(steps, config=dataclasses.replace(
         steps.config, task=steps.config.task.with_metric("broken", broken)))
     with pytest.raises(MetricError, match=r"metric 'broken' \(broken\) raised KeyError: 'no_such_sum'"):
-        fit(bad, state, train_batches, FitSettings(steps_per_epoch=2, epochs=1, monitor="val_broken"),
+        fit(bad, state, train_batches, LoopConfig(steps_per_epoch=2, epochs=1, monitor="val_broken"),
             val_batches=val_batches, progress=False)
 
 
@@ -288,7 +291,7 @@ def test_tensorboard_event_files_hold_the_logged_scalars_at_the_logged_steps(run
     from kaggle_utils.data import tensorflow_on_host
 
     steps, state, schedule = run
-    fit(steps, state, train_batches, FitSettings(steps_per_epoch=4, epochs=2, log_every=2), val_batches=val_batches,
+    fit(steps, state, train_batches, LoopConfig(steps_per_epoch=4, epochs=2, log_every=2), val_batches=val_batches,
         lr_schedule=schedule, writers=[TensorBoardWriter(tmp_path)], progress=False)
     tf = tensorflow_on_host()
     seen = {}
@@ -326,7 +329,7 @@ def test_hooks_run_at_each_point_of_the_run(run):
         def on_run_end(self, result):
             calls.append(("end", len(result.history)))
 
-    fit(steps, state, train_batches, FitSettings(steps_per_epoch=2, epochs=2, monitor="train_loss", log_every=2),
+    fit(steps, state, train_batches, LoopConfig(steps_per_epoch=2, epochs=2, monitor="train_loss", log_every=2),
         hooks=[Recorder()], progress=False)
     assert calls == [("start", 0), ("epoch", 1), ("log", 2), ("eval", 2), ("epoch_end", 1), ("epoch", 2),
                      ("log", 4), ("eval", 4), ("epoch_end", 2), ("end", 2)]
@@ -334,11 +337,11 @@ def test_hooks_run_at_each_point_of_the_run(run):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(monitor="val_f2"), "monitor 'val_f2' is not a history column of this task"),
-    (dict(eval_every=0), "eval_every must be a positive number of steps, got 0"),
-    (dict(checkpoint_every=-1), "checkpoint_every must be a positive number of steps"),
-    (dict(keep=0), "keep must be a positive number of steps, got 0"),
-    (dict(monitor_mode="up"), "monitor_mode must be auto, min or max"),
-    (dict(patience=0), "patience must be >= 1"),
+    (dict(eval_every=0), "--eval-every 0: must be at least 1"),
+    (dict(checkpoint_every=-1), "--checkpoint-every -1: must be at least 1"),
+    (dict(keep_checkpoints=0), "--keep-checkpoints 0: must be at least 1"),
+    (dict(monitor_mode="up"), "--monitor-mode 'up': choose one of auto, min, max"),
+    (dict(patience=0), "--patience 0: must be at least 1"),
 ])
 def test_bad_loop_settings_are_named_before_any_step(run, kwargs, message):
     steps, state, _ = run
@@ -347,7 +350,7 @@ def test_bad_loop_settings_are_named_before_any_step(run, kwargs, message):
         raise AssertionError("no batch may be read")
 
     with pytest.raises(ValueError, match=re.escape(message)):
-        fit(steps, state, no_data, FitSettings(steps_per_epoch=2, epochs=1, **kwargs), progress=False)
+        fit(steps, state, no_data, LoopConfig(steps_per_epoch=2, epochs=1, **kwargs), progress=False)
 
 
 def test_an_unwritable_tensorboard_folder_is_an_error_before_training(tmp_path):
@@ -359,11 +362,11 @@ def test_an_unwritable_tensorboard_folder_is_an_error_before_training(tmp_path):
 def test_min_delta_and_mode_decide_what_improves(run):
     steps, state, _ = run
     result = fit(steps, state, train_batches,
-                 FitSettings(steps_per_epoch=2, epochs=4, monitor="train_loss", min_delta=1e9),
+                 LoopConfig(steps_per_epoch=2, epochs=4, monitor="train_loss", min_delta=1e9),
                  progress=False)  # nothing beats the first evaluation by that much
     assert result.best["epoch"] == 1
     result = fit(steps, state, train_batches,
-                 FitSettings(steps_per_epoch=2, epochs=3, monitor="train_loss", monitor_mode="max"), progress=False)
+                 LoopConfig(steps_per_epoch=2, epochs=3, monitor="train_loss", monitor_mode="max"), progress=False)
     assert result.best["train_loss"] == max(r["train_loss"] for r in result.history)
 
 
@@ -377,11 +380,11 @@ def test_a_run_with_mixup_cutmix_and_device_randaugment_in_the_step_learns(tmp_p
     config = StepConfig(num_classes=10, task=SoftmaxClassification(label_smoothing=0.1),
                         augment=make_device_augment("randaugment-device"),
                         mix=functools.partial(mix, config=mixing))
-    tx = make_optimizer(make_schedule("cosine", 0.03, 32, warmup_steps=4), weight_decay=1e-4)
+    tx = make_optimizer(make_schedule("cosine", 0.03, 32, warmup_steps=4), OptimConfig(weight_decay=1e-4))
     model = TinyCNN(bn_axis_name="data")
     steps = make_steps(model, tx, config, mode="jit")
     state = jax.device_get(create_train_state(init_variables(model, 8, seed=0), tx, seed=3))
-    result = fit(steps, state, train_batches, FitSettings(steps_per_epoch=8, epochs=4), val_batches=val_batches,
+    result = fit(steps, state, train_batches, LoopConfig(steps_per_epoch=8, epochs=4), val_batches=val_batches,
                  progress=False)
     losses = [r["train_loss"] for r in result.history]
     assert losses[-1] < losses[0] and result.history[-1]["val_acc"] > 0.5, result.history

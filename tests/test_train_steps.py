@@ -1,4 +1,6 @@
 """Train / eval / predict steps: 8 devices == 1 device == a plain reference; pmap == jit."""
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -7,6 +9,7 @@ import optax
 import pytest
 from sklearn.metrics import confusion_matrix as sk_confusion
 
+from kaggle_utils.config import OptimConfig
 from kaggle_utils.parallel import make_mesh
 from kaggle_utils.train import SoftmaxClassification, StepConfig, create_train_state, init_variables, make_optimizer, make_steps
 from train_helpers import TinyCNN, batches, digits
@@ -51,7 +54,7 @@ def setup():
     images, labels = digits("train")
     host_batches = list(batches(images[:61], labels[:61], 32))  # second batch: 29 real + 3 padded
     assert not host_batches[-1]["mask"].all()
-    tx = make_optimizer(0.01, weight_decay=0.01, clip_norm=1.0)
+    tx = make_optimizer(0.01, OptimConfig(weight_decay=0.01, clip_norm=1.0))
     variables = init_variables(TinyCNN(), 8, seed=1)
     return host_batches, tx, variables
 
@@ -89,8 +92,8 @@ def test_pmap_and_jit_modes_give_identical_results(setup):
     model = TinyCNN(bn_axis_name="data", drop_rate=0.5)  # dropout on: keys must match too
     outputs = {}
     for mode in ("pmap", "jit"):
-        steps = make_steps(model, tx, CONFIG, mode=mode)
-        state = steps.put_state(jax.device_get(create_train_state(variables, tx, ema=True)))
+        steps = make_steps(model, tx, dataclasses.replace(CONFIG, optim=OptimConfig(ema_decay=0.999)), mode=mode)
+        state = steps.put_state(jax.device_get(steps.init_state(variables)))
         for b in host_batches:
             state, metrics = steps.train(state, steps.put_batch(b))
         last = steps.put_batch(host_batches[-1])
@@ -188,7 +191,7 @@ def test_k_micro_batches_give_the_gradient_of_the_whole_batch(setup, mode):
     variables = init_variables(MLP(), 8, seed=0)
     moved = {}
     for k in (1, 4):
-        steps = make_steps(MLP(), tx, StepConfig(num_classes=10, accumulate_steps=k), mode=mode,
+        steps = make_steps(MLP(), tx, StepConfig(num_classes=10, optim=OptimConfig(accumulate_steps=k)), mode=mode,
                            mesh=make_mesh(jax.devices()[:2]))
         state = steps.put_state(jax.device_get(create_train_state(variables, tx)))
         state, figures = steps.train(state, steps.put_batch(host_batches[1]))  # 29 real + 3 padded
@@ -199,7 +202,8 @@ def test_k_micro_batches_give_the_gradient_of_the_whole_batch(setup, mode):
 
 def test_accumulation_with_batchnorm_trains_and_moves_the_statistics_once_per_micro_batch(setup):
     host_batches, tx, variables = setup
-    steps = make_steps(TinyCNN(bn_axis_name="data"), tx, StepConfig(num_classes=10, accumulate_steps=2), mode="jit",
+    steps = make_steps(TinyCNN(bn_axis_name="data"), tx,
+                       StepConfig(num_classes=10, optim=OptimConfig(accumulate_steps=2)), mode="jit",
                        mesh=make_mesh(jax.devices()[:1]))
     state = steps.put_state(jax.device_get(create_train_state(variables, tx)))
     state, figures = steps.train(state, steps.put_batch(host_batches[0]))

@@ -12,9 +12,9 @@ import optuna
 import pytest
 
 from kaggle_utils import job, run
-from kaggle_utils.config import ConfigError, TrainConfig, config_from_args, config_from_file
+from kaggle_utils.config import ConfigError, LoopConfig, TrainConfig, config_from_args, config_from_file
 from kaggle_utils.run.tune import _Pruning, parse_space
-from kaggle_utils.train import FitSettings, fit
+from kaggle_utils.train import fit
 
 from job_helpers import TEST_MODEL, finish, job_process
 from test_train_loop import make_run, train_batches, val_batches
@@ -58,7 +58,7 @@ def test_optuna_missing_is_one_line_naming_the_package(tmp_path, monkeypatch, ca
 def test_the_pruner_stops_a_run_at_an_evaluation_through_the_loop_hook():
     steps, state, schedule = make_run(epochs=3)
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
-    settings = FitSettings(steps_per_epoch=8, epochs=3)
+    settings = LoopConfig(steps_per_epoch=8, epochs=3)
     good = study.ask()
     hook = _Pruning(good, "val_f1", optuna)
     result = fit(steps, state, train_batches, settings, val_batches=val_batches, lr_schedule=schedule, hooks=[hook],

@@ -6,6 +6,7 @@ augmentation workers, which import this package, stay light.
 from .augment import (RANDAUGMENT_OPS, ImgaugRandAugment, RandAugment, augment_images, import_imgaug_augmenters,
                       resolve_augment, show_augmented)
 from .augment_workers import AugmentWorkerError, ProcessPoolAugmenter, default_worker_count
+from .fields import ExampleFields, record_key
 from .pipeline import HostDataset, check_tfrecords, load_dataset, load_source, scan_labels
 from .sample import SampleDataset, make_sample_dataset
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
@@ -17,12 +18,13 @@ from .tfrecords import (FLOWER_NUM_CLASSES, BadRecordError, DataError, NoTFRecor
 from .transforms import CenterCrop, RandomResizedCrop, Resize
 
 __all__ = [
-    "AugmentWorkerError", "BadRecordError", "CenterCrop", "DataError", "FLOWER_NUM_CLASSES", "HostDataset",
+    "AugmentWorkerError", "BadRecordError", "CenterCrop", "DataError", "ExampleFields", "FLOWER_NUM_CLASSES",
+    "HostDataset",
     "ImgaugRandAugment", "NoTFRecordsError", "ProcessPoolAugmenter", "RANDAUGMENT_OPS", "RandAugment",
     "RandomResizedCrop", "RecordProblem", "Resize", "SampleDataset", "Source", "augment_images", "check_tfrecords",
     "class_folders", "count_data_items", "count_from_name", "count_records", "csv_source", "default_worker_count",
     "encode_jpeg", "flower_class_names", "host_cores", "image_folder", "import_imgaug_augmenters", "list_tfrecords",
-    "load_dataset", "load_source", "locate_competition_data", "make_sample_dataset", "resolve_augment",
+    "load_dataset", "load_source", "locate_competition_data", "make_sample_dataset", "record_key", "resolve_augment",
     "scan_labels", "serialize_example", "shard_files", "shard_name", "show_augmented", "tensorflow_on_host",
     "tfds_source", "write_split", "write_tfrecord",
 ]

@@ -4,12 +4,19 @@
 of ``{"image": uint8 [B, H, W, 3], "label": int32 [B] | float32 [B, C] | "id": bytes [B], "mask": bool [B]}``
 (uint8: normalised on the device, a quarter of float32's bytes to send). A training read is this JAX process's
 share, shuffled, repeated, in full batches; any other read is the whole split in order, its last batch padded
-(static shapes) with ``mask`` False. Parallel and exact: every map keeps its order (``deterministic=True``) and
-every random draw comes from a seed given by the element's place in the stream, never by the thread or worker
-that ran it, so a seed gives the same batches on 1 core or 64 without TensorFlow's op determinism.
+(static shapes) with ``mask`` False. ``fields`` (:class:`~.fields.ExampleFields`) add each record's own values
+(a teacher's probabilities, a weight) beside them, and may give a record its label. Parallel and exact: every map
+keeps its order (``deterministic=True``) and every random draw comes from a seed given by the element's place in
+the stream, never by the thread or worker that ran it, so a seed gives the same batches on 1 core or 64 without
+TensorFlow's op determinism.
+
+Size: one concern, the read. Its stages (:class:`ProblemLog`, :class:`HostDataset`, the records, the decode, the
+batches) are shared by its two entries, TFRecords and sources, whose example maps differ only in where the bytes,
+the label and the fields come from; apart, each entry would be read without the stages it runs.
 """
 
 import math
+import os
 import threading
 import warnings
 import weakref
@@ -19,6 +26,7 @@ import numpy as np
 
 from . import jpeg
 from .augment import augment_batches, per_image_ops, resolve_augment
+from .fields import ExampleFields
 from .sources import Source
 from .tfhost import first_success, host_cores, op_message, records_read, tf, traced
 from .tfrecords import (UNDECODABLE, BadRecordError, DataError, RecordProblem, count_data_items, first_problem,
@@ -244,7 +252,8 @@ def _unreadable(files, spec):
 def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = True,
                  multi_label_classes: int | None = None, training: bool = False, seed: int | None = None, crop=None,
                  augment=None, augment_workers: int | None = None, skip_errors: bool = False, select=None,
-                 with_records: bool = False, deterministic: bool = True) -> HostDataset:
+                 with_records: bool = False, deterministic: bool = True, fields: ExampleFields | None = None
+                 ) -> HostDataset:
     """TFRecords (files, a directory, a glob, or a list of those) -> :class:`HostDataset`; see the module docstring.
 
     ``image_size``: the stored side (another size is a bad record). ``labeled``: ``class`` -> ``label``, else
@@ -254,7 +263,9 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
     :mod:`.transforms`; ``augment``, ``augment_workers``: :mod:`.augment`. ``skip_errors``: bad records left out
     and counted. ``select``: the ``(file, index)`` of a CV fold's records. ``with_records``: batches carry
     ``record``, ``b"<file>#<index>"``. ``deterministic=False``: maps hand out elements as they finish (the order,
-    and with it the batches of a seed, then vary).
+    and with it the batches of a seed, then vary). ``fields``: each record's row of them joins its example (a record
+    without one is a bad record); one whose row gives its ``label`` is read for its image alone (an unlabelled test
+    record trained on), and every label of the read is then a float row.
     """
     seed, plan, problems = _start(batch_size, seed, augment, augment_workers, skip_errors)
     listed = list_tfrecords(files)
@@ -269,18 +280,36 @@ def load_dataset(files, *, image_size: int, batch_size: int, labeled: bool = Tru
     augment_image = per_image_ops(crop, plan.per_image)
     multi_label_classes = multi_label_classes if labeled else None
 
+    find = None if fields is None else fields.lookup({os.path.abspath(f): f for f in files})
+    relabelled = labeled and fields is not None and fields.gives_labels
+
     # a test split is read without the memo: its corrupt JPEGs pass with a warning, given at every read
     passed = records_read()
-    key_of = passed.key_of(files, f"{labeled}|{multi_label_classes}|{image_size}|{in_workers}|{check is not None}") \
-        if labeled else None
+    key_of = passed.key_of(files, f"{labeled}|{multi_label_classes}|{image_size}|{in_workers}|{check is not None}"
+                                  f"{'|relabelled' if relabelled else ''}") if labeled else None
 
     def to_example(name, index, serialized, image_seed):
         key = key_of(name, index) if key_of else None
         trusted = passed.known(key) if key_of else False
-        encoded, target, problem = parse_record(serialized, labeled=labeled, image_size=image_size,
-                                                multi_label_classes=multi_label_classes, header=False,
-                                                jpeg_only=in_workers, trusted=trusted)
+
+        def parse(labeled):
+            return parse_record(serialized, labeled=labeled, image_size=image_size,
+                                multi_label_classes=multi_label_classes, header=False, jpeg_only=in_workers,
+                                trusted=trusted)
+
+        if find is None:
+            encoded, target, problem = parse(labeled)
+        else:
+            found, values, given = find(tf.strings.join([name, "#", tf.strings.as_string(index)]))
+            encoded, target, problem = tf.cond(given, lambda: parse(None), lambda: parse(labeled)) if relabelled \
+                else parse(labeled)
+            problem = first_problem(problem, tf.where(found, "", "no row for this record in the fields given"))
+        if relabelled:  # float rows: the record's own class one-hot, or the row's label
+            own = target if multi_label_classes else tf.one_hot(target, fields.label_width, dtype=tf.float32)
+            target = tf.where(given, values["label"], own)
         example = {"label" if labeled else "id": target}
+        if find is not None:
+            example.update({name: value for name, value in values.items() if name != "label"})
         if in_workers:  # the JPEG for the workers to decode, and where it came from (should one not decode it)
             example.update(jpeg=tf.where(tf.equal(problem, ""), encoded, b""), name=name, index=index)
         else:
@@ -337,10 +366,11 @@ def check_tfrecords(files, *, image_size: int, labeled: bool = True,
 # ---------- Sources other than TFRecords
 def load_source(source: Source, *, batch_size: int, image_size: int | None = None, crop=None, training: bool = False,
                 seed: int | None = None, augment=None, augment_workers: int | None = None, skip_errors: bool = False,
-                with_ids: bool = False, indices=None) -> HostDataset:
+                with_ids: bool = False, indices=None, fields: ExampleFields | None = None) -> HostDataset:
     """A :class:`~.sources.Source` -> host batches, as :func:`load_dataset`; ``crop`` defaults to
     ``Resize(image_size)``; ``with_ids`` adds ``id`` to labeled batches. ``indices`` replaces the process's share
-    and, outside training, is read in that order (a tfds split in its own)."""
+    and, outside training, is read in that order (a tfds split in its own). ``fields``: keyed by the source's ids,
+    as :func:`load_dataset`'s."""
     if crop is None and image_size is None:
         raise ValueError("give image_size= (images are resized to it) or crop=")
     if crop is not None and image_size is not None and image_size != crop.size:
@@ -353,6 +383,7 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
     check = jpeg.tf_check(source.paths or (), warn_only=not source.labeled) if jpeg.check_available() else None
     augment_image = per_image_ops(crop, plan.per_image)
     ids, labels = tf.constant(source.ids), None if source.labels is None else tf.constant(source.labels)
+    find = None if fields is None else fields.lookup()
 
     passed = records_read()
     key_of = passed.key_of(source.paths or (), f"source|{check is not None}") if source.labeled else None
@@ -371,12 +402,20 @@ def load_source(source: Source, *, batch_size: int, image_size: int | None = Non
                                 check=check, trusted=trusted)
         if key_of:
             problem = passed.remember(key, problem)
-        example = {"image": augment_image(image, image_seed), "keep": problems.keep(name, index, problem)}
+        example = {"image": augment_image(image, image_seed)}
         if labels is not None:
             example["label"] = tf.gather(labels, index)
         if labels is None or with_ids:
             example["id"] = tf.gather(ids, index)
-        return example
+        if find is not None:
+            found, values, given = find(tf.gather(ids, index))
+            problem = first_problem(problem, tf.where(found, "", "no row for this image in the fields given"))
+            example.update({name: value for name, value in values.items() if name != "label"})
+            if labels is not None and fields.gives_labels:
+                own = example["label"]
+                own = own if own.dtype == tf.float32 else tf.one_hot(own, fields.label_width, dtype=tf.float32)
+                example["label"] = tf.where(given, values["label"], own)
+        return {**example, "keep": problems.keep(name, index, problem)}
 
     return _host_dataset(source_records(source, indices, shuffle_seed=seed if training else None), to_example,
                          training=training, seed=seed, batch_size=batch_size, plan=plan, problems=problems,

@@ -168,8 +168,11 @@ def reader_problem(files: Sequence[str], spec: dict | None = None) -> RecordProb
 
 
 # ---------- Parsing one record, every problem described rather than raised
-def record_spec(labeled: bool, multi_label: bool = False) -> dict:
-    """The features a record is parsed for: ``image`` and ``class`` / ``labels`` / ``id``."""
+def record_spec(labeled: bool | None, multi_label: bool = False) -> dict:
+    """The features a record is parsed for: ``image`` and ``class`` / ``labels`` / ``id`` (``labeled=None``: the
+    image alone, its label given from elsewhere)."""
+    if labeled is None:
+        return {"image": tf.io.VarLenFeature(tf.string)}
     target = ("labels" if multi_label else "class", tf.int64) if labeled else ("id", tf.string)
     return {"image": tf.io.VarLenFeature(tf.string), target[0]: tf.io.VarLenFeature(target[1])}
 
@@ -199,27 +202,30 @@ def size_problem(height_width, size: int):
         "image is {}x{} (height x width), expected {}x{}", (height_width[0], height_width[1], size, size)))
 
 
-def parse_record(serialized, *, labeled: bool, image_size: int, multi_label_classes: int | None = None,
+def parse_record(serialized, *, labeled: bool | None, image_size: int, multi_label_classes: int | None = None,
                  header: bool = True, jpeg_only: bool = False, trusted=False):
     """One serialized record -> ``(image bytes, target, problem)`` in a tf.data map, decoding nothing.
 
-    ``target``: the int32 class, a float32 multi-hot ``[C]`` (``multi_label_classes=C``) or the id; ``problem``:
-    ``""`` or what is wrong; ``header``: check the JPEG header and size too; ``jpeg_only``: refuse non-JPEG bytes;
-    ``trusted``: a bool tensor, true for a record read in full before (:class:`~.tfhost.RecordMemo`): parsed
-    without guards.
+    ``target``: the int32 class, a float32 multi-hot ``[C]`` (``multi_label_classes=C``) or the id (``labeled=None``:
+    the image alone, the target a placeholder of the labelled kind: -1, or zeros ``[C]``); ``problem``: ``""`` or
+    what is wrong; ``header``: check the JPEG header and size too; ``jpeg_only``: refuse non-JPEG bytes; ``trusted``:
+    a bool tensor, true for a record read in full before (:class:`~.tfhost.RecordMemo`): parsed without guards.
     """
-    multi = labeled and multi_label_classes is not None
+    multi = labeled is not False and multi_label_classes is not None
     spec = record_spec(labeled, multi)
-    key = list(spec)[1]
-    dtype = spec[key].dtype
+    key = list(spec)[1] if labeled is not None else None
+    dtype = spec[key].dtype if key else tf.int64
 
     def parse(s):
         parsed = tf.io.parse_single_example(s, spec)
-        return parsed["image"].values, parsed[key].values
+        return parsed["image"].values, parsed[key].values if key else tf.zeros([0], tf.int64)
 
     def content(images, values):
         """(the image bytes, the target, what is wrong with the target)"""
         encoded = tf.concat([images[:1], [b""]], 0)[0]
+        if labeled is None:
+            placeholder = tf.zeros([multi_label_classes], tf.float32) if multi else tf.constant(-1, tf.int32)
+            return encoded, placeholder, tf.constant("")
         if multi:
             return (encoded, *_multi_hot(values, multi_label_classes))
         target = tf.concat([values[:1], tf.constant([-1 if labeled else b""], dtype)], 0)[0]

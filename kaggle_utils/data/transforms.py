@@ -8,6 +8,7 @@ resizes are antialiased as PIL's, so an eval crop matches timm's PIL transform w
 import math
 from dataclasses import dataclass
 
+from ..registry import TRAIN_CROPS
 from .jpeg import DCT_METHOD
 from .tfhost import tf
 
@@ -139,3 +140,12 @@ class RandomResizedCrop:
         crop = resize_image(image[top:top + box_h, left:left + box_w], self.size, self.size, self.interpolation)
         flip = tf.random.stateless_uniform([], flip_seed) < self.hflip
         return tf.ensure_shape(tf.cond(flip, lambda: tf.reverse(crop, [1]), lambda: crop), [self.size, self.size, 3])
+
+
+# --train-crop: (the size trained at, the stored size) -> the crop (None: the stored image as it is)
+TRAIN_CROPS.register("none", lambda size, stored: Resize(size) if size != stored else None,
+                     help="the stored image, resized to --image-size")
+TRAIN_CROPS.register("flip", lambda size, stored: RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0)),
+                     help="the same, flipped left-right half the time")
+TRAIN_CROPS.register("random-resized", lambda size, stored: RandomResizedCrop(size),
+                     help="timm's RandomResizedCrop + flip")

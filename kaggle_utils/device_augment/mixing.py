@@ -1,9 +1,12 @@
 """Mixup and CutMix with ``timm.data.Mixup``'s semantics, on the device inside the jitted train step.
 
 Each row mixes with its partner in the batch reversed over the real rows only (``mask``): padding never
-mixes, and with an odd count the middle row is its own partner. Randomness comes only from the key.
+mixes, and with an odd count the middle row is its own partner. Randomness comes only from the key. The targets
+may be one array (labels, smoothed here as timm does) or a mapping of per-example float fields (a task's targets:
+labels, a teacher's probabilities, weights), each blended with the same partner and lambda as the images.
 """
 import dataclasses
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -125,17 +128,23 @@ def _box(key: jax.Array, height: int, width: int, lam: jax.Array, config: MixCon
     return box, lam
 
 
-def mix(key: jax.Array, images: jax.Array, labels: jax.Array, mask: jax.Array | None,
-        config: MixConfig) -> tuple[jax.Array, jax.Array]:
-    """Mix one replica's float images ``[B, H, W, C]`` and their labels (integer ``[B]`` or float ``[B, C]``):
-    ``(images, soft targets [B, C])``. ``mask``: bool ``[B]``, False for padding rows (None: all real)."""
+def mix(key: jax.Array, images: jax.Array, labels: jax.Array | Mapping[str, jax.Array], mask: jax.Array | None,
+        config: MixConfig) -> tuple[jax.Array, jax.Array | dict[str, jax.Array]]:
+    """Mix one replica's float images ``[B, H, W, C]`` and their targets: labels (integer ``[B]`` or float
+    ``[B, C]``) -> ``(images, soft targets [B, C])``; a mapping of float fields ``[B, ...]`` -> ``(images, the
+    fields mixed alike)`` (not smoothed: a task's targets are). ``mask``: bool ``[B]``, False for padding rows (None:
+    all real)."""
     if images.ndim != 4 or not jnp.issubdtype(images.dtype, jnp.floating):
         raise ValueError(f"mix takes float images [B, H, W, C] (normalised), got {images.dtype} {images.shape}")
     batch, height, width = images.shape[:3]
     mask = jnp.ones(batch, bool) if mask is None else mask.astype(bool)
-    targets = smooth_targets(labels, config)
-    if targets.shape[0] != batch or mask.shape != (batch,):
-        raise ValueError(f"mix: images {images.shape}, labels {labels.shape} and mask {mask.shape} disagree on B")
+    fields = dict(labels) if isinstance(labels, Mapping) else {"targets": smooth_targets(labels, config)}
+    for name, rows in fields.items():
+        if rows.shape[:1] != (batch,) or not jnp.issubdtype(rows.dtype, jnp.floating):
+            raise ValueError(f"mix: {name} {rows.dtype} {rows.shape} is not a float field of the batch's {batch} "
+                             "rows (integer labels go alone, to be smoothed)")
+    if mask.shape != (batch,):
+        raise ValueError(f"mix: images {images.shape} and mask {mask.shape} disagree on B")
     k_draw, k_box = jax.random.split(key)
     shape = () if config.mode == "batch" else (batch,)
     mixed, cutmix, lam = _draw(k_draw, shape, config)
@@ -149,12 +158,15 @@ def mix(key: jax.Array, images: jax.Array, labels: jax.Array, mask: jax.Array | 
     else:
         box = jnp.zeros((height, width), bool)
     partner = partner_rows(mask)
-    partner_images = images[partner]
-    lam_x = lam.reshape(lam.shape + (1, 1, 1)).astype(images.dtype)
-    blended = images * lam_x + partner_images * (1 - lam_x)
-    pasted = jnp.where(box[..., None], partner_images, images)
-    out = jnp.where(cutmix.reshape(cutmix.shape + (1, 1, 1)), pasted, blended)
-    keep = (mask & mixed)[:, None, None, None]
-    lam_y = lam.reshape(lam.shape + (1,))
-    mixed_targets = targets * lam_y + targets[partner] * (1.0 - lam_y)
-    return jnp.where(keep, out, images), jnp.where(keep[:, :, 0, 0], mixed_targets, targets)
+    keep = mask & mixed
+
+    def blend(rows):  # a row and its partner's, by lambda; padding and unmixed rows as they were
+        extra = (1,) * (rows.ndim - 1)
+        lam_rows = lam.reshape(lam.shape + extra).astype(rows.dtype)
+        return jnp.where(keep.reshape(keep.shape + extra), rows * lam_rows + rows[partner] * (1 - lam_rows), rows)
+
+    pasted = jnp.where(box[..., None], images[partner], images)
+    out = jnp.where(cutmix.reshape(cutmix.shape + (1, 1, 1)), jnp.where(keep[:, None, None, None], pasted, images),
+                    blend(images))
+    mixed_fields = {name: blend(rows) for name, rows in fields.items()}
+    return out, mixed_fields if isinstance(labels, Mapping) else mixed_fields["targets"]

@@ -1,5 +1,5 @@
-"""What a resolved run is built from and of: its :class:`Plan`; model, variables, optimizer, steps, state; datasets;
-a finished run's checkpoint read back (``--init-from``, :func:`~kaggle_utils.run.load_run`).
+"""What a resolved run is built from and of: its :class:`Plan`; model, variables (a finished run's read back by
+:mod:`.saved`), optimizer, steps, state; datasets.
 
 A progressive run's stage (``--progressive-stages``; the numbers are :mod:`kaggle_utils.train.progressive`'s) is the
 run's config with that stage's image size, RandAugment magnitude, Mixup / CutMix alphas and dropout, so what builds
@@ -7,14 +7,12 @@ a run's input and step from a config builds a stage's unchanged, for every data 
 """
 import dataclasses
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import linen as nn
 
@@ -24,12 +22,13 @@ from ..data import CenterCrop, HostDataset, ImgaugRandAugment, RandAugment, Rand
 from ..device_augment import MixConfig, RandAugmentConfig, make_device_augment, mix
 from ..efficientnet import efficientnet_v2_pretrained
 from ..precision import Precision
-from ..variable_trees import VariableTreeError, abstract_variables
-from ..train import (AXIS, StepConfig, Steps, Task, TrainState, assign_lr_groups, create_train_state,
-                     describe_lr_groups, init_variables, make_optimizer, make_schedule, make_steps)
-from ..train import make_task as task_named
+from ..variable_trees import VariableTreeError
+from ..registry import TRAIN_CROPS
+from ..train import (AXIS, StepConfig, Steps, Task, TrainState, assign_lr_groups, describe_lr_groups, init_variables,
+                     make_optimizer, make_schedule, make_steps, make_task)
 from ..train.progressive import SIZE_MULTIPLE, Stage, progressive_schedule
 from .data import RunData
+from .saved import check_parent, run_variables
 
 DEFAULT_MIN_SIZE = 128  # --progressive-min-size's default: the official code's ibase
 
@@ -82,12 +81,6 @@ def _size_text(size: dict | None) -> str:
     return f" ({count(size['params_trainable'] + size['params_frozen'])} parameters{frozen}{flops})"
 
 
-def make_task(config: TrainConfig) -> Task:
-    task = config.task
-    return task_named(task.task, label_smoothing=task.label_smoothing, focal_gamma=task.focal_gamma,
-                      threshold=task.threshold)
-
-
 def build_model(config: TrainConfig) -> nn.Module:
     """The module a run trains: the registered model (:mod:`kaggle_utils.models`) with ``head_width`` outputs."""
     model = config.model
@@ -97,100 +90,36 @@ def build_model(config: TrainConfig) -> nn.Module:
                               remat=model.remat == "blocks")
 
 
-def initial_variables(config: TrainConfig, model: nn.Module) -> dict:
-    """Random init, ``--init-from``'s run's weights, or ported weights for the backbone with a zero classifier: equal
-    logits, so the first loss is ln C (timm's init, sized for 1000 outputs, gives a few classes large logits the
-    features must unlearn; ``--no-zero-head`` keeps it)."""
+def initial_variables(config: TrainConfig, model: nn.Module, *, pretrained: dict | None = None) -> dict:
+    """Random init, ``--init-from``'s run's weights, pretrained variables, or ``--weights``: an EfficientNet's ported
+    backbone, any other model's own saved variables, with a zero classifier: equal logits, so the first loss is ln C
+    (timm's init, sized for 1000 outputs, gives a few classes large logits the features must unlearn;
+    ``--no-zero-head`` keeps it). ``pretrained`` (``run.train(variables=...)``): every leaf whose path and shape fit
+    is taken, classifier included; the others stay at their init."""
     if config.model.init_from:  # classifier included
         file = check_parent(config)
         if jax.process_index() == 0:
             print(f"--init-from {file}: {config.model.name}, {config.model.num_classes} classes, classifier kept")
         return run_variables(file, model, config)
     variables = init_variables(model, config.model.image_size, seed=config.seed)
-    if config.model.weights is None:
+    weights = config.model.weights
+    if pretrained is None and weights is None:
         return variables
-    _, ported = efficientnet_v2_pretrained(config.model.name, config.model.weights, input_size=config.model.image_size)
-    variables, report = surgery.inherit(ported, variables)
+    if pretrained is None and models.registered(config.model.name).efficientnet:
+        _, pretrained = efficientnet_v2_pretrained(config.model.name, weights, input_size=config.model.image_size)
+    elif pretrained is None:  # another model's own variables (checkpoint.save of them; its manifest checked)
+        pretrained = checkpoint.load(weights)
+    variables, report = surgery.inherit(pretrained, variables)
+    head = "classifier" in variables["params"]
     if jax.process_index() == 0:
-        print(f"--weights {Path(config.model.weights).name}: {report}; classifier starts at "
-              f"{'zero' if config.model.zero_head else 'random (timm init)'}")
-    if not config.model.zero_head:
+        where = f"--weights {Path(weights).name}" if weights else "run.train(variables=...)"
+        start = ("kept where it fits" if not weights else "zero" if config.model.zero_head and head else
+                 "random (its init)")
+        print(f"{where}: {report}; classifier {start}")
+    if not (weights and config.model.zero_head and head):
         return variables
     return {**variables, "params": {**variables["params"],
                                     "classifier": jax.tree.map(jnp.zeros_like, variables["params"]["classifier"])}}
-
-
-# --------------------------------------------------------------------------- a finished run's checkpoint
-
-
-def checkpoint_file(path: Path) -> Path:
-    """The checkpoint a run folder is read from (its best, else its last); a file as itself."""
-    if path.is_dir():
-        for name in ("best.msgpack", "last.msgpack"):
-            if (path / name).is_file():
-                return path / name
-        raise checkpoint.CheckpointError(f"{path} holds no best.msgpack or last.msgpack: not a run folder of the kit")
-    if not path.is_file():
-        raise checkpoint.CheckpointError(f"{path} does not exist")
-    return path
-
-
-def run_config(file: Path) -> TrainConfig:
-    """The config of the run that wrote checkpoint ``file`` (its manifest)."""
-    manifest_file = checkpoint.manifest_path(file)
-    if not manifest_file.is_file():
-        raise checkpoint.CheckpointError(f"{file} has no manifest {manifest_file.name} beside it: cannot tell which "
-                                         "run wrote it")
-    manifest = json.loads(manifest_file.read_text())
-    if "config" not in manifest:
-        what = manifest.get("model") if isinstance(manifest.get("model"), str) else None
-        raise checkpoint.CheckpointError(
-            f"{file} is not a checkpoint of a training run" + (f": it holds ported {what} weights (weights_port); "
-                                                               f"fine-tune them with train --weights {file}"
-                                                               if what else " (its manifest has no 'config')"))
-    return TrainConfig.from_dict(manifest["config"], where=f"{manifest_file} config")
-
-
-def run_variables(file: Path, model: nn.Module, config: TrainConfig) -> dict:
-    """The evaluation variables (EMA weights where kept) of checkpoint ``file``, checked leaf by leaf with ``model``."""
-    raw = checkpoint.load(file)
-    if "state" in raw:  # last.msgpack / ckpt-*.msgpack: the whole training state
-        state = raw["state"]
-        raw = {"params": state.get("ema_params") or state["params"], "batch_stats": state.get("batch_stats", {})}
-    variables = {k: raw[k] for k in ("params", "batch_stats") if k in raw}
-    if "classifier" in variables["params"]:  # cut to the classes, padded to this run's --head-multiple (a TPU's 128)
-        classes = config.model.num_classes
-        width = surgery.padded_width(classes, config.model.head_multiple)
-        head = jax.tree.map(lambda v: np.pad(np.asarray(v)[..., :classes], [(0, 0)] * (np.ndim(v) - 1) +
-                                             [(0, width - classes)]), variables["params"]["classifier"])
-        variables["params"] = {**variables["params"], "classifier": head}
-    size = config.model.image_size
-    template = abstract_variables(model, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
-    checkpoint.check_tree(variables, template, what=f"checkpoint {file} for {config.model.name} with "
-                                                   f"{config.model.num_classes} classes")
-    return jax.tree.map(lambda v, t: np.asarray(v, t.dtype), variables, template)
-
-
-def check_parent(config: TrainConfig) -> Path | None:
-    """The checkpoint ``--init-from`` names, refused (naming both) unless its model and classes are this run's.
-
-    Unlike ``--weights`` (ported weights, a new head) and ``--resume`` (the same run continued): a second stage
-    at a larger size, more epochs, a lower rate, another split, the classifier kept."""
-    if config.model.init_from is None:
-        return None
-    try:
-        file = checkpoint_file(Path(config.model.init_from))
-        parent = run_config(file)
-    except checkpoint.CheckpointError as err:
-        raise ConfigError(f"--init-from: {err}") from None
-    names = (parent.data.class_names, config.data.class_names)
-    names = names if all(names) else ((), ())  # compared where both runs name their classes
-    for what, theirs, ours in (("--model", parent.model.name, config.model.name), ("class names", *names),
-                               ("classes", parent.model.num_classes, config.model.num_classes)):
-        if theirs != ours:
-            raise ConfigError(f"--init-from {file}: its run trained {what} {theirs}, this run has {ours}; the "
-                              "classifier is kept, so both must match (--weights starts a new head)")
-    return file
 
 
 def device_augmentation(config: TrainConfig) -> dict:
@@ -229,10 +158,8 @@ def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables:
     """
     optim = config.optim
     if schedule is None:
-        schedule = make_schedule(optim.schedule, plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps,
-                                 end_factor=optim.end_lr_factor, decay_rate=optim.decay_rate,
-                                 decay_steps=round(optim.decay_epochs * plan.steps_per_epoch) if optim.decay_epochs
-                                 else None)
+        schedule = make_schedule(optim, plan.peak_lr, plan.total_steps, warmup_steps=plan.warmup_steps,
+                                 steps_per_epoch=plan.steps_per_epoch)
     if isinstance(tx, optax.GradientTransformation):
         schedule = None  # the transform's own rate, which the history cannot know
     elif tx is not None:
@@ -244,14 +171,11 @@ def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables:
         except surgery.SurgeryError as err:
             raise ConfigError(f"--freeze: {err}") from None
     if plan.lr_multipliers is not None:
-        groups = assign_lr_groups(variables["params"], model.lr_parts(), layer_decay=config.optim.layer_decay,
-                                  head_lr_mult=config.optim.head_lr_mult)
-    tx = make_optimizer(schedule, optimizer=tx or optim.optimizer, weight_decay=optim.weight_decay,
-                        clip_norm=optim.clip_norm, b1=optim.b1, b2=optim.b2, momentum=optim.momentum,
-                        nesterov=optim.nesterov, frozen=frozen, lr_multipliers=groups)
+        groups = assign_lr_groups(variables["params"], model.lr_parts(), layer_decay=optim.layer_decay,
+                                  head_lr_mult=optim.head_lr_mult)
+    tx = make_optimizer(schedule, optim, tx=tx, frozen=frozen, lr_multipliers=groups)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=plan.mean, std=plan.std,
-                             task=task or make_task(config), ema_decay=config.optim.ema_decay or 0.999,
-                             tta_flip=config.task.tta, accumulate_steps=config.optim.accumulate_steps)
+                             task=task or make_task(config.task), optim=optim, tta_flip=config.task.tta)
 
     def steps_of(run_config: TrainConfig) -> Steps:  # the run's steps, or a stage's (its dropout and augmentation)
         rate = run_config.model.drop_rate
@@ -261,7 +185,7 @@ def build_training(config: TrainConfig, plan: Plan, model: nn.Module, variables:
         return make_steps(trained, tx, augmented, mode=mode or config.loop.mode, mesh=mesh)
 
     steps = steps_of(config)
-    state = functools.partial(create_train_state, tx=tx, seed=config.seed, ema=config.optim.ema_decay > 0,
+    state = functools.partial(steps.init_state, seed=config.seed,
                               loss_scale=Precision(config.model.precision).loss_scaling)
     abstract = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(variables))
     staged = tuple(steps if stage is plan.stages[-1] else steps_of(stage_config(config, stage))  # the last: the run's
@@ -344,12 +268,9 @@ def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | No
 
 
 def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Resize | None:
-    """Training: timm's RandomResizedCrop, the whole image flipped half the time (``flip``), a resize, or as stored."""
-    size = config.model.image_size
-    if config.data.train_crop != "none":  # flip: the whole (square) image's box
-        whole = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0)) if config.data.train_crop == "flip" else {}
-        return RandomResizedCrop(size, **whole)
-    return Resize(size) if size != stored_size else None
+    """Training: ``--train-crop``'s (:data:`~kaggle_utils.registry.TRAIN_CROPS`): timm's RandomResizedCrop, the whole
+    image flipped half the time (``flip``), a resize, or as stored."""
+    return TRAIN_CROPS[config.data.train_crop].build(config.model.image_size, stored_size)
 
 
 def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) -> HostDataset:
@@ -362,7 +283,7 @@ def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) ->
                         batch_size=plan.global_batch // jax.process_count(), training=True,
                         seed=config.seed * 100_003 + epoch, crop=train_crop(config, data.stored_size),
                         augment=host_augment, skip_errors=config.data.skip_errors, select=data.select.get("train"),
-                        multi_label_classes=config.model.num_classes if data.multi_label else None,
+                        fields=data.fields, multi_label_classes=config.model.num_classes if data.multi_label else None,
                         deterministic=config.data.deterministic)
 
 

@@ -8,6 +8,7 @@ once the run is accepted (:func:`commit_conversion`), so a refused run leaves th
 """
 import contextlib
 import dataclasses
+import os
 import re
 import shutil
 import tempfile
@@ -19,10 +20,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from ..config import ConfigError, TrainConfig
-from ..data import Source, count_data_items, list_tfrecords, make_sample_dataset, scan_labels
+from ..data import ExampleFields, Source, count_data_items, list_tfrecords, make_sample_dataset, scan_labels
 from ..data.convert import (INFO_FILE, conversion_changes, convert_source, read_conversion_info, source_from_spec,
                             stratified_split)
-from ..data.tfrecords import scan_records
+from ..data.tfrecords import RecordIndex, scan_records
 from ..data.sources import MissingImageError
 
 SAMPLE = "sample:digits"  # the data_dir of a run on the embedded sample, as config.json records it
@@ -44,6 +45,8 @@ class RunData:
     # split -> the (file, index) records of its files it reads (a cross-validation fold, load_dataset's select=);
     # absent: all of them
     select: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+    fields: ExampleFields | None = None  # the training records' own fields: a teacher's (run.teacher)
+    teaching: dict | None = None  # what --teacher and --pseudo-labels added: the plan line, config.json, metrics.json
 
 
 def _sync(name: str) -> None:
@@ -132,7 +135,15 @@ def commit_conversion(data: RunData, out_dir: str | Path) -> RunData:
         staged.rename(target)
         shutil.rmtree(old, ignore_errors=True)
     _sync("kaggle_utils commit_conversion")
-    return dataclasses.replace(data, root=target, splits=find_splits(target))
+    staged_at, target_at = os.path.abspath(staged), os.path.abspath(target)
+
+    def moved(file: str) -> str:  # a staged file where it lives now
+        file = os.path.abspath(file)
+        return target_at + file[len(staged_at):] if file.startswith(staged_at + os.sep) else file
+
+    return dataclasses.replace(data, root=target, splits={k: [moved(f) for f in v] for k, v in data.splits.items()},
+                               select={k: tuple((moved(f), i) for f, i in v) for k, v in data.select.items()},
+                               fields=data.fields and data.fields.moved(moved))
 
 
 def _check_val_split(train: Source, data) -> None:
@@ -223,6 +234,16 @@ def _label_range(config: TrainConfig, splits: dict, stored: int) -> tuple[bool, 
     if low < 0:
         raise ConfigError(f"the {where} split holds label {low}: labels must be in [0, classes)")
     return multi_label, top, seen
+
+
+def record_names(records: RecordIndex) -> tuple[np.ndarray, bool]:
+    """``(names, by id?)``: how a CV's folds, a teacher's rows and its student name labelled records: their ``id``
+    feature where every one has a unique one, else where they lie, ``split/file#index``."""
+    ids = records.ids
+    if all(ids) and len(set(ids)) == len(ids):
+        return np.asarray(ids), True
+    where = [f"{Path(f).parent.name}/{Path(f).name}#{i}" for f, i in zip(records.files, records.indices)]
+    return np.array(where), False
 
 
 def scan_test_ids(files: list[str]) -> list[str]:

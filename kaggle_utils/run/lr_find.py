@@ -23,11 +23,12 @@ from .. import checkpoint
 from ..config import TrainConfig
 from ..report import write_lr_find_plot
 from ..train import Task, scaled_lr
-from ..train.optim import OPTIMIZERS
+from ..train.optim import default_lr
 from ..train.loop import progress_bar
 from .build import Plan, Training, build_model, build_training, initial_variables, train_dataset
 from .data import RunData, run_data
-from .resolve import resolve
+from .resolve import check_config, resolve, run_task
+from .teacher import teach
 
 LR_MIN, LR_MAX = 1e-7, 10.0  # per 256 images: from "changes nothing" to "destroys any network"
 DEFAULT_STEPS, FEWEST_DEFAULT_STEPS = 100, 40
@@ -166,7 +167,7 @@ def range_test(config: TrainConfig, plan: Plan, data: RunData, model: nn.Module,
 def _finding(config: TrainConfig, plan: Plan, lrs: list, losses: list, stop: str) -> LrFinding:
     picked, at_min = pick_lr(lrs, losses)
     # 3 significant digits: a rate a user can type as --lr to repeat the run, no false precision
-    picked = float(f"{picked:.3g}") if picked is not None else OPTIMIZERS[config.optim.optimizer][0]
+    picked = float(f"{picked:.3g}") if picked is not None else default_lr(config.optim.optimizer)
     finite = [(lr, loss) for lr, loss in zip(lrs, losses) if math.isfinite(loss)]
     lrs, losses = [lr for lr, _ in finite], [loss for _, loss in finite]
     return LrFinding(tuple(lrs), tuple(losses), tuple(float(v) for v in smooth(losses)), picked, at_min, stop,
@@ -192,9 +193,12 @@ def find_lr(config: TrainConfig, data: RunData | None = None, *, task: Task | No
             out: str | Path | None = None, steps: int | None = None, progress: bool = True) -> LrFinding:
     """The range test of ``config`` alone, for a notebook (``data``: opened here unless given; nothing written
     unless ``out`` is given). Use the pick with ``config.replace(lr=finding.lr)``."""
+    config, task = run_task(config.replace(lr="auto"), task)
+    check_config(config, task)
     with (tempfile.TemporaryDirectory(prefix="kaggle_utils_lr_find_") as staging,
           run_data(config, staging, data) as data):
-        resolved, plan = resolve(config.replace(lr="auto"), data, task)
+        data = teach(config, data)  # a teacher's fields: what the task reads
+        resolved, plan = resolve(config, data, task)
         model = build_model(resolved)
         finding = range_test(resolved, plan, data, model, initial_variables(resolved, model), task=task,
                              steps=steps, progress=progress)

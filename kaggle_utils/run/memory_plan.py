@@ -154,9 +154,11 @@ def _abstract_inputs(config: TrainConfig, training, variables, step: str, per_de
     n = mesh.devices.size
     size = config.model.image_size if step == "train" else config.data.eval_image_size or config.model.image_size
     fields = {"image": ((size, size, 3), jnp.uint8), "mask": ((), jnp.bool_)}
-    if step != "predict":
-        multi = config.task.task == "multilabel"
-        fields["label"] = ((config.model.num_classes,), jnp.float32) if multi else ((), jnp.int32)
+    if step != "predict":  # the fields a training read carries (a teacher's probabilities, pseudo-labels' rows)
+        rows = config.task.task == "multilabel" or (step == "train" and config.distill.pseudo_labels is not None)
+        fields["label"] = ((config.model.num_classes,), jnp.float32) if rows else ((), jnp.int32)
+        if step == "train" and "teacher" in training.steps.config.task.fields():
+            fields["teacher"] = ((config.model.num_classes,), jnp.float32)
     lead, split = ((n, per_device) if pmap else (n * per_device,)), NamedSharding(mesh, PartitionSpec(AXIS))
     batch = {k: jax.ShapeDtypeStruct(lead + shape, dtype, sharding=split) for k, (shape, dtype) in fields.items()}
     state = training.state if step != "predict" else jax.eval_shape(inference_state, variables)

@@ -6,7 +6,9 @@ An ensemble's :class:`Member` s (runs, checkpoints, a CV folder's folds) each pr
 their own steps; only their classes must agree.
 """
 import contextlib
+import csv
 import dataclasses
+import json
 import math
 import re
 import tempfile
@@ -22,9 +24,10 @@ from ..config import ConfigError, TrainConfig
 from ..data import Source, count_data_items, list_tfrecords, load_dataset
 from ..data.convert import convert_test_split
 from ..parallel import local_rows
-from ..train import StepConfig, Steps, TrainState, inference_state, make_steps
-from .build import build_model, checkpoint_file, eval_crop, make_task, run_config, run_variables
+from ..train import StepConfig, Steps, TrainState, inference_state, make_steps, make_task
+from .build import build_model, eval_crop
 from .data import find_splits, infer_image_size, named_classes, scan_test_ids
+from .saved import checkpoint_file, run_config, run_variables
 
 Records = Callable[[TrainConfig], tuple[list[str], int]]  # (config) -> (test split's TFRecords, their stored size)
 
@@ -73,13 +76,14 @@ def predict_split(steps: Steps, variables: dict, files: list[str], config: Train
     return texts, probs
 
 
-def load_run(path: str | Path) -> tuple[nn.Module, dict, TrainConfig]:
+def load_run(path: str | Path, *, accept_changed: bool = False) -> tuple[nn.Module, dict, TrainConfig]:
     """``(model, variables, config)`` of a run folder (its best checkpoint) or one of its checkpoints: the evaluation
-    variables (EMA weights where kept), checked leaf by leaf against the model the config builds."""
+    variables (EMA weights where kept), checked leaf by leaf against the model the config builds; a file changed since
+    its manifest was written only with ``accept_changed``."""
     file = checkpoint_file(Path(path))
     config = run_config(file)
     model = build_model(config)
-    return model, run_variables(file, model, config), config
+    return model, run_variables(file, model, config, accept_changed=accept_changed), config
 
 
 def prediction_steps(config: TrainConfig, model: nn.Module, *, tta: bool | None = None, mode: str | None = None
@@ -87,7 +91,7 @@ def prediction_steps(config: TrainConfig, model: nn.Module, *, tta: bool | None 
     """The predict and evaluate steps of a saved run's model (``tta``, ``mode``: default the run's own)."""
     cfg = models.registered(config.model.name)
     step_config = StepConfig(num_classes=config.model.num_classes, mean=tuple(cfg.mean), std=tuple(cfg.std),
-                             task=make_task(config), tta_flip=config.task.tta if tta is None else tta)
+                             task=make_task(config.task), tta_flip=config.task.tta if tta is None else tta)
     return make_steps(model, None, step_config, mode=mode or config.loop.mode)
 
 
@@ -122,9 +126,10 @@ def expand_checkpoint(path: str | Path) -> list[Path]:
     return folds
 
 
-def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | None = None) -> list[Member]:
+def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | None = None, *,
+                 accept_changed: bool = False) -> list[Member]:
     """Every model of ``checkpoints``, checked to agree on their classes, with ``weights`` (one per entry, default
-    equal; a CV folder's folds share its weight) normalised to sum to 1."""
+    equal; a CV folder's folds share its weight) normalised to sum to 1; ``accept_changed``: :func:`load_run`'s."""
     if not checkpoints:
         raise ConfigError("give at least one --checkpoint")
     weights = [1.0] * len(checkpoints) if weights is None else list(weights)
@@ -138,7 +143,11 @@ def load_members(checkpoints: Sequence[str | Path], weights: Sequence[float] | N
     for given, weight in zip(checkpoints, weights):
         paths = expand_checkpoint(given)
         for path in paths:
-            model, variables, config = load_run(path)
+            try:
+                model, variables, config = load_run(path, accept_changed=accept_changed)
+            except checkpoint.ChangedCheckpointError as err:
+                raise checkpoint.ChangedCheckpointError(f"{err}; --accept-changed-checkpoint uses it knowingly"
+                                                        ) from None
             members.append(Member(path, model, variables, config, weight / len(paths) / sum(weights),
                                   file=checkpoint_file(path)))
     for member in members[1:]:
@@ -207,6 +216,45 @@ def predict_ensemble(members: Sequence[Member], records: Records, *, batch_size:
 
 
 # --------------------------------------------------------------------------- the files: views of the probabilities
+
+
+def read_probabilities(path: str | Path) -> tuple[list[str], list[str], np.ndarray]:
+    """``(ids, class columns, probabilities [N, C])`` of a ``probabilities.csv`` (:func:`write_predictions`'s, or any
+    CSV of an id and a column per class): a teacher's rows (``--teacher``, ``--pseudo-labels``)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            header, *rows = list(csv.reader(f)) or [[]]
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err.strerror})") from None
+    if len(header) < 2 or any(len(row) != len(header) for row in rows):
+        raise ConfigError(f"{path} is not a probabilities CSV: an id column, then one column per class, in every row")
+    try:
+        probs = np.array([[float(v) for v in row[1:]] for row in rows], np.float64).reshape(len(rows), len(header) - 1)
+    except ValueError:
+        raise ConfigError(f"{path}: a row whose class columns are not all numbers") from None
+    return [row[0] for row in rows], header[1:], probs
+
+
+BLEND_RECORD = "predict.json"  # beside a predict's files: the checkpoints they came from
+
+
+def write_blend_record(out_dir: str | Path, members: Sequence[Member]) -> Path:
+    """``predict.json``: the checkpoints a prediction averaged and their weights, so that its probabilities as a
+    teacher say which records their models trained on."""
+    path = Path(out_dir) / BLEND_RECORD
+    if jax.process_index() == 0:
+        record = {"checkpoints": [str(Path(m.file or m.path).resolve()) for m in members],
+                  "weights": [m.weight for m in members]}
+        checkpoint.atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def blend_checkpoints(folder: str | Path) -> list[Path] | None:
+    """The checkpoints :func:`write_blend_record` recorded in ``folder`` (None: no record)."""
+    try:
+        return [Path(p) for p in json.loads((Path(folder) / BLEND_RECORD).read_text())["checkpoints"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray, config: TrainConfig,

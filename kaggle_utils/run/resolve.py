@@ -6,6 +6,7 @@ lr groups, stages); ``--batch-per-device auto`` compiles the run's train step to
 (:mod:`.memory_plan`). A value that cannot run is refused by its flag, never silently replaced.
 """
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -15,28 +16,64 @@ from .. import checkpoint, models, runtime
 from ..config import ConfigError, DataConfig, TrainConfig
 from ..precision import choose_precision
 from ..surgery import padded_width
-from ..train import Task, group_multipliers, history_columns, scaled_lr
-from ..train.optim import OPTIMIZERS
+from ..registry import TASKS
+from ..train import Task, group_multipliers, history_columns, make_task, scaled_lr
+from ..train.optim import default_lr, default_weight_decay
 from ..train.writers import import_wandb
 from . import memory_plan
-from .build import Plan, build_model, check_parent, make_task, progressive_stages
+from .build import Plan, build_model, progressive_stages
 from .data import RunData
+from .saved import check_parent
+
+# a task's attribute -> the task section's field it is set from (what a given task overrides in the record)
+_TASK_FIELDS = {"label_smoothing": "label_smoothing", "gamma": "focal_gamma", "threshold": "threshold"}
+
+
+def run_task(config: TrainConfig, task: Task | None = None) -> tuple[TrainConfig, Task]:
+    """The task a run trains, built once: ``task`` (``run.train(task=...)``) or the config's, learning from the
+    ``--teacher``'s field where one is given; and the config saying what it trains with. A given task's own values
+    (label smoothing, focal gamma, threshold; its built-in name) are recorded in place of the defaults; one that
+    contradicts a value the config changed is refused, naming both."""
+    config, task = _reconciled(config, task)
+    teacher = config.distill
+    return config, task.with_teacher(teacher.distill_alpha, teacher.distill_temperature) if teacher.teacher else task
+
+
+def _reconciled(config: TrainConfig, task: Task | None) -> tuple[TrainConfig, Task]:
+    if task is None:
+        return config, make_task(config.task)
+    default, changes = type(config.task)(), {}
+    for attribute, field in _TASK_FIELDS.items():
+        if not hasattr(task, attribute):
+            continue
+        given, used = getattr(config.task, field), getattr(task, attribute)
+        if given != getattr(default, field) and given != used:
+            raise ConfigError(f"--{field.replace('_', '-')} {given} and the task given to run.train "
+                              f"({type(task).__name__}, {attribute} {used}) disagree: give one of them")
+        changes[field] = used
+    name = next((name for name in TASKS if type(make_task(name)) is type(task)), None)  # a built-in task's name
+    if name is not None and name != config.task.task:
+        if config.task.task != default.task:
+            raise ConfigError(f"--task {config.task.task} and the task given to run.train ({type(task).__name__}, "
+                              f"--task {name}) disagree: give one of them")
+        changes["task"] = name
+    return config.replace(**changes), task
 
 
 def check_config(config: TrainConfig, task: Task | None = None) -> None:
-    """Every check that needs no data: each section's values, the model, the weights, the monitor (a metric of
-    ``task``, default the config's: a user's task's metrics are as good a ``--monitor``)."""
+    """Every check that needs no data, once per run before anything is read: each section's values and choices
+    (:meth:`TrainConfig.check`), the model, the weights, the monitor (a metric of ``task``, default the config's: a
+    user's task's metrics are as good a ``--monitor``). :func:`resolve` takes the config checked."""
     config.check()
     if config.model.weights:
-        if not models.registered(config.model.name).efficientnet:
-            raise ConfigError(f"--weights reads an EfficientNet's parameter names; --model {config.model.name} is not "
-                              "one (start it from a run of yours with --init-from, or initialise it in its builder)")
         try:
             checkpoint.check_format(config.model.weights)
             checkpoint.check_digest(config.model.weights)
         except checkpoint.CheckpointError as err:
             raise ConfigError(f"--weights: {err}") from None
-    own = make_task(config)
+        if not models.registered(config.model.name).efficientnet:  # its own saved variables: of this model?
+            _check_weights_model(config)
+    own = make_task(config.task)
     columns = history_columns(task or own)
     monitor, mode = config.loop.monitor, config.loop.monitor_mode
     if monitor not in columns:
@@ -52,11 +89,26 @@ def check_config(config: TrainConfig, task: Task | None = None) -> None:
         import_wandb()  # a missing package is named before the output folder changes
 
 
+def _check_weights_model(config: TrainConfig) -> None:
+    """A model's own ``--weights`` (``checkpoint.save(path, variables, manifest={"model": NAME})``): refused where
+    the manifest names another model (an EfficientNet's ported weights are checked as they are read)."""
+    path = checkpoint.manifest_path(config.model.weights)
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # no manifest: the leaves are matched by path and shape, and the report says what was taken
+    named = recorded.get("model") if isinstance(recorded, dict) else None
+    named = recorded.get("config", {}).get("model", {}).get("name") if named is None and isinstance(recorded, dict) \
+        else named
+    if isinstance(named, str) and named != config.model.name:
+        raise ConfigError(f"--weights {config.model.weights}: its manifest {path.name} says they are {named}'s "
+                          f"variables, not --model {config.model.name}'s")
+
+
 def global_batch(config: TrainConfig, devices: int | None = None) -> int:
     """The global batch of ``--batch-size`` or ``--batch-per-device`` (default 16 per device, at least 64) on
     ``devices`` (default this machine's; a plan's target has its own)."""
     n, data = devices or jax.device_count(), config.data
-    data.check()
     size = data.global_batch(n)
     flag = "--batch-per-device" if data.batch_per_device is not None else "--batch-size"
     if size < 1 or size % n or size % jax.process_count():
@@ -67,11 +119,11 @@ def global_batch(config: TrainConfig, devices: int | None = None) -> int:
 
 
 def resolve(config: TrainConfig, data: RunData, task: Task | None = None) -> tuple[TrainConfig, Plan]:
-    """``config`` with nothing left open for this machine and data, and the :class:`Plan` it implies. ``auto``'s batch
-    (the largest whose compiled train step fits) is recorded as the global ``batch_size``: a resume keeps it."""
+    """``config`` (checked: :func:`check_config`) with nothing left open for this machine and data, and the
+    :class:`Plan` it implies. ``auto``'s batch (the largest whose compiled train step fits) is recorded as the global
+    ``batch_size``: a resume keeps it."""
     if config.data.batch_per_device != "auto":
         return _resolve(config, data, task)
-    check_config(config, task)
     k = config.optim.accumulate_steps
     provisional, plan = _resolve(config.replace(batch_per_device=k, memory_budget=None), data, task)
     fit = memory_plan.fit_batch(provisional.replace(memory_budget=config.data.memory_budget), plan, task=task,
@@ -81,7 +133,6 @@ def resolve(config: TrainConfig, data: RunData, task: Task | None = None) -> tup
 
 
 def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[TrainConfig, Plan]:
-    check_config(config, task)
     precision, precision_reason = choose_precision(config.model.precision)
     if data.class_names and len(data.class_names) <= data.max_label:
         raise ConfigError(f"--class-names names {len(data.class_names)} classes but the data holds label "
@@ -91,8 +142,8 @@ def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[Tra
         data_dir=data.description, class_names=data.class_names, id_column=data.columns[0],
         label_column=data.columns[1], num_classes=config.model.num_classes or data.max_label + 1,
         image_size=config.model.image_size or data.stored_size, precision=precision.name,
-        batch_size=global_batch(config), batch_per_device=None, lr=optim.lr or OPTIMIZERS[optim.optimizer][0],
-        weight_decay=OPTIMIZERS[optim.optimizer][1] if optim.weight_decay is None else optim.weight_decay,
+        batch_size=global_batch(config), batch_per_device=None, lr=optim.lr or default_lr(optim.optimizer),
+        weight_decay=default_weight_decay(optim.optimizer) if optim.weight_decay is None else optim.weight_decay,
         head_multiple=config.model.head_multiple or (128 if runtime.current_platform() == "tpu" else 1),
         weights=str(Path(weights).resolve()) if weights else None,
         init_from=str(Path(parent).resolve()) if parent else None)
@@ -105,7 +156,7 @@ def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[Tra
     steps_per_epoch = config.loop.steps_per_epoch or data.num_train // batch
     if steps_per_epoch < 1:
         raise ConfigError(f"--batch-size {batch} is larger than the {data.num_train} training examples")
-    total = config.loop.steps or config.loop.epochs * steps_per_epoch
+    total = config.loop.total_steps(steps_per_epoch)
     optim, cfg = config.optim, models.registered(config.model.name)
     warmup = min(round(optim.warmup_epochs * steps_per_epoch), int(optim.warmup_max_fraction * total))
     multipliers = None
@@ -123,3 +174,4 @@ def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[Tra
                 mean=tuple(cfg.mean), std=tuple(cfg.std), lr_multipliers=multipliers,
                 precision_reason=precision_reason, stages=progressive_stages(config))
     return config, plan
+

@@ -24,7 +24,7 @@ from ..config import ConfigError, TrainConfig
 from ..efficientnet import pretrained_cfg
 from ..models import registered
 from ..parallel import make_mesh
-from . import RunData, global_batch, memory_plan, open_data, resolve  # public names (run/__init__ is loaded first)
+from . import RunData, check_config, global_batch, memory_plan, open_data, resolve, run_task  # (run/__init__ first)
 from .memory_plan import GIB, gib_text
 
 FLOWER_TRAIN_IMAGES, FLOWER_CLASSES = 12_753, 104  # a plan without data: the flower competition's train split
@@ -127,6 +127,9 @@ def plan(config: TrainConfig, target: str, *, out=None, train_images: int | None
     batch above the budget is refused (:class:`ConfigError` naming the bytes) after the plan is written."""
     devices = target_devices(target)
     chips, config = len(devices), target_config(config, target)
+    config, task = run_task(config, task)
+    # what train would refuse, before any data is read; --memory-budget is the plan's own, with any batch
+    check_config(config.replace(memory_budget=None) if config.data.batch_per_device != "auto" else config, task)
     if train_images is not None and (config.data.data_dir or config.data.source):
         raise ConfigError("--train-images is for a plan without data: --data-dir / --source give their own count")
     data = (_source_data(config) if config.data.source else open_data(config, config.data.data_dir)

@@ -16,18 +16,20 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from .. import checkpoint, compilation, outdir, report
+from .. import checkpoint, compilation, models, outdir, report
 from ..config import ConfigError, TrainConfig, overrides
 from ..data import HostDataset
-from ..train import (FitResult, FitSettings, Hook, MetricWriter, Steps, Task, TensorBoardWriter, WandbWriter, evaluate,
-                     fit, inference_state)
+from ..train import (FitResult, Hook, MetricWriter, Steps, Task, TensorBoardWriter, WandbWriter, evaluate, fit,
+                     inference_state)
 from ..train.writers import close_writers
 from .build import (Plan, Training, build_model, build_training, epoch_config, initial_variables, model_size,
                     train_dataset, val_dataset)
 from .data import RunData, commit_conversion, run_data
 from .lr_find import settle_lr
 from .predict import predict_split, write_predictions
-from .resolve import check_config, resolve
+from .resolve import check_config, resolve, run_task
+from .saved import import_recorded_model
+from .teacher import describe as describe_teaching, teach
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,29 +55,42 @@ class RunResult:
 
 def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
           tx: optax.GradientTransformation | Callable[[optax.Schedule], optax.GradientTransformation] | None = None,
-          hooks: Sequence[Hook] = (), writers: Sequence[MetricWriter] = (), data: RunData | None = None,
-          resume: bool = False, overwrite: bool = False, progress: bool = True) -> RunResult:
+          variables: dict | None = None, hooks: Sequence[Hook] = (), writers: Sequence[MetricWriter] = (),
+          data: RunData | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True
+          ) -> RunResult:
     """Trains ``config`` into ``out``, reports it and predicts its test split with the best checkpoint.
 
-    ``task``: instead of the config's (``with_metric``: its metrics can be the ``monitor``); ``data``: already
-    opened for this config; ``hooks``, ``writers``: as for :func:`~kaggle_utils.train.fit`; ``tx``: any optax
-    transform (or a function of the config's schedule returning one) instead of the config's optimizer, recorded
-    in config.json under ``tx``.
+    ``task``: instead of the config's (``with_metric``: its metrics can be the ``monitor``), its values recorded in
+    config.json in place of the defaults (:func:`~kaggle_utils.run.resolve.run_task`); ``tx``: any optax transform
+    (or a function of the config's schedule returning one) instead of the config's optimizer; ``variables``: model
+    variables to start from (any model's own pretrained ones: each leaf whose path and shape fit is taken, the rest
+    initialised); the three recorded in config.json under ``task``, ``tx`` and ``variables``. ``data``: already opened
+    for this config; ``hooks``, ``writers``: as for :func:`~kaggle_utils.train.fit`.
     """
-    check_config(config, task)  # 1. check: values, model, weights, monitor
+    notes = {"task": _custom_task_note(task)} if task is not None else {}
+    if resume:  # a model of yours, registered by the process that started the run: found where it recorded it
+        recorded_model(config, Path(out))
+    config, task = run_task(config, task)  # the task, built once; the config records what it trains with
+    check_config(config, task)  # 1. check: values, model, weights, monitor; once
     if tx is not None and config.optim.lr == "auto":
         raise ConfigError("--lr auto sweeps the rate of the kit's optimizer; with run.train(tx=...) give a number")
-    notes = {"tx": _custom_tx_note(tx)} if tx is not None else {}
+    if variables is not None and (config.model.weights or config.model.init_from):
+        raise ConfigError("run.train(variables=...) and --weights / --init-from each give the starting weights: "
+                          "give one of them")
+    notes.update({"tx": _custom_tx_note(tx)} if tx is not None else {})
     # config.json names the ported file the run fine-tuned and its digest
     read = {"weights": checkpoint.file_record(config.model.weights)} if config.model.weights is not None else {}
     out, main = Path(out), jax.process_index() == 0
     owned = outdir.owned(out) if main else contextlib.nullcontext()  # the lock on out (the others write nothing)
     with owned, run_data(config, out, data) as data:  # 2. open the data: splits, labels, test ids checked
+        data = teach(config, data)  # --teacher, --pseudo-labels: fields of the training records, checked
+        notes.update({"teaching": data.teaching} if data.teaching else {})
         chosen, batch_note, lr_note = resumed_config(config, out) if resume else (config, "", None)
         resolved, plan = resolve(chosen, data, task)  # 3. resolve: what the config left open, for this machine
         plan = dataclasses.replace(plan, batch_fit=batch_note) if batch_note else plan
         model = build_model(resolved)  # 4. build: model, variables, optimizer, steps
-        variables = initial_variables(resolved, model)
+        notes.update({"variables": _variables_note(variables)} if variables is not None else {})
+        variables = initial_variables(resolved, model, pretrained=variables)
         training = build_training(resolved, plan, model, variables, task=task, tx=tx)
         plan = dataclasses.replace(plan, model_size=model_size(resolved, model, variables))
         if main:  # every check passed: only now may the folder change
@@ -87,7 +102,8 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
             resolved, plan, training, lr_note = settle_lr(resolved, plan, data, model, variables, out, task=task,
                                                           progress=progress)
         if main:
-            print(plan.describe(resolved) + "".join(f"; {note}" for note in notes.values()))
+            shown = [note for key, note in notes.items() if key not in ("variables", "teaching")]  # said already
+            print(plan.describe(resolved) + describe_teaching(data.teaching) + "".join(f"; {note}" for note in shown))
             write_config(out, resolved, plan, given=config,
                          notes={**notes, **read, **({"lr_find": lr_note} if lr_note else {})})
         opened = open_writers(resolved, out)  # closed last: W&B then uploads the pictures and tables
@@ -104,6 +120,19 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
         finally:
             close_writers(opened)
     return RunResult(out, resolved, plan, result, training.steps, submission, tuple(ids))
+
+
+def recorded_model(config: TrainConfig, *folders: Path) -> None:
+    """Registers ``config``'s model from the first of ``folders``' config.json that records its builder, where this
+    process has not registered it (``--resume`` in a new process); nothing where none records one."""
+    for record_file in (Path(folder) / "config.json" for folder in folders):
+        try:
+            record = json.loads(record_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("builder"):
+            import_recorded_model(config, record, record_file)
+            return
 
 
 def resumed_config(config: TrainConfig, out: Path) -> tuple[TrainConfig, str, dict | None]:
@@ -128,6 +157,20 @@ def resumed_config(config: TrainConfig, out: Path) -> tuple[TrainConfig, str, di
     return config.replace(lr=float(lr)) if config.optim.lr == "auto" else config, batch_note, found
 
 
+def _variables_note(variables: dict) -> dict:
+    """config.json's record of ``run.train(variables=...)``: what they were (their leaves, values and digest)."""
+    leaves = jax.tree.leaves(variables)
+    return {"given": "run.train(variables=...)", "leaves": len(leaves), "values": int(sum(np.size(v) for v in leaves)),
+            "sha256": checkpoint.digest(variables)}
+
+
+def _custom_task_note(task: Task) -> str:
+    """config.json's record of ``run.train(task=...)``: the task's class and its own metrics."""
+    metrics = [name for name, _, _ in getattr(task, "user_metrics", ())]
+    return (f"the task given to run.train, {type(task).__module__}.{type(task).__qualname__}"
+            + (f" with metrics {', '.join(metrics)}" if metrics else ""))
+
+
 def _custom_tx_note(tx: optax.GradientTransformation | Callable) -> str:
     """config.json's record of ``run.train(tx=...)``: the config fields its optimizer replaced."""
     fixed = isinstance(tx, optax.GradientTransformation)
@@ -140,15 +183,19 @@ def write_config(out_dir: str | Path, config: TrainConfig, plan: Plan, *, given:
     """``config.json``: the resolved config (what ``--resume`` compares), the overrides as given, the plan and
     ``notes`` (e.g. ``lr_find``: how ``--lr auto`` found the lr; ``weights``: the ported file read and its sha256)."""
     path = Path(out_dir) / "config.json"
+    builder = models.builder_path(config.model.name)
     record = {"config": config.to_dict(), "given": overrides(given or config), "plan": dataclasses.asdict(plan),
-              **(notes or {})}
+              **({"builder": builder} if builder else {}), **(notes or {})}
     checkpoint.atomic_write_text(path, json.dumps(record, indent=2, default=list) + "\n")
     return path
 
 
 def run_manifest(config: TrainConfig, plan: Plan) -> dict:
-    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model."""
-    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan)}
+    """What every checkpoint of a run carries: enough for :func:`load_run` to rebuild its model in a new process (a
+    model of yours: where its builder lives)."""
+    builder = models.builder_path(config.model.name)
+    return {"kind": "kaggle_utils run", "config": config.to_dict(), "plan": dataclasses.asdict(plan),
+            **({"builder": builder} if builder else {})}
 
 
 def open_writers(config: TrainConfig, out_dir: str | Path) -> list[MetricWriter]:
@@ -175,17 +222,13 @@ def fit_run(config: TrainConfig, plan: Plan, data: RunData, training: Training, 
         opened.append(train_dataset(epoch_config(config, plan.stages, epoch), plan, data, epoch))
         return opened[0]
 
-    loop = config.loop  # the loop's settings: its intervals, monitor and length on this machine
-    settings = FitSettings(steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, log_every=loop.log_every,
-                           eval_every=loop.eval_every, checkpoint_every=loop.checkpoint_every,
-                           keep=loop.keep_checkpoints, monitor=loop.monitor, monitor_mode=loop.monitor_mode,
-                           min_delta=loop.min_delta, patience=loop.patience)
+    loop = dataclasses.replace(config.loop, steps_per_epoch=plan.steps_per_epoch)  # the section, its length known
     val = val_dataset(config, plan, data)
     try:
-        return fit(training.steps, training.state, train_batches, settings,
+        return fit(training.steps, training.state, train_batches, loop,
                    val_batches=lambda: iter(val), out_dir=out_dir, lr_schedule=training.schedule, hooks=hooks,
                    writers=writers, resume=resume, manifest=run_manifest(config, plan), progress=progress,
-                   report={"model": plan.model_size} if plan.model_size else None,
+                   report={**({"model": plan.model_size} if plan.model_size else {}), **(data.teaching or {})},
                    stages=tuple(zip(plan.stages, training.stage_steps)))
     finally:
         for dataset in [*opened, val]:

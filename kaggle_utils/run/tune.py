@@ -17,8 +17,7 @@ from pathlib import Path
 from .. import checkpoint
 from ..config import ConfigError, TrainConfig, add_config_flags, flag_of, overrides
 from ..report import fold_folders, read_metrics, write_importance
-from ..train import Hook, TrainingDiverged
-from .build import make_task
+from ..train import Hook, TrainingDiverged, make_task
 from .cv import cross_validate
 from .resolve import check_config
 from .trainer import train
@@ -120,7 +119,7 @@ def tune(config: TrainConfig, space: str, out: str | Path, *, trials: int, folds
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     monitor, mode = config.loop.monitor, config.loop.monitor_mode
-    mode = make_task(config).mode(monitor) if mode == "auto" else mode
+    mode = make_task(config.task).mode(monitor) if mode == "auto" else mode
     pruning = {"median": optuna.pruners.MedianPruner(n_startup_trials=2),
                "halving": optuna.pruners.SuccessiveHalvingPruner(), "none": optuna.pruners.NopPruner()}[pruner]
     study = optuna.create_study(storage=f"sqlite:///{out / 'study.db'}", study_name="tune", load_if_exists=True,

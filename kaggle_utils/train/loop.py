@@ -4,8 +4,10 @@
 order and skips what it trained on. Metrics are pulled once per log, never per step; checkpoints are
 written by a background thread (:class:`~.run_dir.RunFolder`); nothing diverged is saved.
 
-Size: one concern, the loop, with its :class:`FitSettings` (what it does when, how it judges an evaluation) and
-the progress bars it draws: the settings are read only here, and apart they were two small files to open.
+It reads the config's ``loop`` section itself (:class:`~kaggle_utils.config.LoopConfig`: what it does when, how it
+judges an evaluation), with ``steps_per_epoch`` filled in (``run.resolve``'s plan knows it from the data).
+
+Size: one concern, the loop, and the progress bars it draws: apart they were two small files to open.
 """
 import dataclasses
 import functools
@@ -23,6 +25,7 @@ import numpy as np
 from tqdm.std import tqdm  # tqdm.write: one line between whatever bars are showing
 
 from .. import compilation
+from ..config import LoopConfig
 from ..parallel import local_rows
 from ..precision import overflow_verdict
 from .progressive import STAGE_COLUMNS, StagedSteps
@@ -33,42 +36,6 @@ from .tasks import Task
 TIMING_COLUMNS = ("img_per_s", "seconds")  # the only columns that differ between identical runs
 LOSS_SCALE_COLUMNS = ("loss_scale", "skipped_steps")  # with fp16 loss scaling: the scale, the steps it skipped
 PREFETCH = 2  # batches put on the devices ahead of the step
-
-
-# ---- settings
-_RULES = [*((name, lambda v: isinstance(v, int) and v >= 1, "a positive number of steps") for name in (
-    "steps_per_epoch", "epochs", "total_steps", "log_every", "eval_every", "checkpoint_every", "keep")),
-          ("monitor_mode", lambda v: v in ("auto", "min", "max"), "auto, min or max"),
-          ("min_delta", lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
-          ("patience", lambda v: v >= 1, ">= 1 evaluation")]  # (field, test of a value given, the refusal's words)
-
-
-@dataclasses.dataclass(frozen=True)
-class FitSettings:
-    """When :func:`fit` does what, and what it watches. Give ``epochs`` (of ``steps_per_epoch`` steps) or
-    ``total_steps`` (the last epoch may be shorter; filled in from ``epochs``)."""
-
-    steps_per_epoch: int
-    epochs: int | None = None
-    total_steps: int | None = None
-    log_every: int = 20
-    eval_every: int | None = None
-    checkpoint_every: int | None = None
-    keep: int = 1
-    monitor: str = "val_f1"
-    monitor_mode: str = "auto"
-    min_delta: float = 0.0
-    patience: int | None = None
-
-    def __post_init__(self):
-        if (self.epochs is None) == (self.total_steps is None):
-            raise ValueError("give exactly one of epochs or total_steps")
-        for name, test, words in _RULES:
-            value = getattr(self, name)
-            if value is not None and not test(value):
-                raise ValueError(f"{name} must be {words}, got {value!r}")
-        if self.total_steps is None:
-            object.__setattr__(self, "total_steps", self.epochs * self.steps_per_epoch)
 
 
 # ---- progress bars: widgets in a notebook that has them (Kaggle's), text bars in a terminal, none in a notebook
@@ -159,23 +126,29 @@ def evaluate(steps: Steps, state, batches: Iterable[dict], *, prefetch: int = PR
     return steps.get(total)
 
 
-def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], settings: FitSettings, *,
+def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], settings: LoopConfig, *,
         val_batches: Callable[[], Iterable[dict]] | None = None, out_dir: str | Path | None = None,
         lr_schedule: Callable[[int], float] | None = None, hooks: Sequence = (), writers: Sequence = (),
         resume: bool = False, manifest: dict | None = None, report: dict | None = None, progress: bool = True,
         stages: Sequence = ()) -> FitResult:
-    """Trains ``state`` (a host TrainState) as ``settings`` say; returns the final host state and the history.
+    """Trains ``state`` (a host TrainState) as ``settings`` say (the config's ``loop`` section, ``steps_per_epoch``
+    given: ``--epochs`` of it, or ``--steps``); returns the final host state and the history.
 
     ``val_batches()`` yields the validation split (without it the ``val_`` columns are NaN). ``manifest``
     goes into each checkpoint's JSON, ``report`` into ``metrics.json``; ``writers`` get the scalars (their
     caller closes them). ``stages``: ``(Stage, Steps)`` of a progressive run (:mod:`.progressive`): each
     stage trains with its own steps, its rows say ``stage`` and ``image_size``, its first step is timed.
     """
+    if settings.steps_per_epoch is None:
+        raise ValueError("fit needs the loop's steps_per_epoch (run.resolve's plan has it: the training examples // "
+                         "the global batch)")
+    settings.check()  # its own refusals, named, before any step (a run checked its config already: cheap again)
     loop = _Loop(steps, state, settings, train_batches, val_batches, lr_schedule=lr_schedule,
                  hooks=_as_hooks(hooks), writers=list(writers), progress=progress and _is_main(), stages=stages)
     folder = None
     if out_dir is not None:
-        folder = RunFolder(out_dir, loop.columns, monitor=settings.monitor, keep=settings.keep, manifest=manifest,
+        folder = RunFolder(out_dir, loop.columns, monitor=settings.monitor, keep=settings.keep_checkpoints,
+                           manifest=manifest,
                            report=report, write=_is_main())
     return loop.run(state, folder, resume=resume)
 
@@ -183,9 +156,10 @@ def fit(steps: Steps, state, train_batches: Callable[[int], Iterable[dict]], set
 class _Loop:
     """The state of one ``fit`` call; ``run`` is the loop, the rest are its actions."""
 
-    def __init__(self, steps: Steps, state, settings: FitSettings, train_batches, val_batches, *, lr_schedule,
+    def __init__(self, steps: Steps, state, settings: LoopConfig, train_batches, val_batches, *, lr_schedule,
                  hooks: list, writers: list, progress: bool, stages: Sequence):
         self.steps, self.settings, self.task = steps, settings, steps.config.task
+        self.total_steps = settings.total_steps(settings.steps_per_epoch)
         self.train_batches, self.val_batches, self.lr_schedule = train_batches, val_batches, lr_schedule
         self.hooks, self.writers, self.show = hooks, writers, progress
         self.columns = history_columns(self.task, loss_scaling=state.loss_scale is not None, staged=bool(stages))
@@ -193,7 +167,7 @@ class _Loop:
             raise ValueError(f"monitor {settings.monitor!r} is not a history column of this task; choose one of "
                              f"{', '.join(c for c in self.columns if c not in ('epoch', 'step') + TIMING_COLUMNS)}")
         self.mode = self.task.mode(settings.monitor) if settings.monitor_mode == "auto" else settings.monitor_mode
-        self.staged = StagedSteps(stages, epochs=self._epoch_of(settings.total_steps - 1)) if stages else None
+        self.staged = StagedSteps(stages, epochs=self._epoch_of(self.total_steps - 1)) if stages else None
         self.stage = None  # progressive: the stage now training
         self.stage_compile_s: dict[str, float] = {}  # stage number -> its first step's compiling, in this process
         self.folder: RunFolder | None = None
@@ -259,7 +233,7 @@ class _Loop:
         self._call_hooks("on_run_start", state, self.history)
         step = int(state.step)
         try:
-            while step < self.settings.total_steps and self.stop_reason == "completed":
+            while step < self.total_steps and self.stop_reason == "completed":
                 dev_state, host_state, step = self._run_epoch(dev_state, host_state, step)
         except BaseException:
             if folder is not None:  # the save under way completes: it is what a resumed run starts from
@@ -281,10 +255,10 @@ class _Loop:
 
     def _run_epoch(self, dev_state, host_state, step: int):
         settings, epoch = self.settings, self._epoch_of(step)
-        start, end = (epoch - 1) * settings.steps_per_epoch, min(epoch * settings.steps_per_epoch, settings.total_steps)
+        start, end = (epoch - 1) * settings.steps_per_epoch, min(epoch * settings.steps_per_epoch, self.total_steps)
         self._call_hooks("on_epoch_start", epoch)
         bar = progress_bar(total=end - start, initial=step - start, disable=not self.show, unit="step",
-                           desc=f"epoch {epoch}/{self._epoch_of(settings.total_steps - 1)}")
+                           desc=f"epoch {epoch}/{self._epoch_of(self.total_steps - 1)}")
         train = self._enter_stage(epoch)
         batches = itertools.islice(self.train_batches(epoch), step - start, end - start)  # a resumed epoch skips
         for batch in self.steps.prefetch(batches, PREFETCH):
@@ -297,7 +271,7 @@ class _Loop:
             if step % settings.log_every == 0 or step == end:
                 self._log(dev_state, step, epoch, bar)
             evaluate_now = (step % settings.eval_every == 0) if settings.eval_every else step == end
-            evaluate_now = evaluate_now or step == settings.total_steps
+            evaluate_now = evaluate_now or step == self.total_steps
             if evaluate_now or (settings.checkpoint_every and step % settings.checkpoint_every == 0):
                 host_state = self._save_point(dev_state, step, epoch, evaluate_now)
             if self.stop_reason != "completed":

@@ -1,4 +1,5 @@
-"""Learning-rate schedules and optimizers by name: small optax pieces, composed in one place.
+"""Learning-rate schedules and optimizers by name (:mod:`kaggle_utils.registry`): small optax pieces, composed in
+one place from the config's ``optim`` section.
 
 * The peak rate scales linearly with the global batch (Goyal et al.): a base rate is quoted per
   ``reference_batch`` examples, so another device count or batch per device keeps the recipe.
@@ -15,81 +16,109 @@ from typing import Any, Callable
 import jax
 import optax
 
+from ..config import ConfigError, OptimConfig
+from ..registry import OPTIMIZERS, SCHEDULES
 from ..variable_trees import freeze_optimizer
 from .lr_groups import LrGroups, scale_by_tree
-
-# name -> (lr per 256 images, weight decay) when none is given: Lion wants ~10x less lr and ~10x more decay
-# than AdamW (Chen et al. 2023), SGD Goyal et al.'s 0.1 with L2 1e-4
-OPTIMIZERS = {"adamw": (1e-2, 0.05), "sgd": (0.1, 1e-4), "lamb": (1e-2, 0.05), "lion": (1e-3, 0.5),
-              "adafactor": (1e-2, 0.05)}
-BETAS = {"adamw": (0.9, 0.999), "lamb": (0.9, 0.999), "lion": (0.9, 0.99)}  # the optimizers with b1, b2
 
 
 def scaled_lr(base_lr: float, global_batch_size: int, reference_batch: int = 256) -> float:
     return base_lr * global_batch_size / reference_batch
 
 
-def make_schedule(name: str, peak_lr: float, total_steps: int, *, warmup_steps: int = 0, end_factor: float = 0.0,
-                  decay_steps: int | None = None, decay_rate: float = 0.1) -> optax.Schedule:
-    """0 -> ``peak_lr`` linearly over ``warmup_steps``, then ``name`` over the rest of ``total_steps``.
+# ---- schedules: (section, peak rate, steps after the warmup, steps per epoch) -> the rate over those steps
+SCHEDULES.register("cosine", lambda optim, peak, steps, _: optax.cosine_decay_schedule(peak, steps,
+                                                                                      alpha=optim.end_lr_factor),
+                   help="to --end-lr-factor x the peak", reads=("end_lr_factor",))
+SCHEDULES.register("linear", lambda optim, peak, steps, _: optax.linear_schedule(peak, optim.end_lr_factor * peak,
+                                                                                steps),
+                   help="the same, linearly", reads=("end_lr_factor",))
+SCHEDULES.register("constant", lambda optim, peak, steps, _: optax.constant_schedule(peak))
 
-    ``cosine`` / ``linear`` end at ``end_factor * peak_lr``; ``step`` multiplies the rate by
-    ``decay_rate`` every ``decay_steps``; ``constant`` stays at the peak; ``onecycle`` rises from
-    peak / 25 over the warmup (at least one step) and anneals to peak / 25e4 (optax's defaults).
+
+@SCHEDULES.register("step", help="x --decay-rate every --decay-epochs", reads=("decay_epochs", "decay_rate"))
+def _step(optim: OptimConfig, peak: float, steps: int, steps_per_epoch: int) -> optax.Schedule:
+    every = round(optim.decay_epochs * steps_per_epoch) if optim.decay_epochs else -(-steps // 3)  # default: thirds
+    return optax.exponential_decay(peak, max(every, 1), optim.decay_rate, staircase=True)
+
+
+@SCHEDULES.register("onecycle", help="optax's, rising over the warmup", own_warmup=True)
+def _onecycle(optim: OptimConfig, peak: float, steps: int, warmup: int) -> optax.Schedule:
+    return optax.cosine_onecycle_schedule(steps, peak, pct_start=max(warmup, 1) / steps)
+
+
+def make_schedule(optim: OptimConfig | str, peak_lr: float, total_steps: int, *, warmup_steps: int = 0,
+                  steps_per_epoch: int = 1) -> optax.Schedule:
+    """0 -> ``peak_lr`` linearly over ``warmup_steps``, then ``optim.schedule`` (a name: that schedule with the
+    section's defaults) over the rest of ``total_steps``, as its :data:`~kaggle_utils.registry.SCHEDULES` entry
+    says (``steps_per_epoch``: for ``--decay-epochs``). A schedule registered with ``own_warmup`` (onecycle: it
+    rises from peak / 25 over the warmup, at least one step) takes the whole run and the warmup's length instead.
     """
+    optim = OptimConfig(schedule=optim) if isinstance(optim, str) else optim
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    entry = SCHEDULES[optim.schedule]
     warmup = min(max(warmup_steps, 0), total_steps - 1)
-    if name == "onecycle":
-        return optax.cosine_onecycle_schedule(total_steps, peak_lr, pct_start=max(warmup, 1) / total_steps)
-    rest = total_steps - warmup
-    after = {"cosine": lambda: optax.cosine_decay_schedule(peak_lr, rest, alpha=end_factor),
-             "linear": lambda: optax.linear_schedule(peak_lr, end_factor * peak_lr, rest),
-             "constant": lambda: optax.constant_schedule(peak_lr),
-             "step": lambda: optax.exponential_decay(peak_lr, max(decay_steps or -(-rest // 3), 1), decay_rate,
-                                                     staircase=True)}[name]()
+    if entry.defaults.get("own_warmup"):
+        return entry.build(optim, peak_lr, total_steps, warmup)
+    after = entry.build(optim, peak_lr, total_steps - warmup, steps_per_epoch)
     return optax.join_schedules([optax.linear_schedule(0.0, peak_lr, warmup), after], [warmup]) if warmup else after
 
 
+# ---- optimizers: (section, schedule, weight decay) -> the transform; defaults: lr per 256 images, weight decay.
+# Lion wants ~10x less lr and ~10x more decay than AdamW (Chen et al. 2023), SGD Goyal et al.'s 0.1 with L2 1e-4
 def _decay_mask(params) -> Any:
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
-def _core(name: str, schedule, weight_decay: float, b1: float | None, b2: float | None, momentum: float,
-          nesterov: bool) -> optax.GradientTransformation:
-    if name == "sgd":
-        return optax.chain(optax.add_decayed_weights(weight_decay, _decay_mask),
-                           optax.sgd(schedule, momentum=momentum or None, nesterov=nesterov))
-    if name == "adafactor":
-        return optax.adafactor(schedule, weight_decay_rate=weight_decay or None, weight_decay_mask=_decay_mask)
-    if name not in BETAS:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
-    default_b1, default_b2 = BETAS[name]
-    make = {"adamw": optax.adamw, "lamb": optax.lamb, "lion": optax.lion}[name]
-    return make(schedule, b1=default_b1 if b1 is None else b1, b2=default_b2 if b2 is None else b2,
-                weight_decay=weight_decay, mask=_decay_mask)
+def _adam_like(make, b1: float, b2: float):
+    def build(optim: OptimConfig, schedule, weight_decay: float) -> optax.GradientTransformation:
+        return make(schedule, b1=b1 if optim.b1 is None else optim.b1, b2=b2 if optim.b2 is None else optim.b2,
+                    weight_decay=weight_decay, mask=_decay_mask)
+    return build
 
 
-def make_optimizer(schedule: optax.Schedule | float, *, optimizer: str | optax.GradientTransformation = "adamw",
-                   weight_decay: float | None = None, clip_norm: float | None = 1.0, b1: float | None = None,
-                   b2: float | None = None, momentum: float = 0.9, nesterov: bool = False,
-                   frozen: Any | Callable | None = None, lr_multipliers: LrGroups | Any | None = None
-                   ) -> optax.GradientTransformation:
-    """Clip -> ``optimizer`` (an ``OPTIMIZERS`` name at ``schedule``, or any optax transform as is) -> multipliers.
+OPTIMIZERS.register("adamw", _adam_like(optax.adamw, 0.9, 0.999), help="lr 1e-2, weight decay 0.05",
+                    reads=("b1", "b2"), lr=1e-2, weight_decay=0.05)
+OPTIMIZERS.register("sgd", lambda optim, schedule, weight_decay: optax.chain(
+    optax.add_decayed_weights(weight_decay, _decay_mask),
+    optax.sgd(schedule, momentum=optim.momentum or None, nesterov=optim.nesterov)),
+    help="lr 0.1, weight decay 1e-4 as L2", reads=("momentum", "nesterov"), lr=0.1, weight_decay=1e-4)
+OPTIMIZERS.register("lamb", _adam_like(optax.lamb, 0.9, 0.999), help="lr 1e-2, weight decay 0.05",
+                    reads=("b1", "b2"), lr=1e-2, weight_decay=0.05)
+OPTIMIZERS.register("lion", _adam_like(optax.lion, 0.9, 0.99), help="lr 1e-3, weight decay 0.5", reads=("b1", "b2"),
+                    lr=1e-3, weight_decay=0.5)
+OPTIMIZERS.register("adafactor", lambda optim, schedule, weight_decay: optax.adafactor(
+    schedule, weight_decay_rate=weight_decay or None, weight_decay_mask=_decay_mask),
+    help="lr 1e-2, weight decay 0.05", lr=1e-2, weight_decay=0.05)
 
-    ``weight_decay`` / ``b1`` / ``b2``: None is the optimizer's default (``OPTIMIZERS``, ``BETAS``);
-    ``momentum`` and ``nesterov`` are SGD's. ``frozen``: path patterns, a pytree of bools over the
-    params (True = frozen), or a function of the params returning one (see
-    :func:`kaggle_utils.variable_trees.freeze_optimizer`). ``lr_multipliers``:
-    :func:`.lr_groups.assign_lr_groups`' result or a pytree of floats over the params; a leaf's
-    update (decay included, as with a per-group lr) is multiplied by its value.
+
+def default_lr(optimizer: str) -> float:
+    """The rate per 256 images ``--optimizer`` runs at without ``--lr``."""
+    if "lr" not in OPTIMIZERS[optimizer].defaults:
+        raise ConfigError(f"--optimizer {optimizer} was registered without a default rate (lr=): give --lr")
+    return OPTIMIZERS[optimizer].defaults["lr"]
+
+
+def default_weight_decay(optimizer: str) -> float:
+    return OPTIMIZERS[optimizer].defaults.get("weight_decay", 0.0)
+
+
+def make_optimizer(schedule: optax.Schedule | float, optim: OptimConfig = OptimConfig(), *,
+                   tx: optax.GradientTransformation | None = None, frozen: Any | Callable | None = None,
+                   lr_multipliers: LrGroups | Any | None = None) -> optax.GradientTransformation:
+    """Clip by ``optim.clip_norm`` -> ``optim.optimizer`` (its :data:`~kaggle_utils.registry.OPTIMIZERS` entry at
+    ``schedule``; ``optim.weight_decay`` None: the entry's default), or ``tx`` as it is -> multipliers.
+
+    ``frozen``: path patterns, a pytree of bools over the params (True = frozen), or a function of the params
+    returning one (see :func:`kaggle_utils.variable_trees.freeze_optimizer`). ``lr_multipliers``:
+    :func:`.lr_groups.assign_lr_groups`' result or a pytree of floats over the params; a leaf's update (decay
+    included, as with a per-group lr) is multiplied by its value.
     """
-    if isinstance(optimizer, str):
-        decay = OPTIMIZERS.get(optimizer, (0, 0))[1] if weight_decay is None else weight_decay
-        core = _core(optimizer, schedule, decay, b1, b2, momentum, nesterov)
-        tx = optax.chain(*([optax.clip_by_global_norm(clip_norm)] if clip_norm is not None else []), core)
-    else:
-        tx = optimizer
+    if tx is None:
+        decay = default_weight_decay(optim.optimizer) if optim.weight_decay is None else optim.weight_decay
+        core = OPTIMIZERS[optim.optimizer].build(optim, schedule, decay)
+        tx = optax.chain(*([optax.clip_by_global_norm(optim.clip_norm)] if optim.clip_norm is not None else []), core)
     if frozen is not None:
         tx = freeze_optimizer(tx, frozen)
     if lr_multipliers is None:

@@ -94,7 +94,8 @@ def _keep_previous_last(out_dir: Path, last: Path) -> None:
 
 def load_last(path: str | Path, template, columns: Sequence[str]) -> tuple[Any, list[dict], dict | None]:
     """(host state, history, pending training sums) from a ``last.msgpack``, every state leaf checked."""
-    raw = checkpoint.load(path)
+    # a kill between last.msgpack's rename and its manifest's leaves an older manifest: a resume warns and goes on
+    raw = checkpoint.load(path, accept_changed=True)
     for key in ("state", "history"):
         if key not in raw:
             raise checkpoint.CheckpointError(f"{path} is not a training checkpoint (no {key!r} entry)")

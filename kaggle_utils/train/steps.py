@@ -23,6 +23,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import variable_trees
+from ..config import OptimConfig
 from ..parallel import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
 from ..precision import LossScale, all_finite
 from .tasks import SoftmaxClassification, Task
@@ -83,17 +84,18 @@ def init_variables(model, image_size: int, *, seed: int = 0, channels: int = 3) 
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """What the steps need besides model and optimizer (hashable: part of the compiled step). ``augment``:
-    ``(key, uint8 images) -> uint8 images`` before normalisation; ``mix``: ``(key, images, targets, mask) ->
-    (images, targets)`` after it, leaving masked rows alone; each with its own key per step and replica."""
+    """What the steps need besides model and optimizer (hashable: part of the compiled step). ``optim``: the config's
+    section, of which the step reads ``ema_decay`` (> 0: the state keeps an EMA of the weights,
+    :meth:`Steps.init_state`) and ``accumulate_steps``. ``augment``: ``(key, uint8 images) -> uint8 images`` before
+    normalisation; ``mix``: ``(key, images, targets, mask) -> (images, targets)`` after it, leaving masked rows
+    alone; each with its own key per step and replica."""
 
     num_classes: int
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # of pixel values in [0, 1]; the model's pretrained_cfg
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     task: Task = SoftmaxClassification()
-    ema_decay: float = 0.999  # used only when the state keeps ema_params
+    optim: OptimConfig = OptimConfig()
     tta_flip: bool = False  # predict: average with the horizontally flipped image
-    accumulate_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
     augment: Callable | None = None
     mix: Callable | None = None
 
@@ -120,27 +122,30 @@ def _class_logits(logits: jax.Array, config: StepConfig) -> jax.Array:
 
 def micro_step(params, batch_stats, batch: dict, key, count, scale, *, model, config: StepConfig):
     """Gradients (of ``loss x scale``), new BatchNorm statistics and task sums of one (micro-)batch on one replica;
-    the loss is divided by ``count``, the whole step's real examples, so micro-batch gradients add up exactly."""
+    the loss is divided by ``count``, the whole step's real examples, so micro-batch gradients add up exactly.
+    Every field but the image and the mask goes to the task, which makes its targets of the ones it reads."""
     dropout_key, augment_key, mix_key = jax.random.split(key, 3)
-    images, labels, mask = batch["image"], batch["label"], batch["mask"]
+    images, mask = batch["image"], batch["mask"]
+    fields = {name: value for name, value in batch.items() if name not in ("image", "mask")}
     if config.augment is not None:
         images = config.augment(augment_key, images)
     images = normalize(images, config)
-    targets = config.task.targets(labels, config.num_classes)
-    if config.mix is not None:
+    targets = config.task.targets(fields, config.num_classes)
+    if config.mix is not None:  # every target blended as the images are
         images, targets = config.mix(mix_key, images, targets, mask)
 
     def loss_fn(params):
         variables = {"params": params, "batch_stats": batch_stats}
         logits, updates = model.apply(variables, images, mutable=["batch_stats"], rngs={"dropout": dropout_key})
         logits = _class_logits(logits, config)
-        losses = config.task.loss(logits, targets)
+        losses = config.task.example_losses(logits, targets)
         loss = jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(count, 1)
         return loss * scale, (logits, losses, updates.get("batch_stats", {}))
 
     (_, (logits, losses, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    # the loss trained on (mixed, smoothed targets); mixed rows count as their main label for accuracy
-    sums = config.task.metric_sums(logits, labels if config.mix is None else targets, mask, full=False, losses=losses)
+    # the loss trained on (mixed, smoothed targets, a teacher's); mixed rows count as their main label for accuracy
+    labels = fields["label"] if config.mix is None else targets["label"]
+    sums = config.task.metric_sums(logits, labels, mask, full=False, losses=losses)
     return grads, new_stats, sums
 
 
@@ -148,7 +153,7 @@ def _accumulated(state: TrainState, batch: dict, key, count, scale, *, model, co
     """:func:`micro_step` over ``config.accumulate_steps`` micro-batches one after another: the memory of a batch K
     times smaller for the whole batch's gradient; BatchNorm normalises each micro-batch on its own statistics."""
     step = functools.partial(micro_step, model=model, config=config)
-    k = config.accumulate_steps
+    k = config.optim.accumulate_steps
     if k == 1:
         return step(state.params, state.batch_stats, batch, key, count, scale)
     micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
@@ -179,10 +184,13 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
     batch_stats = lax.pmean(batch_stats, AXIS)  # already equal with synchronised BN; averages otherwise
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    ema = state.ema_params
+    ema, decay = state.ema_params, config.optim.ema_decay
+    if (ema is not None) != (decay > 0):
+        raise ValueError(f"ema_decay is {decay} but the state {'keeps' if ema is not None else 'has no'} EMA weights: "
+                         "make the state with Steps.init_state (or create_train_state(ema=ema_decay > 0))")
     if ema is not None:
         # TF's num_updates warm-up: early on the average follows the weights instead of the init
-        decay = jnp.minimum(config.ema_decay, (1.0 + state.step) / (10.0 + state.step))
+        decay = jnp.minimum(decay, (1.0 + state.step) / (10.0 + state.step))
         ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema, params)
     task_sums = lax.psum(task_sums, AXIS)
     optim = {"grad_norm": optax.tree.norm(grads), "param_norm": optax.tree.norm(params),  # fp32, as the state
@@ -230,6 +238,13 @@ class Steps:
     evaluate: Callable  # jitted (state, device_batch) -> metrics
     predict: Callable  # jitted (state, device_batch) -> probabilities [global batch, C]
     config: StepConfig  # the task, num_classes, ...: what the loop needs to read the outputs
+    tx: optax.GradientTransformation | None = None  # the train step's optimizer (None: steps that only predict)
+
+    def init_state(self, variables: dict, *, seed: int = 0, loss_scale: bool = False) -> TrainState:
+        """The state these steps train from ``variables``: their optimizer's, with EMA weights where
+        ``config.optim.ema_decay`` > 0 (one value for the state and the step)."""
+        return create_train_state(variables, self.tx, seed=seed, ema=self.config.optim.ema_decay > 0,
+                                  loss_scale=loss_scale)
 
     @property
     def jitted(self) -> dict[str, Callable]:
@@ -281,4 +296,4 @@ def make_steps(model, tx: optax.GradientTransformation, config: StepConfig, *, m
         return jax.jit(mapped, donate_argnums=donate)
 
     return Steps(mode=mode, mesh=mesh, train=distribute(train_step, donate=(0,), tx=tx),
-                 evaluate=distribute(eval_step), predict=distribute(predict_step), config=config)
+                 evaluate=distribute(eval_step), predict=distribute(predict_step), config=config, tx=tx)

@@ -1,8 +1,10 @@
 """Tasks: what a step optimises and what a split is scored by, kept out of the step itself.
 
-A task gives float targets ``[B, C]``, a per-example loss, and scores a split in two halves: ``metric_sums``
-in the jitted step (*sums* over real examples, exact across batches, devices and hosts: a mean of per-batch
-F1 scores is not the split's F1) and ``finish`` on the host.
+A task reads the batch's fields it declares (:meth:`Task.fields`: ``label``; with a teacher, ``teacher``; a
+``weight`` where the batch has one) into per-example targets (``targets``, each ``[B, ...]``, blended alike by
+Mixup / CutMix), gives a per-example loss of them (``example_losses``), and scores a split in two halves:
+``metric_sums`` in the jitted step (*sums* over real examples, exact across batches, devices and hosts: a mean of
+per-batch F1 scores is not the split's F1) and ``finish`` on the host. Metrics read the labels, never the teacher.
 """
 import dataclasses
 import math
@@ -13,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..config import TaskConfig
 from ..metrics import confusion_counts, macro_f1, multilabel_f1
+from ..registry import TASKS
 
 UserMetric = Callable[[Mapping[str, np.ndarray]], float]
 
@@ -38,14 +42,50 @@ class Task:
 
     label_smoothing: float = 0.0
     user_metrics: tuple[tuple[str, UserMetric, str], ...] = ()  # (name, fn, "max" | "min": which way is better)
+    distill_alpha: float = 0.0  # > 0: the loss learns the batch's ``teacher`` probabilities with this weight
+    distill_temperature: float = 1.0  # both sides' logits divided by it (Hinton et al.), the teacher term x T^2
     minimized: ClassVar[tuple[str, ...]] = ("loss",)  # the built-in metrics where lower is better
 
     # ---- on the device
-    def targets(self, labels: jax.Array, num_classes: int) -> jax.Array:
-        """Integer labels ``[B]`` or float rows ``[B, C]`` -> smoothed float targets ``[B, C]``: timm's rule, off =
-        smoothing / C, on = 1 - smoothing + off (rows of a soft target stay sums of 1)."""
-        targets, smoothing = self._unsmoothed(labels, num_classes), self.label_smoothing
-        return targets * (1.0 - smoothing) + smoothing / targets.shape[-1] if smoothing else targets
+    def fields(self) -> tuple[str, ...]:
+        """The batch fields the loss needs (a ``weight`` field, where a batch has one, weighs each example)."""
+        return ("label", "teacher") if self.distill_alpha else ("label",)
+
+    def targets(self, batch: Mapping[str, jax.Array], num_classes: int) -> dict[str, jax.Array]:
+        """The per-example targets of a batch's fields: ``label`` (integer ``[B]`` or float rows ``[B, C]``) smoothed
+        by timm's rule (off = smoothing / C, on = 1 - smoothing + off: a soft row stays a sum of 1), the ``teacher``'s
+        probabilities at the temperature, a ``weight`` as it is."""
+        missing = [name for name in self.fields() if name not in batch]
+        if missing:
+            raise KeyError(f"{type(self).__name__} reads the batch field(s) {', '.join(missing)}; the batch has "
+                           f"{', '.join(sorted(batch))}" + (" (a teacher's: see --teacher)" if "teacher" in missing
+                                                            else ""))
+        targets, smoothing = self._unsmoothed(batch["label"], num_classes), self.label_smoothing
+        out = {"label": targets * (1.0 - smoothing) + smoothing / targets.shape[-1] if smoothing else targets}
+        if self.distill_alpha:
+            teacher = batch["teacher"].astype(jnp.float32)
+            t = self.distill_temperature
+            out["teacher"] = teacher if t == 1.0 else self.probabilities(self.logits(teacher) / t)
+        if "weight" in batch:
+            out["weight"] = batch["weight"].astype(jnp.float32)
+        return out
+
+    def example_losses(self, logits: jax.Array, targets: Mapping[str, jax.Array]) -> jax.Array:
+        """Per-example loss ``[B]`` of :meth:`targets` (mixed, where the batch was): the label's, with a teacher
+        ``(1 - alpha) x`` that ``+ alpha x T^2 x`` the loss of ``logits / T`` against the teacher's (at T = 1, the
+        loss of the soft targets ``alpha x teacher + (1 - alpha) x label``: every built-in loss is linear in them),
+        times the ``weight``."""
+        losses = self.loss(logits, targets["label"])
+        if self.distill_alpha:
+            alpha, t = self.distill_alpha, self.distill_temperature
+            losses = (1.0 - alpha) * losses + alpha * t * t * self.loss(logits / t, targets["teacher"])
+        return losses * targets["weight"] if "weight" in targets else losses
+
+    def with_teacher(self, alpha: float, temperature: float = 1.0) -> "Task":
+        """A copy that also learns a ``teacher`` field (its probabilities ``[B, C]``) with weight ``alpha``."""
+        if not (0.0 < alpha <= 1.0 and temperature > 0):
+            raise ValueError(f"a teacher needs 0 < alpha <= 1 and temperature > 0, got {alpha} and {temperature}")
+        return dataclasses.replace(self, distill_alpha=float(alpha), distill_temperature=float(temperature))
 
     def _unsmoothed(self, labels: jax.Array, num_classes: int) -> jax.Array:
         if labels.ndim == 1:
@@ -215,17 +255,17 @@ class MultiLabelClassification(Task):
         return ("loss", "acc", "f1", "micro_f1") if full else ("loss", "acc")
 
 
-TASKS = {"softmax": SoftmaxClassification, "focal": FocalClassification, "multilabel": MultiLabelClassification}
+TASKS.register("softmax", lambda task: SoftmaxClassification(label_smoothing=task.label_smoothing),
+               help="softmax cross-entropy; accuracy, top-5, macro F1")
+TASKS.register("focal", lambda task: FocalClassification(label_smoothing=task.label_smoothing, gamma=task.focal_gamma),
+               help="softmax focal loss, --focal-gamma")
+TASKS.register("multilabel", lambda task: MultiLabelClassification(label_smoothing=task.label_smoothing,
+                                                                   threshold=task.threshold),
+               help="several labels per image: sigmoid BCE, a class predicted above --threshold")
 
 
-def make_task(name: str, *, label_smoothing: float = 0.0, focal_gamma: float = 2.0, threshold: float = 0.5) -> Task:
-    """The built-in task called ``name`` (``softmax`` | ``focal`` | ``multilabel``); ``threshold``: multilabel's
-    decision (a class is predicted where its probability exceeds it)."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
-    if name == "multilabel" and not 0.0 < threshold < 1.0:
-        raise ValueError(f"threshold must be in (0, 1), got {threshold}")
-    options = {"focal": {"gamma": focal_gamma}, "multilabel": {"threshold": threshold}}.get(name, {})
-    return TASKS[name](label_smoothing=label_smoothing, **options)
+def make_task(task: TaskConfig | str = TaskConfig()) -> Task:
+    """The task of a config's ``task`` section (checked where it is defined, :meth:`TaskConfig.check`), by its
+    :data:`~kaggle_utils.registry.TASKS` entry; a name: that task with the section's defaults."""
+    task = TaskConfig(task=task) if isinstance(task, str) else task
+    return TASKS[task.task].build(task)

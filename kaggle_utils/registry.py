@@ -1,0 +1,73 @@
+"""The names a flag accepts, registered by the code that dispatches on them: one registration adds a choice.
+
+``--optimizer``, ``--schedule``, ``--task`` and ``--train-crop`` take the names registered in :data:`OPTIMIZERS`,
+:data:`SCHEDULES`, :data:`TASKS` and :data:`TRAIN_CROPS`; :mod:`kaggle_utils.config` reads a field's choices, its
+help and the option fields a choice reads from here, so a new optimizer is its builder and one ``register`` call::
+
+    @OPTIMIZERS.register("rmsprop", help="lr 1e-3, weight decay 0", lr=1e-3, weight_decay=0.0)
+    def rmsprop(optim, schedule, weight_decay):
+        return optax.rmsprop(schedule)
+
+A registry is filled by its home module, imported at the first look-up, so importing the config stays light.
+"""
+import dataclasses
+import importlib
+from typing import Any, Callable, Iterator, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One choice: its builder, its words in ``--help``, the option fields only it reads, its defaults."""
+
+    name: str
+    build: Callable
+    help: str = ""
+    reads: tuple[str, ...] = ()  # config fields of the choice's own (e.g. sgd: momentum, nesterov)
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # e.g. an optimizer's lr, weight_decay
+
+
+class Registry:
+    """``name -> Entry``; iterating gives the names, so a registry is a flag's ``choices`` as it is."""
+
+    def __init__(self, what: str, home: str):
+        self.what, self.home, self._entries, self._loaded = what, home, {}, False
+
+    def register(self, name: str, build: Callable | None = None, *, help: str = "", reads: tuple[str, ...] = (),
+                 **defaults):
+        """Registers ``build`` under ``name`` (replacing an earlier one); a decorator without ``build``."""
+        if build is None:
+            return lambda fn: self.register(name, fn, help=help, reads=reads, **defaults)
+        self._entries[name] = Entry(name, build, help, tuple(reads), dict(defaults))
+        return build
+
+    def _filled(self) -> dict[str, Entry]:
+        if not self._loaded:  # the home module registers the built-in choices as it is imported
+            self._loaded = True
+            importlib.import_module(self.home)
+        return self._entries
+
+    def __getitem__(self, name: str) -> Entry:
+        try:
+            return self._filled()[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.what} {name!r}: choose one of {', '.join(self)}") from None
+
+    def __contains__(self, name) -> bool:
+        return name in self._filled()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._filled()))
+
+    def option_fields(self) -> tuple[str, ...]:
+        """The fields some choice reads and others do not: given with a choice that does not read them, refused."""
+        return tuple(dict.fromkeys(field for entry in self._filled().values() for field in entry.reads))
+
+    def describe(self) -> str:
+        """The choices as ``--help`` lists them: ``name (its help) | ...``."""
+        return " | ".join(f"{e.name} ({e.help})" if e.help else e.name for e in self._filled().values())
+
+
+OPTIMIZERS = Registry("optimizer", "kaggle_utils.train.optim")
+SCHEDULES = Registry("schedule", "kaggle_utils.train.optim")
+TASKS = Registry("task", "kaggle_utils.train.tasks")
+TRAIN_CROPS = Registry("train crop", "kaggle_utils.data.transforms")
