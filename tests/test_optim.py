@@ -13,7 +13,7 @@ from kaggle_utils.config import ConfigError, OptimConfig, TrainConfig, config_fr
 from kaggle_utils.parallel import make_mesh
 from kaggle_utils.registry import OPTIMIZERS
 from kaggle_utils.train import StepConfig, init_variables, make_optimizer, make_steps
-from kaggle_utils.train.optim import make_schedule
+from kaggle_utils.train.optim import at_rate_table, make_schedule
 
 from job_helpers import TEST_MODEL
 from train_helpers import TinyCNN, batches, digits
@@ -40,6 +40,53 @@ def test_onecycle_rises_over_the_warmup_from_a_25th_of_the_peak_then_anneals():
     values = [float(schedule(s)) for s in range(101)]
     assert values[0] == pytest.approx(2.0 / 25) and max(values) == pytest.approx(2.0)
     assert int(np.argmax(values)) == 30 and values[100] == pytest.approx(2.0 / 25 / 1e4, rel=1e-3)
+
+
+def _updates(tx, params, steps):
+    """The updates of ``steps`` optimizer steps towards 0 on a quadratic, one list per step."""
+    state, out = tx.init(params), []
+    for _ in range(steps):
+        grads = jax.tree.map(lambda p: 2 * p, params)
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        out.append(updates)
+    return out
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd", "lamb", "lion", "adafactor"])
+def test_the_rate_table_steps_like_the_optimizer_given_the_schedule_itself(name):
+    schedule = make_schedule(OptimConfig(optimizer=name), 0.1, 12, warmup_steps=3)
+    optim = OptimConfig(optimizer=name, weight_decay=0.1, clip_norm=None)
+    params = {"kernel": jnp.linspace(-1.0, 2.0, 12).reshape(4, 3), "bias": jnp.full((3,), 0.5)}
+    tabled = _updates(make_optimizer(schedule, optim), params, 14)  # past the end too
+    plain = _updates(make_optimizer(schedule.rate, optim), params, 14)  # the optax schedule, compiled in
+    for a, b in zip(jax.tree.leaves(tabled), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_runs_of_other_rates_and_lengths_compile_the_same_update():
+    params = {"kernel": jnp.ones((4, 3)), "bias": jnp.ones((3,))}
+
+    def update_program(schedule):
+        tx = make_optimizer(schedule, OptimConfig())
+        return jax.jit(tx.update).lower(params, tx.init(params), params).as_text()
+
+    runs = [make_schedule("cosine", 0.01, 20, warmup_steps=2), make_schedule("linear", 0.3, 50, warmup_steps=9),
+            make_schedule(OptimConfig(schedule="step", decay_epochs=2), 0.1, 40, steps_per_epoch=5)]
+    assert len({update_program(schedule) for schedule in runs}) == 1
+    assert update_program(runs[0]) != update_program(make_schedule("cosine", 0.01, 200))  # a longer table
+    assert update_program(runs[0].rate) != update_program(runs[1].rate)  # an optax schedule: its numbers compiled in
+    table = runs[1].table()  # 50 steps: the next power of two, at least 64 (the float32 rounding of a fused program)
+    np.testing.assert_allclose(table, [float(runs[1](step)) for step in range(64)], rtol=0, atol=1e-6 * 0.3)
+
+
+def test_past_the_end_of_its_table_the_last_rate_holds():
+    tx = at_rate_table(optax.sgd, [1.0, 2.0, 3.0])
+    state, rates = tx.init({"w": jnp.zeros(())}), []
+    for _ in range(5):
+        updates, state = tx.update({"w": jnp.ones(())}, state)  # sgd without momentum: -rate x gradient
+        rates.append(-float(updates["w"]))
+    assert rates == [1.0, 2.0, 3.0, 3.0, 3.0]
 
 
 def quadratic_step(tx, params, target):

@@ -10,10 +10,16 @@ one place from the config's ``optim`` section.
 * ``frozen`` leaves get no update and no optimizer state (``multi_transform`` with ``set_to_zero``);
   ``lr_multipliers`` (:mod:`.lr_groups`) scale each update after the optimizer, outside the
   freezing, so the optimizer state keeps its layout and frozen leaves stay at zero.
+* A run's rates are a table in the optimizer's state (:class:`Schedule`, :func:`at_rate_table`), not constants of
+  the compiled step: a run of another length, peak rate, warmup or schedule compiles the same program, so the
+  persistent compilation cache serves a tune's trials, a CV's folds of other sizes and the next run alike.
 """
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 from ..config import ConfigError, OptimConfig
@@ -47,8 +53,49 @@ def _onecycle(optim: OptimConfig, peak: float, steps: int, warmup: int) -> optax
     return optax.cosine_onecycle_schedule(steps, peak, pct_start=max(warmup, 1) / steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A run's rate by step (``schedule(step)``, the history's ``lr``) over its ``total_steps``: what
+    :func:`make_optimizer` tabulates into the optimizer's state."""
+
+    rate: optax.Schedule
+    total_steps: int
+
+    def __call__(self, step):
+        return self.rate(step)
+
+    def table(self) -> np.ndarray:
+        """The rate at steps 0..L-1, L the power of two above ``total_steps`` (at least 64): runs whose lengths share
+        L share a compiled step; past the end the last rate holds."""
+        length = max(64, 1 << int(self.total_steps).bit_length())
+        return np.asarray(jax.vmap(self.rate)(jnp.arange(length)), np.float32)
+
+
+class RateTableState(NamedTuple):
+    count: jax.Array  # updates applied
+    rates: jax.Array  # the rate of each step
+    inner: optax.OptState
+
+
+def at_rate_table(make: Callable[[jax.Array], optax.GradientTransformation], rates) -> optax.GradientTransformation:
+    """``make(rate)``, an optimizer at a fixed rate, updating at ``rates[step]`` (the last one past the end): the rates
+    are state, so the compiled update does not depend on their values. ``make``'s state must not depend on the rate
+    (true of optax's optimizers: the rate only scales)."""
+    rates = jnp.asarray(rates, jnp.float32)
+
+    def init(params):
+        return RateTableState(jnp.zeros([], jnp.int32), rates, make(rates[0]).init(params))
+
+    def update(updates, state, params=None):
+        rate = state.rates[jnp.minimum(state.count, state.rates.shape[0] - 1)]
+        updates, inner = make(rate).update(updates, state.inner, params)
+        return updates, RateTableState(optax.safe_increment(state.count), state.rates, inner)
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_schedule(optim: OptimConfig | str, peak_lr: float, total_steps: int, *, warmup_steps: int = 0,
-                  steps_per_epoch: int = 1) -> optax.Schedule:
+                  steps_per_epoch: int = 1) -> Schedule:
     """0 -> ``peak_lr`` linearly over ``warmup_steps``, then ``optim.schedule`` (a name: that schedule with the
     section's defaults) over the rest of ``total_steps``, as its :data:`~kaggle_utils.registry.SCHEDULES` entry
     says (``steps_per_epoch``: for ``--decay-epochs``). A schedule registered with ``own_warmup`` (onecycle: it
@@ -60,9 +107,10 @@ def make_schedule(optim: OptimConfig | str, peak_lr: float, total_steps: int, *,
     entry = SCHEDULES[optim.schedule]
     warmup = min(max(warmup_steps, 0), total_steps - 1)
     if entry.defaults.get("own_warmup"):
-        return entry.build(optim, peak_lr, total_steps, warmup)
+        return Schedule(entry.build(optim, peak_lr, total_steps, warmup), total_steps)
     after = entry.build(optim, peak_lr, total_steps - warmup, steps_per_epoch)
-    return optax.join_schedules([optax.linear_schedule(0.0, peak_lr, warmup), after], [warmup]) if warmup else after
+    rate = optax.join_schedules([optax.linear_schedule(0.0, peak_lr, warmup), after], [warmup]) if warmup else after
+    return Schedule(rate, total_steps)
 
 
 # ---- optimizers: (section, schedule, weight decay) -> the transform; defaults: lr per 256 images, weight decay.
@@ -108,7 +156,9 @@ def make_optimizer(schedule: optax.Schedule | float, optim: OptimConfig = OptimC
                    tx: optax.GradientTransformation | None = None, frozen: Any | Callable | None = None,
                    lr_multipliers: LrGroups | Any | None = None) -> optax.GradientTransformation:
     """Clip by ``optim.clip_norm`` -> ``optim.optimizer`` (its :data:`~kaggle_utils.registry.OPTIMIZERS` entry at
-    ``schedule``; ``optim.weight_decay`` None: the entry's default), or ``tx`` as it is -> multipliers.
+    ``schedule``; ``optim.weight_decay`` None: the entry's default), or ``tx`` as it is -> multipliers. A
+    :class:`Schedule` (:func:`make_schedule`'s) is read from a table in the state (:func:`at_rate_table`); any other
+    schedule or rate is given to the optimizer as it is.
 
     ``frozen``: path patterns, a pytree of bools over the params (True = frozen), or a function of the params
     returning one (see :func:`kaggle_utils.variable_trees.freeze_optimizer`). ``lr_multipliers``:
@@ -117,7 +167,9 @@ def make_optimizer(schedule: optax.Schedule | float, optim: OptimConfig = OptimC
     """
     if tx is None:
         decay = default_weight_decay(optim.optimizer) if optim.weight_decay is None else optim.weight_decay
-        core = OPTIMIZERS[optim.optimizer].build(optim, schedule, decay)
+        entry = OPTIMIZERS[optim.optimizer]
+        make = lambda rate: entry.build(optim, rate, decay)  # noqa: E731  (the entry at one rate or schedule)
+        core = at_rate_table(make, schedule.table()) if isinstance(schedule, Schedule) else make(schedule)
         tx = optax.chain(*([optax.clip_by_global_norm(optim.clip_norm)] if optim.clip_norm is not None else []), core)
     if frozen is not None:
         tx = freeze_optimizer(tx, frozen)
