@@ -167,9 +167,10 @@ def test_flags_of_a_teacher_need_the_teacher():
 
 def test_a_run_learns_from_a_teacher_and_its_pseudo_labels_and_says_so(sample, teacher_cv, tmp_path, capsys):
     folder, _, test_probs = teacher_cv
-    config = tiny_config(sample, teacher=str(folder), pseudo_labels=str(folder), pseudo_threshold=0.95,
-                         distill_alpha=0.7, mixup_alpha=0.2)
-    result = run.train(config, tmp_path / "student", progress=False)
+    config = tiny_config(sample, pseudo_labels=str(folder), pseudo_threshold=0.95, distill_alpha=0.7, mixup_alpha=0.2)
+    with pytest.raises(ConfigError, match="--distill-alpha needs --teacher"):
+        config.check()
+    result = run.train(config, tmp_path / "student", teacher=folder, progress=False)
     assert all(np.isfinite(row["train_loss"]) and np.isfinite(row["val_loss"]) for row in result.history)
     assert result.steps.config.task.distill_alpha == 0.7
     said = capsys.readouterr().out

@@ -55,18 +55,24 @@ class RunResult:
 
 def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
           tx: optax.GradientTransformation | Callable[[optax.Schedule], optax.GradientTransformation] | None = None,
-          variables: dict | None = None, hooks: Sequence[Hook] = (), writers: Sequence[MetricWriter] = (),
-          data: RunData | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True
-          ) -> RunResult:
+          variables: dict | None = None, teacher: str | Path | None = None, hooks: Sequence[Hook] = (),
+          writers: Sequence[MetricWriter] = (), data: RunData | None = None, resume: bool = False,
+          overwrite: bool = False, progress: bool = True) -> RunResult:
     """Trains ``config`` into ``out``, reports it and predicts its test split with the best checkpoint.
 
     ``task``: instead of the config's (``with_metric``: its metrics can be the ``monitor``), its values recorded in
     config.json in place of the defaults (:func:`~kaggle_utils.run.resolve.run_task`); ``tx``: any optax transform
     (or a function of the config's schedule returning one) instead of the config's optimizer; ``variables``: model
     variables to start from (any model's own pretrained ones: each leaf whose path and shape fit is taken, the rest
-    initialised); the three recorded in config.json under ``task``, ``tx`` and ``variables``. ``data``: already opened
-    for this config; ``hooks``, ``writers``: as for :func:`~kaggle_utils.train.fit`.
+    initialised); the three recorded in config.json under ``task``, ``tx`` and ``variables``. ``teacher``: the
+    config's ``--teacher`` (a CV, run or predict folder, or a CSV: README "Teachers"), recorded as the flag is.
+    ``data``: already opened for this config; ``hooks``, ``writers``: as for :func:`~kaggle_utils.train.fit`.
     """
+    if teacher is not None:
+        if config.distill.teacher not in (None, str(teacher)):
+            raise ConfigError(f"run.train(teacher={str(teacher)!r}) and --teacher {config.distill.teacher} disagree: "
+                              "give one of them")
+        config = config.replace(teacher=str(teacher))
     notes = {"task": _custom_task_note(task)} if task is not None else {}
     if resume:  # a model of yours, registered by the process that started the run: found where it recorded it
         recorded_model(config, Path(out))
