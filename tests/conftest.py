@@ -54,6 +54,8 @@ import pytest  # noqa: E402
 
 from kaggle_utils.run.target_plan import quiet_libtpu  # noqa: E402
 
+pytest_plugins = ["tiers"]  # the quick tier's rule, checked while the suite runs; the Kaggle stack's selection
+
 # libtpu is installed for the TPU plan tests (requirements.txt); on a machine without TPU chips every process that
 # inherits this environment (xdist workers, notebook kernels, jobs) is told so before its backend starts, and prints
 # nothing of libtpu's search for TPU hosts

@@ -1,4 +1,5 @@
-"""``python -m kaggle_utils`` as a real process, for the tests that need one (kills, locks, exit codes)."""
+"""The job: ``python -m kaggle_utils`` as a real process, for the tests that need one (kills, locks, a fresh process's
+log), or ``job.main`` in this process for the rest (the suite's imports, devices and compiled programs reused)."""
 import os
 import subprocess
 import sys
@@ -23,6 +24,17 @@ def job_process(args, out, cwd):
     env = cpu_process_env(1)
     return subprocess.Popen([sys.executable, "-m", "kaggle_utils", *args, "--out", str(out)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def job_in_process(args, out, capfd) -> str:
+    """The log of the job run by ``job.main`` in this process (on the suite's 8 CPU devices), which must succeed."""
+    from kaggle_utils import job
+
+    code = job.main([*args, "--out", str(out)])
+    captured = capfd.readouterr()
+    log = captured.out + captured.err
+    assert code == 0, log[-3000:]
+    return log
 
 
 def finish(proc, timeout=900):

@@ -50,6 +50,7 @@ def stage_speed():
 
 # --------------------------------------------------------------------------- model_speed.py
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_model_speed_help_lists_every_mode_without_cuda():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as on a machine without a GPU
     done = subprocess.run([sys.executable, str(BENCH / "model_speed.py"), "--help"], capture_output=True,

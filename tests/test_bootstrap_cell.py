@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from kaggle_utils import publish, runtime
 
@@ -24,6 +25,7 @@ def write_notebook(path: Path, first: str, rest: str = "from kaggle_utils import
     return path
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_runtime_prints_the_one_source():
     done = subprocess.run([sys.executable, "-m", "kaggle_utils.runtime", "--bootstrap"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)

@@ -129,6 +129,7 @@ def pool_labels(sample):
     return names
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_oof_holds_every_record_once_predicted_by_the_fold_that_did_not_train_on_it(cv, sample):
     tmp, _, straight = cv
     out = straight.out
@@ -156,6 +157,7 @@ def test_oof_holds_every_record_once_predicted_by_the_fold_that_did_not_train_on
         assert np.all(np.abs(counts - counts.sum() / K) <= 1), (label, counts)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_cv_json_matches_scores_recomputed_from_oof_csv(cv):
     out = cv[2].out
     _, rows = read_csv(out / "oof.csv")
@@ -183,6 +185,7 @@ def test_cv_json_matches_scores_recomputed_from_oof_csv(cv):
         assert scores["folds"][k]["best"] == metrics["best"]
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_submission_is_the_mean_of_the_fold_models_test_probabilities(cv, sample):
     out = cv[2].out
     header, rows = read_csv(out / "test_probabilities.csv")
@@ -206,6 +209,7 @@ def without_timing(scores):
     return {**scores, "folds": folds}
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_cv_killed_between_folds_and_resumed_equals_one_run_straight_through(cv):
     tmp, resumed, straight = cv
     assert sorted(resumed.trained) == [1]  # fold 0 was finished before the kill: skipped
@@ -214,6 +218,7 @@ def test_a_cv_killed_between_folds_and_resumed_equals_one_run_straight_through(c
     assert without_timing(resumed.scores) == without_timing(straight.scores)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_changed_fold_assignment_is_refused_naming_what_differs(cv, sample):
     out = cv[2].out
     before = (out / "folds.csv").read_text()
@@ -224,6 +229,7 @@ def test_a_changed_fold_assignment_is_refused_naming_what_differs(cv, sample):
     assert (out / "folds.csv").read_text() == before
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_finished_folds_are_skipped_by_resume(cv, sample, capsys):
     out = cv[2].out
     result = run.cross_validate(tiny_config(sample), out, folds=K, resume=True, progress=False)
@@ -234,6 +240,7 @@ def test_finished_folds_are_skipped_by_resume(cv, sample, capsys):
 # --------------------------------------------------------------------------- the job
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_cv_job_with_only_folds_trains_those_and_waits_for_the_rest(cv, sample, tmp_path, capsys):
     out = tmp_path / "cv"
     shutil.copytree(cv[2].out, out)  # the module's CV with fold 0 never trained
@@ -266,6 +273,7 @@ def test_cv_job_refuses_bad_fold_flags_in_one_line(sample, tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_source_is_converted_once_into_out_data_and_the_folds_read_it(tmp_path):
     from test_job_data import _digit_images, _save_png
 
@@ -288,6 +296,7 @@ def test_a_source_is_converted_once_into_out_data_and_the_folds_read_it(tmp_path
         run.cross_validate(config, out, folds=2, progress=False)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_overwrite_makes_every_fold_unfinished_again(cv, sample, tmp_path):
     out = tmp_path / "cv"
     shutil.copytree(cv[2].out, out)

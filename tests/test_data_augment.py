@@ -276,6 +276,7 @@ def test_show_augmented_draws_a_grid():
         plt.close(fig)
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_workers_started_from_a_script_do_not_rerun_it(tmp_path):
     """No `if __name__ == "__main__":` guard needed, and the script's own function reaches the workers."""
     import subprocess

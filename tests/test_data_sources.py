@@ -305,6 +305,7 @@ def test_convert_refuses_to_mix_runs_and_overwrite_replaces_every_split(folders,
     assert os.listdir(tmp_path / "train") == ["00-8x8-18.tfrec"] and info["counts"] == {"train": 18}
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_convert_command_line_with_a_csv_and_a_tfds_source(csv_images, tiny_tfds, tmp_path, capsys):
     from kaggle_utils.data.__main__ import main
 

@@ -142,6 +142,7 @@ def test_conv2d_rejects_unknown_impl():
         conv2d(x, kernel, impl="fast")
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_whole_model_loss_and_gradients_agree_across_conv_impls():
     """A training forward + backward of a small EfficientNetV2 (BN in train mode, SE, every
     block type) gives the same loss and parameter gradients on either conv path."""

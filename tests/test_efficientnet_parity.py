@@ -80,8 +80,13 @@ FAMILIES = {"test_efficientnet", "efficientnet_b0", "tf_efficientnet_b0", "effic
             "efficientnetv2_rw_t", "efficientnetv2_s", "tf_efficientnetv2_b0", "tf_efficientnetv2_s"}
 
 
-@pytest.mark.parametrize("name", [name if name in FAMILIES else pytest.param(name, marks=pytest.mark.variant_sweep)
-                                  for name in list_models()])
+def variant_marks(name):
+    """Every variant but the tiny one builds a full-size model (slow, tests/tiers.py); beyond FAMILIES, variant_sweep."""
+    return ([] if name == "test_efficientnet" else [pytest.mark.slow]) + \
+        ([] if name in FAMILIES else [pytest.mark.variant_sweep])
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=variant_marks(name)) for name in list_models()])
 def test_every_variant_matches_timm(name):
     # The smallest even size that keeps every stage at least 1x1; batch 2 so BN is exercised per sample.
     # Statistics calibrated at the size compared, on 32 images: at 32x32 the last stages are 1x1,
@@ -92,12 +97,14 @@ def test_every_variant_matches_timm(name):
     assert_parity(name, tm, inputs(32))
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 @pytest.mark.parametrize("name", ["tf_efficientnetv2_b0", "efficientnetv2_rw_t"])  # TF SAME / symmetric padding
 @pytest.mark.parametrize("size", [64, 65])
 def test_even_and_odd_sizes(name, size):
     assert_parity(name, random_timm_model(name), inputs(size))
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_padding_rule_matters():
     """The tf_ variant run with PyTorch padding must NOT match: the test can see padding bugs."""
     name = "tf_efficientnetv2_b0"
@@ -109,6 +116,7 @@ def test_padding_rule_matters():
     assert rel_diff(wrong, ref) > 1e-3
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_features_only_matches_timm():
     name = "tf_efficientnetv2_b0"
     tm = random_timm_model(name)
@@ -129,6 +137,7 @@ def test_features_only_matches_timm():
         assert rel_diff(f, r) < FP32_TOL
 
 
+@pytest.mark.slow  # builds efficientnetv2_rw_t (tests/tiers.py)
 def test_backbone_returns_forward_features():
     name = "efficientnetv2_rw_t"
     tm = random_timm_model(name)
@@ -143,6 +152,7 @@ def test_backbone_returns_forward_features():
     assert rel_diff(fmap, ref) < FP32_TOL
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 @pytest.mark.parametrize("name", ["tf_efficientnetv2_b0", "efficientnet_b0"])
 def test_bf16_compute_tier(name):
     tm = random_timm_model(name)
@@ -156,6 +166,7 @@ def test_bf16_compute_tier(name):
     assert np.array_equal(np.argmax(out, -1), np.argmax(ref, -1))
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_bf16_keeps_fp32_parameters_and_statistics():
     # Dtypes are fixed when the functions are traced: shapes and dtypes without computing anything.
     model = create_model("tf_efficientnetv2_b0", num_classes=10, dtype=jnp.bfloat16)
@@ -166,6 +177,7 @@ def test_bf16_keeps_fp32_parameters_and_statistics():
     assert leaves and all(leaf.dtype == jnp.float32 for leaf in leaves)
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_training_mode_updates_running_stats_like_torch():
     """One train-mode forward: same outputs and same updated running statistics as timm's BN."""
     name = "tf_efficientnetv2_b0"

@@ -27,6 +27,7 @@ def parent(sample, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_new_run_starts_from_the_parent_s_best_checkpoint_head_included(parent, sample, tmp_path):
     _, best, _ = run.load_run(parent)
     config, _ = run.resolve(tiny_config(sample, init_from=str(parent)), run.open_data(tiny_config(sample),
@@ -69,6 +70,7 @@ def other(sample, tmp_path_factory):
     ([f"--class-names={name}" for name in "abcdefghij"], "its run trained class names"),
     (["--weights", "w.msgpack"], "--weights .* and --init-from .* exclude each other"),
 ])
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_another_model_or_other_classes_are_refused_naming_both_before_anything_is_written(
         parent, other, sample, capsys, flags, message):
     before = snapshot(other)

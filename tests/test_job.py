@@ -45,6 +45,7 @@ def learning_run(tmp_path_factory):
     return tmp, time.perf_counter() - start, log
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_readme_command_learns_digits_and_submits_every_test_id(learning_run, tmp_path):
     tmp, seconds, log = learning_run
     out = tmp / "run"
@@ -66,6 +67,7 @@ def test_readme_command_learns_digits_and_submits_every_test_id(learning_run, tm
     assert test_acc >= 0.85
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_checkpoints_keep_the_last_k_and_the_best(learning_run):
     out = learning_run[0] / "run"
     kept = sorted(p.name for p in out.glob("ckpt-*.msgpack"))
@@ -75,6 +77,7 @@ def test_checkpoints_keep_the_last_k_and_the_best(learning_run):
     assert json.loads((out / kept[0].replace(".msgpack", ".json")).read_text())["step"] == int(kept[0][5:-8])
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_config_json_records_the_run_and_the_files_are_readable_by_others(learning_run):
     out = learning_run[0] / "run"
     recorded = json.loads((out / "config.json").read_text())
@@ -85,6 +88,7 @@ def test_config_json_records_the_run_and_the_files_are_readable_by_others(learni
     assert recorded["plan"]["steps_per_epoch"] == 19 and recorded["plan"]["total_steps"] == 76
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_predict_command_rewrites_the_submission_from_the_run_folder(learning_run, tmp_path, capsys):
     tmp = learning_run[0]
     data = make_sample_dataset(tmp_path / "data", image_size=32)  # the same embedded sample, now on disk
@@ -94,6 +98,7 @@ def test_predict_command_rewrites_the_submission_from_the_run_folder(learning_ru
     assert (tmp_path / "pred" / "submission.csv").read_text() == (tmp / "run" / "submission.csv").read_text()
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_load_run_gives_the_model_variables_and_config(learning_run):
     out = learning_run[0] / "run"
     model, variables, config = run.load_run(out)
@@ -188,8 +193,8 @@ def test_batch_not_divisible_by_the_devices(sample, tmp_path, capsys):
 
 
 def test_out_dir_holding_another_run_is_refused_naming_the_fields(sample, tmp_path, capsys):
-    argv = ["train", "--data-dir", sample.root, "--out", str(tmp_path), "--epochs", "3"]
-    config = TrainConfig().replace(data_dir=sample.root, epochs=3)
+    argv = ["train", "--data-dir", sample.root, "--out", str(tmp_path), "--epochs", "3", "--model", TEST_MODEL]
+    config = TrainConfig().replace(data_dir=sample.root, epochs=3, model=TEST_MODEL)
     resolved, _ = run.resolve(config, run.open_data(config, sample.root))
     (tmp_path / "config.json").write_text(json.dumps({"config": resolved.replace(epochs=5, lr=0.1).to_dict()}))
     (tmp_path / "last.msgpack").write_bytes(b"x")
@@ -289,6 +294,7 @@ def test_predict_needs_the_manifest_and_a_test_split(sample, tmp_path, capsys):
     assert code == 2 and "has no test/ split" in err
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_fine_tune_starts_from_a_zero_head_at_loss_ln_c(sample, tmp_path):
     """Ported weights + a new head: the head starts at zero, so the first loss is ln(classes)."""
     from kaggle_utils.data import load_dataset

@@ -22,6 +22,7 @@ def comparable(history):
     return [{k: v for k, v in row.items() if k not in ("img_per_s", "seconds")} for row in history]
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(sample, tmp_path):
     full = tmp_path / "full"
     finish(job_process([*RESUMABLE_ARGS, "--data-dir", sample.root], full, tmp_path))
@@ -56,6 +57,7 @@ def test_killed_mid_epoch_then_resumed_ends_like_the_uninterrupted_run(sample, t
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(sample, tmp_path):
     out = tmp_path / "run"
     first = job_process(["train", "--data-dir", sample.root, "--model", TEST_MODEL, "--steps", "4",
@@ -74,6 +76,7 @@ def test_a_second_run_into_the_same_folder_is_refused_while_the_first_runs(sampl
     assert not (out / ".kaggle_utils.lock").exists()
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_a_diverging_run_stops_before_saving_a_diverged_state(sample, tmp_path):
     out = tmp_path / "run"
     proc = job_process(["train", "--data-dir", sample.root, "--model", TEST_MODEL, "--lr", "1e30", "--steps", "3",

@@ -67,6 +67,7 @@ def test_ctrl_c_says_where_the_run_can_go_on_from(tmp_path, capsys, monkeypatch)
     assert code == 130 and "stopped before its first checkpoint: run the same command again" in err
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_full_disk_mid_run_is_one_line_and_the_last_checkpoint_loads(sample, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     real_fsync = os.fsync

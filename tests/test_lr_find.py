@@ -88,6 +88,7 @@ def read_curve(out):
     return np.array([[float(v) for v in row.split(",")] for row in rows[1:]])
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_run_with_lr_auto_writes_its_curve_and_the_found_rate(auto_run):
     curve = read_curve(auto_run)
     assert 5 <= len(curve) <= FIND_STEPS
@@ -103,6 +104,7 @@ def test_a_run_with_lr_auto_writes_its_curve_and_the_found_rate(auto_run):
     assert record["plan"]["peak_lr"] == pytest.approx(lr * 64 / 256)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_the_run_after_the_test_starts_from_the_normal_initial_state(auto_run, sample, tmp_path):
     """The range test's training is thrown away: the same run with the found rate given by hand is identical."""
     lr = json.loads((auto_run / "config.json").read_text())["config"]["optim"]["lr"]
@@ -114,6 +116,7 @@ def test_the_run_after_the_test_starts_from_the_normal_initial_state(auto_run, s
     assert [row["val_loss"] for row in fixed.history] == [row["val_loss"] for row in auto]
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_find_lr_from_python_gives_the_runs_finding(auto_run, sample, tmp_path):
     config = TrainConfig().replace(data_dir=sample.root, model=TEST_MODEL, batch_size=64, steps=4)
     finding = run.find_lr(config, steps=FIND_STEPS, out=tmp_path, progress=False)
@@ -122,6 +125,7 @@ def test_find_lr_from_python_gives_the_runs_finding(auto_run, sample, tmp_path):
     assert "<- picked" in finding.text_curve() and f"--lr {finding.lr:.3g}" in finding.describe()
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_resume_reuses_the_found_rate_without_testing_again(auto_run, sample, monkeypatch, capsys):
     def no_test(*args, **kwargs):
         raise AssertionError("--resume ran the range test again")

@@ -34,7 +34,7 @@ def modules_by_depth(model) -> list[tuple[str, str]]:
             ("classifier", "classifier")]
 
 
-@pytest.mark.parametrize("name", ["test_efficientnet", "tf_efficientnetv2_b0"])
+@pytest.mark.parametrize("name", ["test_efficientnet", pytest.param("tf_efficientnetv2_b0", marks=pytest.mark.slow)])
 def test_every_leaf_is_in_one_group_in_order_of_depth(name):
     model = create_model(name, num_classes=10)
     params = abstract_variables(model, sample())["params"]
@@ -174,6 +174,7 @@ def parts(stages: int) -> list:
             ("classifier", "c", stages + 1)]
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_the_plan_line_gives_each_groups_rate():
     model = create_model("tf_efficientnetv2_b0")  # 6 stages: the helper groups and numbers as the model does
     assert [(g, d) for g, _, d in model.lr_parts()] == [(g, d) for g, _, d in parts(6)]

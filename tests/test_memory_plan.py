@@ -86,6 +86,7 @@ def budget_for(config, data, per_device):
     return (needed / (1 - memory_plan.MARGIN) + 2) / 2 ** 30, needed
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_auto_picks_the_batch_whose_compiled_step_fits_the_budget(sample):
     """With --accumulate-steps 2 the step holds one micro-batch's activations: the budget of two micro-batches
     of 8 gives 16 per device (a multiple of 2), not a batch sized as if 16 images were alive at once."""
@@ -101,6 +102,7 @@ def test_auto_picks_the_batch_whose_compiled_step_fits_the_budget(sample):
     assert "--memory-budget" in line and "less a 10% margin" in line and "3 compiles, " in line  # micro 1, 8, 9
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_budget_below_one_image_is_refused_before_anything_is_written(sample, tmp_path, capsys):
     from kaggle_utils import job
 

@@ -220,6 +220,7 @@ def trained(tagged, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_the_job_trains_a_multi_label_csv_and_submits_the_classes_above_the_threshold(tagged, trained):
     out = trained
     rows = _check_submission(out, "probabilities.csv", [p.stem for p in (tagged / "test").iterdir()])
@@ -237,6 +238,7 @@ def test_the_job_trains_a_multi_label_csv_and_submits_the_classes_above_the_thre
     assert (out / "history.csv").is_file() and (out / "curves.png").is_file()
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_predict_on_a_multi_label_run_writes_the_same_files(tagged, trained, tmp_path):
     assert job.main(["predict", "--checkpoint", str(trained), "--test-source", str(tagged / "test"),
                      "--out", str(tmp_path)]) == 0
@@ -244,6 +246,7 @@ def test_predict_on_a_multi_label_run_writes_the_same_files(tagged, trained, tmp
     assert (tmp_path / "submission.csv").read_text() == (trained / "submission.csv").read_text()
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_cv_on_a_multi_label_csv_writes_oof_and_multilabel_scores(tagged, tmp_path):
     out = tmp_path / "cv"
     config = TrainConfig().replace(source=str(tagged / "labels.csv"), image_dir=str(tagged / "images"),

@@ -216,6 +216,7 @@ def tiny(sample, **changes):
                                     "eval_every": 2, "tensorboard": False, **changes})
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_the_seed_tutorial_s_constant_rate_adamw_is_one_command(sample, tmp_path):
     log = tmp_path / "log"
     job.main(["train", "--data-dir", sample.root, "--model", TEST_MODEL, "--batch-size", "64", "--steps", "4",
@@ -227,6 +228,7 @@ def test_the_seed_tutorial_s_constant_rate_adamw_is_one_command(sample, tmp_path
     assert [row["lr"] for row in history] == pytest.approx([0.00224 * 64 / 256] * 2)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_custom_transform_trains_and_config_json_records_it(sample, tmp_path):
     result = run.train(tiny(sample), tmp_path / "tx", tx=optax.sgd(0.05, momentum=0.9), progress=False)
     assert all(math.isnan(row["lr"]) for row in result.history)  # its own rate: the run cannot know it

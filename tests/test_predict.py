@@ -54,6 +54,7 @@ def two_runs(sample, tmp_path_factory):
     return tmp
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_run_writes_probabilities_beside_its_submission(two_runs):
     header, ids, probs = probabilities(two_runs / "a" / "probabilities.csv")
     sub_header, rows = read_csv(two_runs / "a" / "submission.csv")
@@ -63,6 +64,7 @@ def test_a_run_writes_probabilities_beside_its_submission(two_runs):
     assert [int(r[1]) for r in rows] == list(probs.argmax(1))
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_predict_averages_runs_and_a_cv_folder_s_folds_with_the_weights_given(two_runs, sample, tmp_path):
     _, ids, a = probabilities(two_runs / "a" / "probabilities.csv")
     b = probabilities(two_runs / "b" / "probabilities.csv")[2]
@@ -77,6 +79,7 @@ def test_predict_averages_runs_and_a_cv_folder_s_folds_with_the_weights_given(tw
     assert [r[0] for r in rows] == ids and [int(r[1]) for r in rows] == list(got.argmax(1))
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_predict_ends_with_a_block_saying_what_it_predicted_with_which_models_and_files(two_runs, sample, tmp_path,
                                                                                          capsys):
     out = tmp_path / "pred"
@@ -102,6 +105,7 @@ def test_predict_ends_with_a_block_saying_what_it_predicted_with_which_models_an
                         f"--out {out}-blend")
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_models_of_other_sizes_each_predict_at_their_own_crop(two_runs, sample, tmp_path):
     """A run at 24 px (the 16 px records resized) blends with one at 16 px: each reads the test split its own way."""
     run.train(tiny_config(data_dir=sample.root, image_size=24), tmp_path / "c24", progress=False)
@@ -112,6 +116,7 @@ def test_models_of_other_sizes_each_predict_at_their_own_crop(two_runs, sample, 
     np.testing.assert_allclose(probabilities(tmp_path / "pred" / "probabilities.csv")[2], (a + c) / 2, atol=2e-6)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_checkpoints_whose_classes_disagree_are_refused_naming_both(two_runs, sample, tmp_path, capsys):
     other = tmp_path / "named"
     shutil.copytree(two_runs / "b", other)
@@ -145,6 +150,7 @@ def _another_run_s_checkpoint(run_folder, out, classes=12):
     checkpoint.save(out / "best.msgpack", variables, manifest=manifest)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_run_folder_s_checkpoint_that_is_not_what_its_manifest_says_is_refused(two_runs, sample, tmp_path, capsys):
     """Issue 47: another run's 12-class checkpoint copied over best.msgpack was predicted as this 10-class run (its
     wider head cut as padding), a changed best.msgpack used with only a RuntimeWarning."""
@@ -170,6 +176,7 @@ def test_a_run_folder_s_checkpoint_that_is_not_what_its_manifest_says_is_refused
     assert not (tmp_path / "pred" / "submission.csv").exists()
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_checkpoint_changed_knowingly_predicts_with_a_warning(two_runs, sample, tmp_path):
     from kaggle_utils import checkpoint
 
@@ -185,6 +192,7 @@ def test_a_checkpoint_changed_knowingly_predicts_with_a_warning(two_runs, sample
     assert {r[1] for r in rows} == {"9"}  # the changed file was the one used: its bias picks class 9
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_predict_refuses_a_batch_of_zero_as_train_does(two_runs, sample, tmp_path, capsys):
     for command in (["predict", "--checkpoint", str(two_runs / "a"), "--data-dir", sample.root],
                     ["train", "--data-dir", sample.root, "--model", TEST_MODEL]):
@@ -240,6 +248,7 @@ def records_run(kaggle_layout):
     return root / "run"
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_converted_folder_s_columns_and_class_names_reach_the_submission(records_run, kaggle_layout):
     header, rows = read_csv(records_run / "submission.csv")
     assert header == ["image_id", "texture"]
@@ -251,6 +260,7 @@ def test_a_converted_folder_s_columns_and_class_names_reach_the_submission(recor
     assert recorded["class_names"] == CLASSES
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_flags_that_disagree_with_the_converted_folder_are_refused_naming_both(records_run, kaggle_layout, tmp_path):
     records = kaggle_layout / "records"
     with pytest.raises(ConfigError, match=f"--label-column 'digit' disagrees with {records / 'class_names.json'} "
@@ -264,6 +274,7 @@ def test_flags_that_disagree_with_the_converted_folder_are_refused_naming_both(r
     assert not (tmp_path / "refused").exists()
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_predict_reads_a_test_csv_and_an_image_folder_as_the_run_read_its_test_split(records_run, kaggle_layout,
                                                                                       tmp_path):
     want_header, want_ids, want = probabilities(records_run / "probabilities.csv")

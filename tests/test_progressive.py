@@ -156,6 +156,7 @@ def staged_run(sample, tmp_path_factory):
     return out, result, traced
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_rows_carry_the_stage_and_its_size_and_each_stage_compiles_once_at_its_size(staged_run):
     out, result, traced = staged_run
     per_device = 64 // jax.device_count()
@@ -170,6 +171,7 @@ def test_rows_carry_the_stage_and_its_size_and_each_stage_compiles_once_at_its_s
     assert [s["image_size"] for s in json.loads((out / "config.json").read_text())["plan"]["stages"]] == [16, 24, 32]
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_tensorboard_gets_the_stage_and_image_size(staged_run):
     from kaggle_utils.data import tensorflow_on_host
 
@@ -203,6 +205,7 @@ def comparable(history):
     return [{k: v for k, v in row.items() if k not in ("img_per_s", "seconds")} for row in history]
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_killed_mid_stage_then_resumed_ends_like_the_uninterrupted_run(staged_run, sample, tmp_path):
     full, uninterrupted, _ = staged_run
     out = tmp_path / "run"
@@ -218,6 +221,7 @@ def test_killed_mid_stage_then_resumed_ends_like_the_uninterrupted_run(staged_ru
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_cross_validation_trains_a_fold_in_stages(sample, tmp_path):
     result = run.cross_validate(staged_config(sample), tmp_path / "cv", folds=2, only_folds=[0], progress=False)
     assert sorted(result.trained) == [0] and result.remaining == (1,)  # one fold is enough: each is a run.train

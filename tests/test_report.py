@@ -86,6 +86,7 @@ def test_multilabel_counts_give_per_class_rows_without_a_confusion_column(tmp_pa
 # --------------------------------------------------------------------------- the job's run folder
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 @pytest.mark.parametrize("kind", ["with", "without"])
 def test_a_run_writes_curves_and_the_best_checkpoints_per_class_table(runs, kind):
     out, _ = runs[kind]
@@ -106,6 +107,7 @@ def test_a_run_writes_curves_and_the_best_checkpoints_per_class_table(runs, kind
     assert np.mean(np.asarray(f1)[present]) == pytest.approx(best["val_f1"], abs=1e-5)
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_the_summary_block_ends_a_run_with_a_test_split(runs):
     out, log = runs["with"]
     block = log[log.index("run finished:"):]
@@ -118,6 +120,7 @@ def test_the_summary_block_ends_a_run_with_a_test_split(runs):
     assert "wrote " not in block  # the old one-line ending is gone
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_the_summary_block_ends_a_run_without_a_test_split(runs):
     out, log = runs["without"]
     assert not (out / "submission.csv").exists()
@@ -126,6 +129,7 @@ def test_the_summary_block_ends_a_run_without_a_test_split(runs):
     assert f"look at {out}/curves.png" in block and "--data-dir DIR" in block
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_the_log_has_no_tensorflow_start_up_noise_and_still_shows_our_errors(runs, sample, tmp_path, monkeypatch):
     for _, log in runs.values():
         assert "use_unbounded_threadpool" not in log and "absl::InitializeLog" not in log, log[-3000:]
@@ -142,6 +146,7 @@ def test_the_log_has_no_tensorflow_start_up_noise_and_still_shows_our_errors(run
 # --------------------------------------------------------------------------- report OUT
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_report_redraws_a_run_folder_after_its_files_are_deleted(runs, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(runs["with"][0], out, ignore=shutil.ignore_patterns("*.msgpack", "tensorboard"))
@@ -155,6 +160,7 @@ def test_report_redraws_a_run_folder_after_its_files_are_deleted(runs, tmp_path,
     assert f"wrote {out / 'curves.png'}" in printed and "best val_f1" in printed
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_report_redraws_each_fold_of_a_cv_folder(runs, tmp_path, capsys):
     cv = tmp_path / "cv"
     for fold, kind in (("fold0", "with"), ("fold1", "without")):
@@ -169,6 +175,7 @@ def test_report_redraws_each_fold_of_a_cv_folder(runs, tmp_path, capsys):
     assert "over 2 folds" in printed
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_report_without_stored_counts_draws_the_curves_and_says_why_no_table(runs, tmp_path, capsys):
     out = tmp_path / "old_run"
     shutil.copytree(runs["without"][0], out, ignore=shutil.ignore_patterns("*.msgpack", "tensorboard", "*.png",

@@ -23,6 +23,7 @@ def error_rate(sums):
     return 1.0 - int(sums["correct"]) / int(sums["count"])
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_user_task_metric_is_a_column_and_can_be_monitored(sample, tmp_path):
     config = tiny_config(sample, monitor="val_error", monitor_mode="min")
     with pytest.raises(ConfigError, match="--monitor 'val_error' is not a metric of --task softmax"):
@@ -58,6 +59,7 @@ def ported_weights(path, model_name):
     return path
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 @pytest.mark.parametrize("case", ["freeze pattern that matches nothing", "weights of another variant"])
 def test_a_refused_overwrite_leaves_the_previous_run_whole(finished_run, sample, tmp_path, capsys, case):
     before = snapshot(finished_run)
@@ -75,6 +77,7 @@ def test_a_refused_overwrite_leaves_the_previous_run_whole(finished_run, sample,
     assert snapshot(finished_run) == before
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_layer_decay_and_head_multiplier_set_each_part_s_update_size(sample):
     """AdamW's first update is about lr x sign(g) per element, so each group's median |update| is its rate."""
     from kaggle_utils.data import load_dataset
@@ -108,6 +111,7 @@ def test_accumulation_splits_each_device_s_share_and_the_plan_says_so(tmp_path):
         run.resolve(TrainConfig().replace(batch_size=64, accumulate_steps=3), data)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_resume_also_checks_the_manifest_of_the_checkpoint_it_reads(finished_run, sample, tmp_path):
     """config.json says lr 0.02 (edited, or written by another run); last.msgpack was trained at 0.01."""
     import shutil
@@ -124,6 +128,7 @@ def test_resume_also_checks_the_manifest_of_the_checkpoint_it_reads(finished_run
         run.train(tiny_config(sample, lr=0.02), out, resume=True, progress=False)
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_resume_of_an_auto_batch_run_keeps_the_batch_config_json_records(finished_run, sample, tmp_path, monkeypatch):
     """A new search could choose another batch (another device or JAX version): --resume takes the recorded one."""
     import shutil

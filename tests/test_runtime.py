@@ -127,6 +127,7 @@ def parameter_count(name):
     return sum(leaf.size for leaf in jax.tree.leaves(shapes["params"]))
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_cpu_without_data_is_smoke_sized(tmp_path):
     (tmp_path / "input").mkdir()
     rt = runtime.detect(root=tmp_path)

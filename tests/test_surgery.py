@@ -415,6 +415,7 @@ def effnet():
     return model, random_stats(surgery.init_variables(model, X16, seed=0))
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_rewire_one_stage_and_the_head_of_an_efficientnet(effnet):
     parent, variables = effnet
     child, child_vars, report = surgery.rewire(parent, variables, X16, arch_def=CHILD_ARCH, num_classes=5)
@@ -443,6 +444,7 @@ def test_rewire_one_stage_and_the_head_of_an_efficientnet(effnet):
     assert not np.allclose(before["stage_2"], after["stage_2"])
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_rewire_efficientnet_activation_inherits_everything(effnet):
     parent, variables = effnet
     child, child_vars, report = surgery.rewire(parent, variables, X16, act="gelu")
@@ -451,6 +453,7 @@ def test_rewire_efficientnet_activation_inherits_everything(effnet):
     assert trees_equal(child_vars, variables)
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_efficientnet_inspection_and_input_channels(effnet):
     model, variables = effnet
     table = surgery.param_table(variables, frozen=r"^(conv_stem|bn1|blocks_)")
@@ -469,6 +472,7 @@ def test_efficientnet_inspection_and_input_channels(effnet):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_frozen_efficientnet_backbone_is_bit_identical_after_training(effnet):
     _, variables = effnet
     backbone = small_effnet(num_classes=0, global_pool="")

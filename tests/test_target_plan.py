@@ -64,6 +64,7 @@ def entry_shapes(executable) -> tuple[list[str], str]:
     return params, layout[2]
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_the_steps_compile_for_the_v5e_chips_in_jit_with_per_chip_shapes(v5e_plan):
     plan, executables = v5e_plan.json, v5e_plan.compiler.executables
     assert (plan["devices"], plan["device_kind"], plan["precision"], plan["mode"]) == (8, "TPU v5 lite", "bf16", "jit")
@@ -77,6 +78,7 @@ def test_the_steps_compile_for_the_v5e_chips_in_jit_with_per_chip_shapes(v5e_pla
     assert 0 < train["bytes"] < 100 * 2 ** 20 and train["flops"] > 0 and train["aliased"] > 0  # the donated state
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_the_plan_command_prints_what_plan_json_holds(v5e_plan):
     text, plan = v5e_plan.stdout, v5e_plan.json
     train = plan["steps"]["train"]
@@ -103,6 +105,7 @@ def test_the_plan_command_prints_what_plan_json_holds(v5e_plan):
     assert v5e_plan.stderr == ""  # nothing from libtpu's search for TPU hosts either
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_the_steps_compile_for_the_v5e_chips_in_pmap_with_per_chip_shapes():
     config = target_plan.target_config(TrainConfig().replace(model=TEST_MODEL, image_size=16, num_classes=10,
                                                              batch_per_device=8, mode="pmap"), "tpu-v5e-8")
@@ -159,6 +162,7 @@ def test_without_the_right_libtpu_the_plan_says_what_to_install(tmp_path, monkey
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_the_local_plan_refuses_a_batch_above_the_budget_and_its_search_s_answer_is_the_edge(tmp_path, capsys):
     """On this CPU (8 devices), against a --memory-budget: the run's 32 per device does not fit and the command says
     so with the bytes; the largest batch it found fits and the next larger does not, by their compiled bytes."""

@@ -165,6 +165,7 @@ def test_flags_of_a_teacher_need_the_teacher():
         TrainConfig().replace(pseudo_threshold=0.5).check()
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_run_learns_from_a_teacher_and_its_pseudo_labels_and_says_so(sample, teacher_cv, tmp_path, capsys):
     folder, _, test_probs = teacher_cv
     config = tiny_config(sample, pseudo_labels=str(folder), pseudo_threshold=0.95, distill_alpha=0.7, mixup_alpha=0.2)

@@ -195,6 +195,7 @@ def wandb_records(run_folder: Path) -> list:
     return records
 
 
+@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
 def test_a_run_with_wandb_offline_is_read_back_with_its_config_history_tables_and_best_checkpoint(
         sample, tmp_path, monkeypatch, capsys):
     for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):

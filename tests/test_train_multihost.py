@@ -48,6 +48,7 @@ def two_processes(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 @pytest.mark.parametrize("mode", MODES)
 def test_two_processes_train_like_one_process_with_four_devices(two_processes, tmp_path, mode):
     reference = run(mode, tmp_path / "reference", devices=jax.devices()[:4])
@@ -64,6 +65,7 @@ def test_two_processes_train_like_one_process_with_four_devices(two_processes, t
     assert reference.history[-1]["val_acc"] * 397 == pytest.approx(round(reference.history[-1]["val_acc"] * 397))
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 @pytest.mark.parametrize("mode", MODES)
 def test_only_process_zero_writes_files(two_processes, mode):
     written = sorted(p.name for p in (two_processes / f"run-{mode}-p0").iterdir())

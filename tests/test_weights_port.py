@@ -32,6 +32,7 @@ def test_flax_names_follow_timm_module_paths():
     assert flax_name("conv_stem") == ["conv_stem"]
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_layout_rules(timm_b0):
     v = convert_timm(timm_b0, NAME)
     sd = timm_b0.state_dict()
@@ -43,6 +44,7 @@ def test_layout_rules(timm_b0):
     np.testing.assert_array_equal(v["params"]["bn2"]["scale"], sd["bn2.weight"].numpy())
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_tree_equals_flax_init_tree_exactly(timm_b0):
     v = convert_timm(timm_b0, NAME)
     expected = jax.eval_shape(create_model(NAME).init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
@@ -55,6 +57,7 @@ def test_tree_equals_flax_init_tree_exactly(timm_b0):
     (lambda sd: sd.__setitem__("blocks.9.0.conv_pw.weight", torch.zeros(8, 8, 1, 1)), "unexpected"),
     (lambda sd: sd.__setitem__("bn1.running_mean", torch.zeros(7)), "mis-shaped"),
 ])
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_conversion_errors_name_the_keys(timm_b0, edit, message):
     sd = dict(timm_b0.state_dict())
     edit(sd)
@@ -62,6 +65,7 @@ def test_conversion_errors_name_the_keys(timm_b0, edit, message):
         convert_timm(sd, NAME)
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_num_classes_comes_from_the_checkpoint():
     tm = random_timm_model(NAME, num_classes=21843 // 100)
     v = convert_timm(tm, NAME)
@@ -70,11 +74,13 @@ def test_num_classes_comes_from_the_checkpoint():
         convert_timm(tm, NAME, num_classes=1000)
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b1 (tests/tiers.py)
 def test_other_variant_is_refused(timm_b0):
     with pytest.raises(ConversionError):
         convert_timm(timm_b0, "tf_efficientnetv2_b1")
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_port_writes_verified_msgpack_and_manifest(tmp_path, timm_b0):
     ckpt = tmp_path / "b0.pth"
     torch.save(timm_b0.state_dict(), ckpt)
@@ -104,6 +110,7 @@ def _without_counters(state_dict) -> dict:
     return {k: v for k, v in state_dict.items() if not k.endswith(".num_batches_tracked")}
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_a_checkpoint_without_batchnorm_counters_ports_its_weights(tmp_path, timm_b0):
     state = _without_counters(timm_b0.state_dict())
     assert len(state) < len(timm_b0.state_dict())  # the model has counters the file lacks
@@ -129,6 +136,7 @@ def test_a_checkpoint_missing_a_real_tensor_is_still_refused_naming_it(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == [ckpt.name]
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_failed_verification_writes_nothing(tmp_path, timm_b0, monkeypatch):
     import importlib
 
@@ -179,6 +187,7 @@ def weights_file(tmp_path_factory, timm_b0):
     return out
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_truncated_or_corrupt_file_is_a_clear_error(tmp_path, weights_file):
     data = weights_file.read_bytes()
     for name, payload in [("trunc.msgpack", data[: len(data) // 2]), ("junk.msgpack", b"\x00not msgpack" * 10),
@@ -188,6 +197,7 @@ def test_truncated_or_corrupt_file_is_a_clear_error(tmp_path, weights_file):
             load_weights(create_model(NAME), tmp_path / name)
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_loading_into_another_head_or_variant_fails_clearly(tmp_path, weights_file):
     with pytest.raises(checkpoint.CheckpointError, match=r"classifier.*\(1280, 1000\) vs expected \(1280, 104\)"):
         load_weights(create_model(NAME, num_classes=104), weights_file)
@@ -199,6 +209,7 @@ def test_loading_into_another_head_or_variant_fails_clearly(tmp_path, weights_fi
         load_weights(create_model("tf_efficientnetv2_b1"), orphan)
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_pretrained_backbone(weights_file, timm_b0):
     backbone, variables = efficientnet_v2_pretrained("b0", weights_file, input_size=64)
     assert "classifier" not in variables["params"] and set(variables) == {"params", "batch_stats"}
@@ -226,6 +237,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["w.msgpack"]  # no temp file left behind
 
 
+@pytest.mark.slow  # builds tf_efficientnetv2_b0 (tests/tiers.py)
 def test_cli_random_port(tmp_path, capsys):
     # In this process: the exit status is main()'s return value (a process's exit status is
     # checked by test_another_architectures_checkpoint_is_one_line_naming_model_and_keys).
@@ -245,6 +257,7 @@ def test_model_package_imports_neither_tensorflow_nor_torch():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow  # starts a job process (tests/tiers.py)
 def test_another_architectures_checkpoint_is_one_error_naming_model_and_keys(tmp_path):
     import timm
 
