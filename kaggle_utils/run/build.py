@@ -53,6 +53,7 @@ class Plan:
     batch_fit: str = ""  # with --batch-per-device auto: the batch chosen, bytes vs budget, compiles and seconds
     stages: tuple[Stage, ...] = ()  # --progressive-stages, in order
     model_size: dict | None = None  # parameters and GFLOPs per image (:func:`model_size`), once the model is built
+    data_defaults: tuple[str, ...] = ()  # each choice made from the data, with its reason (:mod:`.defaults`)
 
     def describe(self, config: TrainConfig) -> str:
         found = math.isfinite(self.peak_lr)  # NaN: --lr auto, before the range test
@@ -67,7 +68,8 @@ class Plan:
                 f"{model.name} at {model.image_size}px{_size_text(self.model_size)}, {model.num_classes} classes; "
                 f"{Precision(model.precision).describe()} ({self.precision_reason})"
                 f"{describe_stages(config, self.stages)}"
-                + (f"; {self.batch_fit}" if self.batch_fit else ""))
+                + (f"; {self.batch_fit}" if self.batch_fit else "")
+                + (f"; chosen from the data: {'; '.join(self.data_defaults)}" if self.data_defaults else ""))
 
 
 def _size_text(size: dict | None) -> str:
@@ -85,7 +87,7 @@ def _size_text(size: dict | None) -> str:
 def make_task(config: TrainConfig) -> Task:
     task = config.task
     return task_named(task.task, label_smoothing=task.label_smoothing, focal_gamma=task.focal_gamma,
-                      threshold=task.threshold)
+                      threshold=0.5 if task.threshold == "auto" else task.threshold)  # auto: learnt after training
 
 
 def build_model(config: TrainConfig) -> nn.Module:
@@ -335,8 +337,16 @@ def describe_stages(config: TrainConfig, stages: tuple[Stage, ...]) -> str:
 # --------------------------------------------------------------------------- the run's reading of its splits
 
 
+def _settled(config: TrainConfig, *names: str) -> None:
+    unsettled = [name for name in names if getattr(config.data, name) == "auto"]
+    if unsettled:
+        raise ConfigError(f"--{unsettled[0].replace('_', '-')} auto is chosen from the data by run.resolve: resolve "
+                          "the config first, or give a value")
+
+
 def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | None:
     """Evaluation and prediction: a center crop by ``crop_pct``, a resize to the eval size, or as stored."""
+    _settled(config, "crop_pct")
     size = config.data.eval_image_size or config.model.image_size
     if config.data.crop_pct is not None:
         return CenterCrop(size, crop_pct=config.data.crop_pct)
@@ -344,11 +354,14 @@ def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | No
 
 
 def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Resize | None:
-    """Training: timm's RandomResizedCrop, the whole image flipped half the time (``flip``), a resize, or as stored."""
-    size = config.model.image_size
-    if config.data.train_crop != "none":  # flip: the whole (square) image's box
-        whole = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0)) if config.data.train_crop == "flip" else {}
-        return RandomResizedCrop(size, **whole)
+    """Training: timm's RandomResizedCrop (area from ``--crop-scale``), the whole image flipped half the time
+    (``flip``), a resize, or as stored."""
+    _settled(config, "train_crop")
+    size, data = config.model.image_size, config.data
+    if data.train_crop == "flip":  # the whole (square) image's box
+        return RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0))
+    if data.train_crop == "random-resized":
+        return RandomResizedCrop(size, **({} if data.crop_scale == "auto" else {"scale": (data.crop_scale, 1.0)}))
     return Resize(size) if size != stored_size else None
 
 

@@ -1,7 +1,7 @@
 """What a config leaves open, filled in for this machine and this data, and every check that needs no data.
 
-``resolve`` turns a config into the one a run records (classes, image size, precision, global batch)
-and the :class:`~kaggle_utils.run.build.Plan` of numbers it implies (steps, warmup, peak learning rate,
+``resolve`` turns a config into the one a run records (classes, image size, precision, global batch, the crops
+and multi-label settings chosen from the data: :mod:`.defaults`) and the :class:`~kaggle_utils.run.build.Plan` of numbers it implies (steps, warmup, peak learning rate,
 lr groups, stages); ``--batch-per-device auto`` compiles the run's train step to find its batch
 (:mod:`.memory_plan`). A value that cannot run is refused by its flag, never silently replaced.
 """
@@ -21,6 +21,7 @@ from ..train.writers import import_wandb
 from . import memory_plan
 from .build import Plan, build_model, check_parent, make_task, progressive_stages
 from .data import RunData
+from .defaults import settle_data_defaults
 
 
 def check_config(config: TrainConfig, task: Task | None = None) -> None:
@@ -97,6 +98,7 @@ def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[Tra
         weights=str(Path(weights).resolve()) if weights else None,
         init_from=str(Path(parent).resolve()) if parent else None)
     check_parent(config)
+    config, chosen = settle_data_defaults(config, data)
     batch, k = config.data.batch_size, config.optim.accumulate_steps
     per_device = batch // jax.device_count()
     if per_device % k:
@@ -121,5 +123,5 @@ def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[Tra
                 peak_lr=math.nan if optim.lr == "auto" else scaled_lr(optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
                 mean=tuple(cfg.mean), std=tuple(cfg.std), lr_multipliers=multipliers,
-                precision_reason=precision_reason, stages=progressive_stages(config))
+                precision_reason=precision_reason, stages=progressive_stages(config), data_defaults=chosen)
     return config, plan
