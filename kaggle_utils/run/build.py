@@ -30,6 +30,7 @@ from ..train import (AXIS, StepConfig, Steps, Task, TrainState, assign_lr_groups
 from ..train import make_task as task_named
 from ..train.progressive import SIZE_MULTIPLE, Stage, progressive_schedule
 from .data import RunData
+from .defaults import settled
 
 DEFAULT_MIN_SIZE = 128  # --progressive-min-size's default: the official code's ibase
 
@@ -337,31 +338,20 @@ def describe_stages(config: TrainConfig, stages: tuple[Stage, ...]) -> str:
 # --------------------------------------------------------------------------- the run's reading of its splits
 
 
-def _settled(config: TrainConfig, *names: str) -> None:
-    unsettled = [name for name in names if getattr(config.data, name) == "auto"]
-    if unsettled:
-        raise ConfigError(f"--{unsettled[0].replace('_', '-')} auto is chosen from the data by run.resolve: resolve "
-                          "the config first, or give a value")
-
-
 def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | None:
     """Evaluation and prediction: a center crop by ``crop_pct``, a resize to the eval size, or as stored."""
-    _settled(config, "crop_pct")
-    size = config.data.eval_image_size or config.model.image_size
-    if config.data.crop_pct is not None:
-        return CenterCrop(size, crop_pct=config.data.crop_pct)
+    size, pct = config.data.eval_image_size or config.model.image_size, settled(config, "crop_pct")
+    if pct is not None:
+        return CenterCrop(size, crop_pct=pct)
     return Resize(size) if size != stored_size else None
 
 
 def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Resize | None:
-    """Training: timm's RandomResizedCrop (area from ``--crop-scale``), the whole image flipped half the time
-    (``flip``), a resize, or as stored."""
-    _settled(config, "train_crop")
-    size, data = config.model.image_size, config.data
-    if data.train_crop == "flip":  # the whole (square) image's box
-        return RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0))
-    if data.train_crop == "random-resized":
-        return RandomResizedCrop(size, **({} if data.crop_scale == "auto" else {"scale": (data.crop_scale, 1.0)}))
+    """Training: RandomResizedCrop (area ``--crop-scale``), the whole image flipped (``flip``), a resize, or as is."""
+    size, scale, crop = config.model.image_size, config.data.crop_scale, settled(config, "train_crop")
+    if crop != "none":  # flip: the whole (square) image's box
+        return RandomResizedCrop(size, **(dict(scale=(1.0, 1.0), ratio=(1.0, 1.0)) if crop == "flip" else
+                                          {} if scale == "auto" else {"scale": (scale, 1.0)}))
     return Resize(size) if size != stored_size else None
 
 

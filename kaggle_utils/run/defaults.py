@@ -17,10 +17,17 @@ What is known before a step runs: the side the images are stored at against the 
 The number of images and epochs choose nothing yet: no bench measured a rule on them.
 """
 from .. import models
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig
 from .data import SAMPLE, RunData
 
 MIN_CROP_SCALE = 0.08  # timm's RandomResizedCrop's smallest area
+
+
+def settled(config: TrainConfig, name: str):
+    """``config.data``'s ``name``, refused while ``auto``: :func:`~kaggle_utils.run.resolve` chooses it from the data."""
+    if (value := getattr(config.data, name)) == "auto":
+        raise ConfigError(f"--{name.replace('_', '-')} auto is chosen from the data by run.resolve: resolve first")
+    return value
 
 
 def real_side(data: RunData) -> int:
