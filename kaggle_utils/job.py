@@ -72,6 +72,10 @@ def build_parser(config_cls: type = TrainConfig) -> argparse.ArgumentParser:
                               "wrote it), knowingly; refused otherwise")
     predict.add_argument("--tta", action=argparse.BooleanOptionalAction, help="flip TTA (default: the run's)")
     predict.add_argument("--mode", choices=("jit", "pmap"), default="jit")
+    predict.add_argument("--threshold", type=float, help="multi-label runs: this threshold for every class (default: "
+                                                         "each run's own, OUT/thresholds.json)")
+    predict.add_argument("--min-labels", type=int_in(0), help="multi-label runs: at least this many classes per row, "
+                                                              "the most probable (default: the run's)")
     predict.add_argument("--no-progress", dest="progress", action="store_false")
     predict.set_defaults(run=predict_command)
 
@@ -197,7 +201,16 @@ def predict_command(args) -> None:
         id_column=members[0].config.data.id_column or "id")
     with run.open_test_split(data_dir=args.data_dir, source=source) as records:
         ids, probs = run.predict_ensemble(members, records, batch_size=batch, tta=args.tta, mode=args.mode)
-    submission, _ = run.write_predictions(args.out, ids, probs, members[0].config)
+    config, thresholds = members[0].config, None
+    if config.task.task == "multilabel":
+        if args.threshold is not None and not 0 < args.threshold < 1:
+            raise ConfigError(f"--threshold {args.threshold:g}: must be in (0, 1)")
+        config = config.replace(**{k: v for k, v in (("threshold", args.threshold), ("min_labels", args.min_labels))
+                                   if v is not None})
+        if args.threshold is None:
+            thresholds, where = run.ensemble_thresholds(args.checkpoint, members, args.weights_per_checkpoint)
+            print(f"thresholds: {where}")
+    submission, _ = run.write_predictions(args.out, ids, probs, config, thresholds=thresholds)
     run.write_blend_record(args.out, members)
     if jax.process_index() == 0:
         test = f"{args.data_dir}/test" if args.data_dir is not None else args.test_source

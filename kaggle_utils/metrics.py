@@ -1,7 +1,9 @@
 """Classification metrics from confusion counts: accuracy, per-class and macro F1.
 
 One ``[C, C]`` count matrix (rows: true class) adds up exactly across batches, devices and hosts, so a split's
-macro F1 is exact however it was batched. Macro F1 is scikit-learn's ``f1_score(average="macro")``.
+macro F1 is exact however it was batched. Macro F1 is scikit-learn's ``f1_score(average="macro")``; a multi-label
+row's F1 (averaged over rows: the sample F1 of Kaggle's multi-label competitions) is 1 where the row has no class
+and none is predicted (scikit-learn's ``average="samples", zero_division=1``).
 """
 import jax
 import jax.numpy as jnp
@@ -69,3 +71,20 @@ def multilabel_f1(tp, fp, fn) -> tuple[float, float]:
     macro = float(class_scores(tp, fp, fn)[2][present].mean()) if present.any() else float("nan")
     total = (2 * tp + fp + fn).sum()
     return macro, float(2 * tp.sum() / total) if total else float("nan")
+
+
+def row_f1(tp, fp, fn):
+    """F1 of each multi-label row from its counts (jnp or numpy): 1 for a row with no class and no prediction."""
+    den = 2 * tp + fp + fn
+    return (2 * tp + (den == 0)) / (den + (den == 0))
+
+
+def multilabel_scores(predicted, labels) -> dict[str, float]:
+    """Exact-match ``acc``, macro ``f1``, ``micro_f1`` and ``samples_f1`` of bool decisions ``[N, C]`` against multi-hot
+    ``labels``."""
+    predicted, truth = np.asarray(predicted, bool), np.asarray(labels) > 0.5
+    tp, fp, fn = (predicted & truth), (predicted & ~truth), (~predicted & truth)
+    macro, micro = multilabel_f1(tp.sum(0), fp.sum(0), fn.sum(0))
+    rows = row_f1(tp.sum(1).astype(np.float64), fp.sum(1), fn.sum(1))
+    return {"acc": float(np.all(predicted == truth, 1).mean()), "f1": macro, "micro_f1": micro,
+            "samples_f1": float(rows.mean())}

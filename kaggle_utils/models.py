@@ -27,6 +27,7 @@ class RegisteredModel:
     builder: Callable
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)  # of pixels in [0, 1], as its weights were trained
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    crop_pct: float = 0.875  # the evaluation centre crop its weights were scored with (timm's pretrained config)
     efficientnet: bool = False  # ported --weights read an EfficientNet's parameter names
 
 
@@ -100,4 +101,5 @@ def build_model(name: str, *, num_classes: int, **options):
 
 for _name in list_models():
     _spec = get_spec(_name)
-    register_model(_name, functools.partial(create_model, _name), mean=_spec.mean, std=_spec.std, efficientnet=True)
+    register_model(_name, functools.partial(create_model, _name), mean=_spec.mean, std=_spec.std,
+                   crop_pct=_spec.crop_pct, efficientnet=True)

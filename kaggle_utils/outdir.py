@@ -19,7 +19,8 @@ from .config import ConfigError, TrainConfig, differences, flag_of, resume_may_c
 LOCK_NAME = ".kaggle_utils.lock"
 OUTPUTS = ("config.json", "best.msgpack", "best.json", "last.msgpack", "last.json", "metrics.json", "history.csv",
            "submission.csv", "val_counts.json", "per_class.csv", "curves.png",  # these three: kaggle_utils.report
-           "lr_find.csv", "lr_find.png")  # --lr auto's range test (kaggle_utils.run.lr_find)
+           "lr_find.csv", "lr_find.png",  # --lr auto's range test (kaggle_utils.run.lr_find)
+           "thresholds.json", "probabilities.csv")  # thresholds: a multi-label run's (kaggle_utils.run.thresholds)
 
 
 class OutDirError(ConfigError):

@@ -1,8 +1,9 @@
 """The names a flag accepts, registered by the code that dispatches on them: one registration adds a choice.
 
 ``--optimizer``, ``--schedule``, ``--task`` and ``--train-crop`` take the names registered in :data:`OPTIMIZERS`,
-:data:`SCHEDULES`, :data:`TASKS` and :data:`TRAIN_CROPS`; :mod:`kaggle_utils.config` reads a field's choices, its
-help and the option fields a choice reads from here, so a new optimizer is its builder and one ``register`` call::
+:data:`SCHEDULES`, :data:`TASKS` and :data:`TRAIN_CROPS`, and a registry's ``settled`` words, chosen before anything
+is built (``--train-crop auto``, from the data); :mod:`kaggle_utils.config` reads a field's choices, its help and
+the option fields a choice reads from here, so a new optimizer is its builder and one ``register`` call::
 
     @OPTIMIZERS.register("rmsprop", help="lr 1e-3, weight decay 0", lr=1e-3, weight_decay=0.0)
     def rmsprop(optim, schedule, weight_decay):
@@ -29,8 +30,11 @@ class Entry:
 class Registry:
     """``name -> Entry``; iterating gives the names, so a registry is a flag's ``choices`` as it is."""
 
-    def __init__(self, what: str, home: str):
+    def __init__(self, what: str, home: str, *, settled: Mapping[str, str] | None = None):
         self.what, self.home, self._entries, self._loaded = what, home, {}, False
+        # names the flag takes that are chosen before anything is built (``name -> help``): train crop ``auto``,
+        # settled from the data by run.resolve; choices and ``--help`` list them, a look-up refuses them
+        self.settled = dict(settled or {})
 
     def register(self, name: str, build: Callable | None = None, *, help: str = "", reads: tuple[str, ...] = (),
                  **defaults):
@@ -47,16 +51,23 @@ class Registry:
         return self._entries
 
     def __getitem__(self, name: str) -> Entry:
+        if name in self.settled:
+            raise KeyError(f"{self.what} {name!r} is settled before it is built (run.resolve chooses one of "
+                           f"{', '.join(self._filled())})")
         try:
             return self._filled()[name]
         except KeyError:
             raise KeyError(f"unknown {self.what} {name!r}: choose one of {', '.join(self)}") from None
 
     def __contains__(self, name) -> bool:
-        return name in self._filled()
+        return name in self.settled or name in self._filled()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self._filled()))
+        return iter([*self.settled, *(name for name in self._filled() if name not in self.settled)])
+
+    def built(self) -> tuple[str, ...]:
+        """The names with a builder (the flag's choices less the :attr:`settled` ones)."""
+        return tuple(name for name in self._filled() if name not in self.settled)
 
     def option_fields(self) -> tuple[str, ...]:
         """The fields some choice reads and others do not: given with a choice that does not read them, refused."""
@@ -64,10 +75,13 @@ class Registry:
 
     def describe(self) -> str:
         """The choices as ``--help`` lists them: ``name (its help) | ...``."""
-        return " | ".join(f"{e.name} ({e.help})" if e.help else e.name for e in self._filled().values())
+        words = [*self.settled.items(), *((e.name, e.help) for e in self._filled().values())]
+        return " | ".join(f"{name} ({help})" if help else name for name, help in words)
 
 
 OPTIMIZERS = Registry("optimizer", "kaggle_utils.train.optim")
 SCHEDULES = Registry("schedule", "kaggle_utils.train.optim")
 TASKS = Registry("task", "kaggle_utils.train.tasks")
-TRAIN_CROPS = Registry("train crop", "kaggle_utils.data.transforms")
+TRAIN_CROPS = Registry("train crop", "kaggle_utils.data.transforms", settled={
+    "auto": "from the data: random-resized for photos stored larger than --image-size, else flip; none on the digits "
+            "sample"})

@@ -222,3 +222,33 @@ def test_progressive_bench_times_a_run_to_its_first_row_at_the_target():
                {"epoch": 3, "seconds": 4.0, "val_acc": 0.95}]
     assert progressive.time_to(history, 0.9, {1: 6.0, 2: 1.0, 3: 2.0}) == (14.0, 7.0)  # stage 3's compile is later
     assert progressive.time_to(history, 0.99, {1: 6.0}) == (None, None)
+
+
+# --------------------------------------------------------------------------- finetune_real.py
+
+@pytest.mark.parametrize("task", ["softmax", "multilabel"])
+def test_finetune_real_gives_the_kit_timms_recipe_by_flags_the_job_accepts(task):
+    import argparse
+
+    from kaggle_utils.config import add_config_flags, config_from_args
+
+    finetune = load_script("finetune_real")
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    flags = finetune.timm_recipe_flags(32, task) + ["--weights", "lite0.msgpack", "--task", task]
+    config = config_from_args(parser.parse_args(flags)).check()
+    assert (config.optim.lr, config.optim.weight_decay, config.model.zero_head) == (1e-3 * 256 / 32, 0.05, False)
+    assert (config.data.train_crop, config.data.crop_scale, config.data.crop_pct) == ("random-resized", 0.08, 0.875)
+    assert (config.model.drop_rate, config.model.drop_path_rate, config.optim.ema_decay) == (0, 0, 0)
+    expected = (0.1, "auto", "auto") if task == "softmax" else (0.0, 0.5, 0)  # BCE: no smoothing, one 0.5 threshold
+    assert (config.task.label_smoothing, config.task.threshold, config.task.min_labels) == expected
+
+
+def test_finetune_real_scores_exact_match_macro_and_sample_f1():
+    finetune = load_script("finetune_real")
+    labels = {"a": "cat", "b": "dog", "c": "cat", "d": "owl"}
+    predicted = {"a": {"cat"}, "b": {"cat", "dog"}, "c": set(), "d": {"owl"}}
+    scores = finetune.score(predicted, labels, ["cat", "dog", "owl"])
+    assert scores["test_acc"] == 0.5 and scores["empty_rows"] == 1 and scores["test_images"] == 4
+    assert scores["test_samples_f1"] == pytest.approx((1 + 2 / 3 + 0 + 1) / 4)
+    assert scores["test_f1"] == pytest.approx((0.5 + 1 + 1) / 3)  # cat: 1 right, 1 extra, 1 missed; dog, owl right

@@ -1,4 +1,6 @@
-"""Multi-label data end to end (issue 26): multi-hot TFRecords, the job's train / predict / cv, and its refusals.
+"""Multi-label data end to end (issues 26, 49): multi-hot TFRecords, the job's train / predict / cv, its refusals, and
+its decisions: per-class thresholds learnt on the validation split only, kept in ``thresholds.json``, used by
+``predict``, replaced by ``--threshold``; ``--min-labels``.
 
 The images say their own labels: class c's colour channel is bright where the image has class c,
 dark where not. So a record read back can be checked against its own pixels, whatever order the
@@ -151,9 +153,21 @@ def _snapshot(folder: Path) -> dict:
     return {p.relative_to(folder): (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
 
 
+def test_a_single_label_source_trained_multi_label_is_stored_as_one_tag_per_image(tagged, tmp_path):
+    from kaggle_utils.run.data import converted_source
+
+    config = TrainConfig().replace(source=str(tagged / "single.csv"), image_dir=str(tagged / "images"),
+                                   id_column="image_name", label_column="tags", task="multilabel", image_size=SIZE)
+    folder = converted_source(config, tmp_path)
+    want = _tags(tagged / "single.csv")
+    index = scan_records(kd.list_tfrecords(folder / "train") + kd.list_tfrecords(folder / "val"))
+    assert index.multi_label and sorted(index.ids) == sorted(want)
+    assert all([CLASSES[c] for c in labels] == list(want[i]) for i, labels in zip(index.ids, index.label_sets))
+
+
 @pytest.mark.parametrize("data, task, words", [
-    ("single.csv", "multilabel", "--task multilabel needs several labels per image, but --source {} holds one class "
-                                 "per image: use --task softmax (or focal)"),
+    ("single", "multilabel", "--task multilabel needs multi-label records, but --data-dir {} holds one class per "
+                             "image: use --task softmax (or focal), or give the images as --source"),
     ("labels.csv", "softmax", "--source {} is multi-label (several classes per image), which --task softmax cannot "
                               "train: use --task multilabel"),
     ("labels.csv", "focal", "which --task focal cannot train: use --task multilabel"),
@@ -164,8 +178,13 @@ def test_a_task_that_does_not_fit_the_labels_is_refused_leaving_out_untouched(ta
     from kaggle_utils.run import trainer
 
     monkeypatch.setattr(trainer, "build_training", _no_work)
-    where = str(records[0].resolve()) if data == "records" else str(tagged / data)
-    given = ["--data-dir", where] if data == "records" else ["--source", where, "--image-dir", str(tagged / "images")]
+    if data == "single":  # single-label records: read as they are, not as a --source
+        where = str(tmp_path / "single")
+        convert.convert_source(_source(tagged, "single.csv"), where, image_size=SIZE, val_fraction=0.25, shards=1)
+    else:
+        where = str(records[0].resolve()) if data == "records" else str(tagged / data)
+    given = (["--data-dir", where] if data in ("records", "single") else
+             ["--source", where, "--image-dir", str(tagged / "images")])
     argv = ["train", *given, "--label-column", "tags", "--id-column", "image_name", "--image-size", str(SIZE),
             "--task", task, "--model", TEST_MODEL]
     with pytest.raises(SystemExit) as exit_info:  # no folder yet: none is made
@@ -190,45 +209,72 @@ def test_a_task_that_does_not_fit_the_labels_is_refused_leaving_out_untouched(ta
 
 THRESHOLD = 0.45
 TRAIN_FLAGS = ["--image-dir", None, "--id-column", "image_name", "--label-column", "tags", "--task", "multilabel",
-               "--threshold", str(THRESHOLD), "--model", TEST_MODEL, "--image-size", str(SIZE), "--batch-size", "16",
-               "--steps", "4", "--eval-every", "2", "--no-progress"]
+               "--model", TEST_MODEL, "--image-size", str(SIZE), "--batch-size", "16", "--steps", "4", "--eval-every",
+               "2", "--no-progress"]
 
 
 def _flags(tagged):
     return [str(tagged / "images") if f is None else f for f in TRAIN_FLAGS]
 
 
-def _check_submission(folder: Path, probabilities: str, test_ids):
-    """submission.csv: the CSV's columns, a row per test image, the classes whose probability exceeds the threshold."""
+def _check_submission(folder: Path, probabilities: str, test_ids, thresholds=THRESHOLD, least: int = 1):
+    """submission.csv: the CSV's columns, a row per test image, the classes whose probability exceeds their
+    threshold, or, where fewer than ``least`` do, the ``least`` most probable."""
     with open(folder / "submission.csv") as f:
         rows = list(csv.reader(f))
     with open(folder / probabilities) as f:
         probs = list(csv.reader(f))
     assert rows[0] == ["image_name", "tags"] and probs[0] == ["image_name", *CLASSES]
     assert sorted(r[0] for r in rows[1:]) == sorted(test_ids) and [r[0] for r in rows] == [r[0] for r in probs]
+    limits = np.broadcast_to(thresholds, (len(CLASSES),))
     for row, p in zip(rows[1:], probs[1:]):
-        assert row[1].split() == [name for name, v in zip(CLASSES, map(float, p[1:])) if v > THRESHOLD], (row, p)
+        values = np.array([float(v) for v in p[1:]])
+        passing = [name for name, v, t in zip(CLASSES, values, limits) if v > t]
+        top = [CLASSES[c] for c in sorted(np.argsort(-values, kind="stable")[:least])]
+        assert row[1].split() == (passing if len(passing) >= least else top), (row, p, limits)
+        assert len(row[1].split()) >= least
     return rows
+
+
+def _kept_thresholds(folder: Path) -> np.ndarray:
+    kept = json.loads((folder / "thresholds.json").read_text())["thresholds"]
+    assert list(kept) == CLASSES
+    return np.array(list(kept.values()))
 
 
 @pytest.fixture(scope="module")
 def trained(tagged, tmp_path_factory):
+    """The job's defaults (thresholds learnt, at least one class per row), every call of the threshold search kept."""
+    from kaggle_utils.run import thresholds
+
     out = tmp_path_factory.mktemp("job") / "run"
     argv = ["train", "--source", str(tagged / "labels.csv"), "--test-source", str(tagged / "test"), *_flags(tagged),
             "--mixup-alpha", "0.4", "--cutmix-alpha", "0.4"]
-    assert job.main([*argv, "--out", str(out)]) == 0
-    return out
+    learn, calls = thresholds.learn_thresholds, []
+
+    def recorded(probs, labels):
+        calls.append((np.array(probs), np.array(labels), learn(probs, labels)))
+        return calls[-1][2]
+
+    thresholds.learn_thresholds = recorded
+    try:
+        assert job.main([*argv, "--out", str(out)]) == 0
+    finally:
+        thresholds.learn_thresholds = learn
+    return out, calls
 
 
-@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
-def test_the_job_trains_a_multi_label_csv_and_submits_the_classes_above_the_threshold(tagged, trained):
-    out = trained
-    rows = _check_submission(out, "probabilities.csv", [p.stem for p in (tagged / "test").iterdir()])
+@pytest.mark.slow  # the trained fixture trains test_efficientnet (tests/tiers.py)
+def test_the_job_trains_a_multi_label_csv_and_submits_the_classes_above_their_thresholds(tagged, trained):
+    out, _ = trained
+    rows = _check_submission(out, "probabilities.csv", [p.stem for p in (tagged / "test").iterdir()],
+                             _kept_thresholds(out))
     assert len(rows) == 7
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["monitor"] == "val_f1" and {"val_f1", "val_micro_f1", "val_acc"} <= set(metrics["best"])
+    assert metrics["monitor"] == "val_f1"
+    assert {"val_f1", "val_micro_f1", "val_samples_f1", "val_acc"} <= set(metrics["best"])
     config = json.loads((out / "config.json").read_text())["config"]
-    assert config["task"] == {**config["task"], "task": "multilabel", "threshold": THRESHOLD}
+    assert config["task"] == {**config["task"], "task": "multilabel", "threshold": "auto", "min_labels": 1}
     assert config["model"]["num_classes"] == 3 and config["data"]["class_names"] == CLASSES
     with open(out / "per_class.csv") as f:
         per_class = list(csv.DictReader(f))
@@ -238,12 +284,34 @@ def test_the_job_trains_a_multi_label_csv_and_submits_the_classes_above_the_thre
     assert (out / "history.csv").is_file() and (out / "curves.png").is_file()
 
 
-@pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
-def test_predict_on_a_multi_label_run_writes_the_same_files(tagged, trained, tmp_path):
-    assert job.main(["predict", "--checkpoint", str(trained), "--test-source", str(tagged / "test"),
-                     "--out", str(tmp_path)]) == 0
-    _check_submission(tmp_path, "probabilities.csv", [p.stem for p in (tagged / "test").iterdir()])
-    assert (tmp_path / "submission.csv").read_text() == (trained / "submission.csv").read_text()
+@pytest.mark.slow  # the trained fixture trains test_efficientnet (tests/tiers.py)
+def test_the_thresholds_are_learnt_on_the_validation_split_only(trained):
+    out, calls = trained
+    assert len(calls) == 1  # once, after training: never on the test split
+    probs, labels, chosen = calls[0]
+    val = kd.scan_labels(kd.list_tfrecords(out / "data" / "val"), image_size=SIZE, multi_label_classes=3)
+    assert probs.shape == val.shape and np.array_equal(labels, val)  # the validation split's rows, in order
+    assert np.array_equal(_kept_thresholds(out), chosen)
+    kept = json.loads((out / "thresholds.json").read_text())
+    assert kept["learnt_on"] == "the validation split, best checkpoint" and kept["min_labels"] == 1
+
+
+@pytest.mark.slow  # the trained fixture trains test_efficientnet (tests/tiers.py)
+def test_predict_on_a_multi_label_run_uses_its_thresholds_and_threshold_replaces_them(tagged, trained, tmp_path):
+    out, _ = trained
+    test_ids = [p.stem for p in (tagged / "test").iterdir()]
+    assert job.main(["predict", "--checkpoint", str(out), "--test-source", str(tagged / "test"),
+                     "--out", str(tmp_path / "own")]) == 0
+    _check_submission(tmp_path / "own", "probabilities.csv", test_ids, _kept_thresholds(out))
+    assert (tmp_path / "own" / "submission.csv").read_text() == (out / "submission.csv").read_text()
+
+    assert job.main(["predict", "--checkpoint", str(out), "--test-source", str(tagged / "test"), "--threshold",
+                     str(THRESHOLD), "--out", str(tmp_path / "given")]) == 0
+    _check_submission(tmp_path / "given", "probabilities.csv", test_ids, THRESHOLD)
+    assert job.main(["predict", "--checkpoint", str(out), "--test-source", str(tagged / "test"), "--threshold",
+                     "0.999", "--min-labels", "0", "--out", str(tmp_path / "empty")]) == 0
+    rows = _check_submission(tmp_path / "empty", "probabilities.csv", test_ids, 0.999, least=0)
+    assert any(not r[1] for r in rows[1:])  # empty rows, as asked
 
 
 @pytest.mark.slow  # trains test_efficientnet (tests/tiers.py)
@@ -272,8 +340,9 @@ def test_cv_on_a_multi_label_csv_writes_oof_and_multilabel_scores(tagged, tmp_pa
     assert scores["oof"]["acc"] == pytest.approx(np.mean(np.all(labels == predicted, 1)))  # exact match
     assert scores["oof"]["f1"] == pytest.approx(np.mean((2 * tp / (2 * tp + fp + fn))[present]))
     assert scores["oof"]["micro_f1"] == pytest.approx(2 * tp.sum() / (2 * tp + fp + fn).sum())
-    assert set(scores["fold_mean_std"]) == {"loss", "acc", "f1", "micro_f1"}  # the multilabel task's metrics
+    assert set(scores["fold_mean_std"]) == {"loss", "acc", "f1", "micro_f1", "samples_f1"}  # the task's metrics
     _check_submission(out, "test_probabilities.csv", [p.stem for p in (tagged / "test").iterdir()])
+    assert json.loads((out / "thresholds.json").read_text())["learnt_on"] == f"given: --threshold {THRESHOLD}"
 
 
 def test_an_ensemble_of_multi_label_and_single_label_runs_is_refused():

@@ -1,8 +1,17 @@
 """Any source -> TFRecords in the competition's layout, so it runs at TFRecord speed and through the job.
 
-``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` (images squashed to ``N`` x ``N``, as JPEGs: crops happen on read)
-and ``DIR/class_names.json`` (classes, columns, counts, and the input's fingerprint). The validation split is
-stratified; the conversion is staged in ``DIR`` and swapped in whole, so a re-run never mixes old and new shards.
+``DIR/{train,val,test}/NN-SxS-COUNT.tfrec`` and ``DIR/class_names.json`` (classes, columns, counts, the images'
+own size and the input's fingerprint). The validation split is stratified; the conversion is staged in ``DIR`` and
+swapped in whole, so a re-run never mixes old and new shards.
+
+Each image is stored as JPEG at ``S`` x ``S``, every split alike: its shorter side resized to ``S``, then the centre
+square (the aspect ratio kept). Crops happen on read, so ``S`` should leave them real pixels: the job stores at
+:func:`storage_size`, the images' own (median shorter) side between the training size and twice it, and a crop
+then cuts the photo rather than re-enlarging a shrunk copy (squashed to the training size, a random-resized crop
+of a 150 px photo trained at 112 px scored below no crop at all: bench/README.md, "Fine-tuning real photos").
+The centre square, not padding: timm's evaluation crop cuts the same centre, a pad's flat bars would enter every
+crop and the BatchNorm statistics as content no test photo has, and what is lost is the long side's ends
+(an eighth of each end at 4:3).
 
 The fingerprint says what a conversion was made from, so that converted records are reused only for the same
 input: per source, digests of its ``files`` (path, size, mtime: a ``stat`` each) and ``content`` (ids, labels,
@@ -26,13 +35,17 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .pipeline import load_source
+from .pipeline import load_source, source_records
 from .sources import Source, class_folders, csv_source, image_folder, tfds_source
 from .tfhost import tf
+from .transforms import CenterCrop
 from .tfrecords import SPLITS, DataError, atomic_output_path, count_from_name, write_shards
 
 INFO_FILE = "class_names.json"
 _READ_BATCH = 64
+FIT = "centre-square"  # how an image becomes S x S: shorter side to S, the centre square (fingerprinted)
+SIDES_SAMPLED = 256  # images whose size decides a source's own side: evenly spaced, so the same every time
+MAX_STORE_FACTOR = 2  # storage_size's cap: twice the training size
 
 
 def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_column: str | None = "label",
@@ -50,6 +63,45 @@ def source_from_spec(spec: str, *, image_dir=None, id_column: str = "id", label_
     else:
         source = class_folders(spec) if labeled else image_folder(spec, class_names=class_names)
     return dataclasses.replace(source, id_column=id_column, label_column=label_column)
+
+
+# ---------- Sizes
+def source_sides(source: Source, limit: int = SIDES_SAMPLED) -> np.ndarray:
+    """The shorter side of up to ``limit`` of ``source``'s images, evenly spaced (a JPEG's from its header); an
+    image that does not read counts as 0 (the conversion names it)."""
+    picked = np.unique(np.linspace(0, source.num_examples - 1, min(limit, source.num_examples)).round().astype(int))
+
+    def side(name, index, payload):
+        encoded = tf.io.read_file(payload) if source.paths is not None else payload
+        shape = tf.cond(tf.io.is_jpeg(encoded), lambda: tf.io.extract_jpeg_shape(encoded)[:2],
+                        lambda: tf.shape(tf.io.decode_image(encoded, channels=3, expand_animations=False))[:2])
+        return tf.reduce_min(shape)
+
+    sides = source_records(source, picked).map(side, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return np.fromiter(sides.ignore_errors().as_numpy_iterator(), np.int64)
+
+
+def source_side(source: Source) -> int:
+    """The median shorter side of ``source``'s images (:func:`source_sides`)."""
+    sides = source_sides(source)
+    if not len(sides):
+        raise DataError(f"{source.description}: none of its images could be read to find their size")
+    return int(np.median(sides))
+
+
+def storage_size(image_size: int, side: int) -> int:
+    """The side a source is stored at to train at ``image_size``: the images' own ``side``, at least ``image_size``
+    (smaller photos are enlarged once, at conversion) and at most ``MAX_STORE_FACTOR`` times it (a crop of a
+    quarter of the image still holds the training size in real pixels; more costs bytes and decoding)."""
+    return int(min(max(side, image_size), MAX_STORE_FACTOR * image_size))
+
+
+def one_tag_rows(source: Source) -> Source:
+    """A single-label source as a multi-label one (``--task multilabel`` on one class per image): multi-hot rows of
+    one tag each."""
+    rows = np.zeros((source.num_examples, len(source.class_names)), np.float32)
+    rows[np.arange(source.num_examples), source.labels] = 1.0
+    return dataclasses.replace(source, labels=rows, multi_label=True)
 
 
 # ---------- Splits
@@ -183,7 +235,9 @@ def fingerprint_changes(old: dict | None, new: dict) -> list[str]:
         return ["it records no fingerprint of its input (written by an older version)"]
     changes = [_source_change(role, old.get(role), new.get(role)) for role in ("train", "test")]
     before, after = old.get("settings", {}), new["settings"]
-    changes += [f"--{name.replace('_', '-')} changed {before.get(name)} -> {after.get(name)}"
+    changes += [f"images stored as {after.get(name)} (shorter side, then the centre square), not "
+                f"{before.get(name) or 'squashed to a square (an older version)'}" if name == "fit" else
+                f"--{name.replace('_', '-')} changed {before.get(name)} -> {after.get(name)}"
                 for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
     return [c for c in changes if c]
 
@@ -192,8 +246,8 @@ def fingerprint_changes(old: dict | None, new: dict) -> list[str]:
 def _write_split(source: Source, indices: np.ndarray, folder: str, *, image_size: int, shards: int, quality: int,
                  skip_errors: bool) -> list[str]:
     """``indices`` of ``source``, in order, as about ``shards`` files."""
-    dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, image_size=image_size, with_ids=True,
-                          skip_errors=skip_errors)
+    dataset = load_source(source, indices=indices, batch_size=_READ_BATCH, crop=CenterCrop(image_size, crop_pct=1.0),
+                          with_ids=True, skip_errors=skip_errors)
     examples = ((batch["image"][i], batch["label"][i] if source.labeled else None, batch["id"][i])
                 for batch in dataset for i in np.flatnonzero(batch["mask"]))
     return write_shards(folder, examples, count=len(indices), num_files=min(shards, len(indices)),
@@ -206,9 +260,10 @@ def _existing_splits(out_dir: str) -> list[str]:
 
 def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: float = 0.15, shards: int = 16,
                    test: Source | None = None, seed: int = 0, quality: int = 95, overwrite: bool = False,
-                   skip_errors: bool = False) -> dict:
-    """Write ``train`` (split into train/val) and ``test`` as TFRecords, at most ``shards`` files per split, swapped
-    into ``out_dir`` whole; returns the info written."""
+                   skip_errors: bool = False, side: int | None = None) -> dict:
+    """Write ``train`` (split into train/val) and ``test`` as TFRecords of ``image_size`` x ``image_size`` images
+    (the module docstring), at most ``shards`` files per split, swapped into ``out_dir`` whole; returns the info
+    written. ``side``: ``train``'s own (:func:`source_side`), recorded as ``source_side`` (found if not given)."""
     if not train.labeled:
         raise DataError(f"{train.description} has no labels: give it as the test source (--test)")
     if test is not None and test.labeled:
@@ -222,7 +277,8 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
                               "(--overwrite) to replace them, or choose another --out")
     # taken before reading: a file that changes during the conversion makes the next check redo it
     fingerprint = conversion_fingerprint(train, test, image_size=image_size, val_fraction=val_fraction,
-                                         shards=shards, seed=seed, quality=quality, skip_errors=skip_errors)
+                                         shards=shards, seed=seed, quality=quality, skip_errors=skip_errors, fit=FIT)
+    side = source_side(train) if side is None else side
     train_idx, val_idx = stratified_split(train.labels, val_fraction, seed)
     jobs = [("train", train, train_idx), ("val", train, val_idx)]
     if test is not None:
@@ -238,7 +294,8 @@ def convert_source(train: Source, out_dir, *, image_size: int, val_fraction: flo
                                      skip_errors=skip_errors)
                 counts[split] = sum(count_from_name(f) for f in files)
         info = {"class_names": train.class_names, "multi_label": train.multi_label, "id_column": (test or train).id_column,
-                "label_column": train.label_column, "image_size": image_size, "counts": counts,
+                "label_column": train.label_column, "image_size": image_size, "source_side": side, "fit": FIT,
+                "counts": counts,
                 "source": train.description, "test_source": None if test is None else test.description,
                 "fingerprint": fingerprint}
         with atomic_output_path(os.path.join(staging, INFO_FILE)) as tmp, open(tmp, "w") as f:
@@ -268,7 +325,7 @@ def convert_test_split(test: Source, out_dir, *, image_size: int, quality: int =
 
 # what convert_source's output depends on besides its sources, with its defaults
 _DEFAULT_SETTINGS = {name: parameter.default for name, parameter in inspect.signature(convert_source).parameters.items()
-                     if name in ("val_fraction", "shards", "seed", "quality", "skip_errors")}
+                     if name in ("val_fraction", "shards", "seed", "quality", "skip_errors")} | {"fit": FIT}
 
 
 def conversion_changes(out_dir, train: Source, test: Source | None = None, **settings) -> list[str]:

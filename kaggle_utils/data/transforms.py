@@ -142,10 +142,12 @@ class RandomResizedCrop:
         return tf.ensure_shape(tf.cond(flip, lambda: tf.reverse(crop, [1]), lambda: crop), [self.size, self.size, 3])
 
 
-# --train-crop: (the size trained at, the stored size) -> the crop (None: the stored image as it is)
-TRAIN_CROPS.register("none", lambda size, stored: Resize(size) if size != stored else None,
+# --train-crop: (the size trained at, the stored size, --crop-scale) -> the crop (None: the stored image as it is);
+# --crop-scale is the smallest share of the area a crop keeps, "auto" (not settled from the data) timm's 0.08
+TRAIN_CROPS.register("none", lambda size, stored, scale: Resize(size) if size != stored else None,
                      help="the stored image, resized to --image-size")
-TRAIN_CROPS.register("flip", lambda size, stored: RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0)),
+TRAIN_CROPS.register("flip", lambda size, stored, scale: RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0)),
                      help="the same, flipped left-right half the time")
-TRAIN_CROPS.register("random-resized", lambda size, stored: RandomResizedCrop(size),
-                     help="timm's RandomResizedCrop + flip")
+TRAIN_CROPS.register("random-resized", lambda size, stored, scale: RandomResizedCrop(
+                         size, **({} if scale == "auto" else {"scale": (scale, 1.0)})),
+                     help="timm's RandomResizedCrop + flip, area --crop-scale to 1", reads=("crop_scale",))

@@ -28,6 +28,7 @@ from ..train import (AXIS, StepConfig, Steps, Task, TrainState, assign_lr_groups
                      make_optimizer, make_schedule, make_steps, make_task)
 from ..train.progressive import SIZE_MULTIPLE, Stage, progressive_schedule
 from .data import RunData
+from .defaults import settled
 from .saved import check_parent, run_variables
 
 DEFAULT_MIN_SIZE = 128  # --progressive-min-size's default: the official code's ibase
@@ -52,6 +53,7 @@ class Plan:
     batch_fit: str = ""  # with --batch-per-device auto: the batch chosen, bytes vs budget, compiles and seconds
     stages: tuple[Stage, ...] = ()  # --progressive-stages, in order
     model_size: dict | None = None  # parameters and GFLOPs per image (:func:`model_size`), once the model is built
+    data_defaults: tuple[str, ...] = ()  # each choice made from the data, with its reason (:mod:`.defaults`)
 
     def describe(self, config: TrainConfig) -> str:
         found = math.isfinite(self.peak_lr)  # NaN: --lr auto, before the range test
@@ -66,7 +68,8 @@ class Plan:
                 f"{model.name} at {model.image_size}px{_size_text(self.model_size)}, {model.num_classes} classes; "
                 f"{Precision(model.precision).describe()} ({self.precision_reason})"
                 f"{describe_stages(config, self.stages)}"
-                + (f"; {self.batch_fit}" if self.batch_fit else ""))
+                + (f"; {self.batch_fit}" if self.batch_fit else "")
+                + (f"; chosen from the data: {'; '.join(self.data_defaults)}" if self.data_defaults else ""))
 
 
 def _size_text(size: dict | None) -> str:
@@ -261,16 +264,18 @@ def describe_stages(config: TrainConfig, stages: tuple[Stage, ...]) -> str:
 
 def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | None:
     """Evaluation and prediction: a center crop by ``crop_pct``, a resize to the eval size, or as stored."""
-    size = config.data.eval_image_size or config.model.image_size
-    if config.data.crop_pct is not None:
-        return CenterCrop(size, crop_pct=config.data.crop_pct)
+    size, pct = config.data.eval_image_size or config.model.image_size, settled(config, "crop_pct")
+    if pct is not None:
+        return CenterCrop(size, crop_pct=pct)
     return Resize(size) if size != stored_size else None
 
 
 def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Resize | None:
-    """Training: ``--train-crop``'s (:data:`~kaggle_utils.registry.TRAIN_CROPS`): timm's RandomResizedCrop, the whole
-    image flipped half the time (``flip``), a resize, or as stored."""
-    return TRAIN_CROPS[config.data.train_crop].build(config.model.image_size, stored_size)
+    """Training: ``--train-crop``'s (:data:`~kaggle_utils.registry.TRAIN_CROPS`, ``auto`` settled from the data by
+    run.resolve): timm's RandomResizedCrop (area ``--crop-scale``), the whole image flipped half the time (``flip``),
+    a resize, or as stored."""
+    return TRAIN_CROPS[settled(config, "train_crop")].build(config.model.image_size, stored_size,
+                                                            config.data.crop_scale)
 
 
 def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) -> HostDataset:

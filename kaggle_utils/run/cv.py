@@ -25,15 +25,17 @@ from ..data.convert import source_from_spec
 from ..data.tfrecords import scan_records
 from ..report import read_metrics
 from ..train import Hook, Task
+from . import thresholds
 from .build import eval_dataset
 from .data import RunData, commit_conversion, data_root, open_data, record_names
 from .folds import (FOLD_OOF, FOLDS_FILE, FoldGroups, assign_folds, group_file, read_groups, read_oof, settle_folds,
                     write_oof)
 from .predict import load_members, load_run, predict, predict_ensemble, prediction_steps, write_predictions
 from .resolve import check_config, resolve, run_task
+from .saved import checkpoint_file, run_config
 from .trainer import RunResult, recorded_model, train
 
-CV_FILES = ("oof.csv", "oof.npy", "cv.json", "submission.csv", "test_probabilities.csv")
+CV_FILES = ("oof.csv", "oof.npy", "cv.json", "submission.csv", "test_probabilities.csv", thresholds.THRESHOLDS_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +201,7 @@ def _finish(out: Path, k: int, pool: Pool, data: RunData, task: Task) -> dict:
         probs = np.zeros((len(pool.keys), fold_probs.shape[1])) if probs is None else probs
         probs[[row_of[i] for i in ids]] = fold_probs
     scores = cv_scores(out, k, pool.labels, pool.folds, probs, task)
+    decisions = _oof_thresholds(out, pool, probs, data)
     if jax.process_index() == 0:
         _write_oof(out / "oof.csv", pool, range(len(pool.keys)), probs)
         buffer = io.BytesIO()
@@ -210,8 +213,23 @@ def _finish(out: Path, k: int, pool: Pool, data: RunData, task: Task) -> dict:
         ids, test_probs = predict_ensemble(members, lambda config: (data.splits["test"], data.stored_size),
                                            batch_size=members[0].config.data.batch_size,
                                            mode=members[0].config.loop.mode)
-        write_predictions(out, ids, test_probs, members[0].config, probabilities_name="test_probabilities.csv")
+        write_predictions(out, ids, test_probs, members[0].config, probabilities_name="test_probabilities.csv",
+                          thresholds=decisions)
     return scores
+
+
+def _oof_thresholds(out: Path, pool: Pool, probs: np.ndarray, data: RunData) -> np.ndarray | None:
+    """A multi-label CV's thresholds, learnt on its out-of-fold probabilities (``OUT/thresholds.json``): the folds'
+    mean on the test split is submitted with them. None for other tasks."""
+    config = run_config(checkpoint_file(out / "fold0"))  # resolved: --min-labels chosen from the data
+    if config.task.task != "multilabel":
+        return None
+    labels = np.pad(pool.labels, ((0, 0), (0, probs.shape[1] - pool.labels.shape[1])))
+    record = thresholds.settle(config, probs, labels, config.data.class_names, learnt_on="out-of-fold probabilities")
+    if jax.process_index() == 0:
+        thresholds.write(out, record)
+        print(thresholds.describe(record))
+    return np.array(list(record["thresholds"].values()))
 
 
 def cv_scores(out: Path, k: int, labels: np.ndarray, folds: np.ndarray, probs: np.ndarray, task: Task) -> dict:

@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from ..config import ConfigError, TrainConfig
 from ..data import ExampleFields, Source, count_data_items, list_tfrecords, make_sample_dataset, scan_labels
 from ..data.convert import (INFO_FILE, conversion_changes, convert_source, read_conversion_info, source_from_spec,
-                            stratified_split)
+                            one_tag_rows, source_side, storage_size, stratified_split)
 from ..data.tfrecords import RecordIndex, scan_records
 from ..data.sources import MissingImageError
 
@@ -42,6 +42,8 @@ class RunData:
     class_names: tuple[str, ...] = ()  # submission labels by index (empty: the index)
     columns: tuple[str, str] = ("id", "label")  # the submission's id and label columns
     multi_label: bool = False  # records with a ``labels`` list (several classes per image), read as multi-hot rows
+    source_side: int | None = None  # the converted images' own (median shorter) side; None: unknown (records given)
+    unlabelled: int = 0  # multi-label train + val records with no class at all
     # split -> the (file, index) records of its files it reads (a cross-validation fold, load_dataset's select=);
     # absent: all of them
     select: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
@@ -99,18 +101,22 @@ def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = 
     columns = dict(id_column=data.id_column or "id", label_column=data.label_column or "label")
     train = source_from_spec(data.source, image_dir=data.image_dir, tfds_data_dir=data.tfds_data_dir, **columns)
     test = _test_source(data, columns) if data.test_source else None
-    settings = dict(image_size=config.model.image_size, val_fraction=data.val_fraction, seed=config.seed,
-                    skip_errors=data.skip_errors)
+    if config.task.task == "multilabel" and train.labeled and not train.multi_label:
+        train = one_tag_rows(train)  # one class per image, trained as multi-label: a row of one tag each
     check_task_fits(config, train.multi_label, f"--source {data.source}")
     _check_val_split(train, data)
     if jax.process_index() == 0:  # the one that decides and writes: the others could see a half-swapped folder
         shutil.rmtree(staged, ignore_errors=True)  # left by a run that was refused or killed
+        side = source_side(train)
+        size = store_size(config, side)
+        settings = dict(image_size=size, val_fraction=data.val_fraction, seed=config.seed, skip_errors=data.skip_errors)
         changes = conversion_changes(target, train, test, **settings)
         if changes:
             written = staged if stage else target
-            print(f"--source {data.source}: converting {train.num_examples} images to {config.model.image_size}px "
-                  f"TFRecords in {written} ({'; '.join(changes)})")
-            convert_source(train, written, test=test, overwrite=True, **settings)
+            print(f"--source {data.source}: converting {train.num_examples} images to {size}px TFRecords (their "
+                  f"shorter side to {size}, the centre square; their own side {side} px) in {written} "
+                  f"({'; '.join(changes)})")
+            convert_source(train, written, test=test, overwrite=True, side=side, **settings)
     _sync("kaggle_utils converted_source")  # the others read what process 0 wrote (a shared filesystem)
     folder = staged if stage and staged.is_dir() else target
     if test is not None:  # a submission needs a row per test image: --skip-errors must not have left one out
@@ -120,6 +126,15 @@ def converted_source(config: TrainConfig, out_dir: str | Path, *, stage: bool = 
                               f"{test.description} ({test.num_examples - converted} unreadable, skipped by "
                               "--skip-errors): a submission needs a row for each; fix or remove those files")
     return folder
+
+
+def store_size(config: TrainConfig, side: int) -> int:
+    """The side a ``--source`` is stored at: ``--store-size``, else :func:`~kaggle_utils.data.convert.storage_size` of
+    the images' own ``side`` for the larger of the training and evaluation sizes."""
+    given = config.data.store_size
+    if given != "auto":
+        return given
+    return storage_size(max(config.model.image_size, config.data.eval_image_size or 0), side)
 
 
 def commit_conversion(data: RunData, out_dir: str | Path) -> RunData:
@@ -211,8 +226,8 @@ def check_task_fits(config: TrainConfig, multi_label: bool, where: str) -> None:
         raise ConfigError(f"{where} is multi-label (several classes per image), which --task {task} cannot train: "
                           "use --task multilabel")
     if not multi_label and task == "multilabel":
-        raise ConfigError(f"--task multilabel needs several labels per image, but {where} holds one class per image: "
-                          "use --task softmax (or focal)")
+        raise ConfigError(f"--task multilabel needs multi-label records, but {where} holds one class per image: use "
+                          "--task softmax (or focal), or give the images as --source (read as one tag per image)")
 
 
 def _label_range(config: TrainConfig, splits: dict, stored: int) -> tuple[bool, int, dict]:
@@ -290,9 +305,11 @@ def open_data(config: TrainConfig, root: str | Path) -> RunData:
                           "if the other classes are only absent from these splits")
     if splits["test"]:
         scan_test_ids(splits["test"])
+    info = read_conversion_info(root) if (root / INFO_FILE).is_file() else {}
+    unlabelled = sum(int((~(v > 0.5).any(-1)).sum()) for v in seen.values()) if multi_label else 0
     return RunData(root=root, splits=splits, stored_size=stored, num_train=count_data_items(splits["train"]),
                    max_label=top, description=description, multi_label=multi_label,
-                   **submission_labels(config, root))
+                   source_side=info.get("source_side"), unlabelled=unlabelled, **submission_labels(config, root))
 
 
 def named_classes(names) -> tuple[str, ...]:

@@ -28,6 +28,8 @@ from ..train import StepConfig, Steps, TrainState, inference_state, make_steps, 
 from .build import build_model, eval_crop
 from .data import find_splits, infer_image_size, named_classes, scan_test_ids
 from .saved import checkpoint_file, run_config, run_variables
+from .thresholds import THRESHOLDS_FILE, decide, min_labels
+from .thresholds import read as read_thresholds
 
 Records = Callable[[TrainConfig], tuple[list[str], int]]  # (config) -> (test split's TFRecords, their stored size)
 
@@ -49,6 +51,20 @@ def predict(steps: Steps, variables: dict | TrainState, batches: Iterable[dict],
         return np.array([], dtype=object), np.zeros((0, 0), np.float32)
     probs = [steps.get(o) for o in outputs]  # one sync, after every step is dispatched
     return np.concatenate([i[m] for i, m in kept]), np.concatenate([p[m] for p, (_, m) in zip(probs, kept)])
+
+
+def labelled_probabilities(steps: Steps, variables: dict, batches: Iterable[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities, labels) of a labelled split's host ``batches`` (the whole split on every process), in order:
+    what a multi-label run learns its thresholds on."""
+    labels = []
+
+    def numbered(batches):
+        for batch in batches:
+            labels.append(np.asarray(batch["label"])[np.asarray(batch["mask"], bool)])
+            yield {"image": batch["image"], "id": np.arange(len(batch["mask"])), "mask": batch["mask"]}
+
+    _, probs = predict(steps, variables, numbered(batches))
+    return probs, np.concatenate(labels) if labels else np.zeros((0, probs.shape[-1]), np.float32)
 
 
 def _text(value) -> str:
@@ -171,10 +187,33 @@ def _check_same_classes(first: Member, other: Member) -> None:
                           "cannot be averaged")
 
 
+def ensemble_thresholds(checkpoints: Sequence[str | Path], members: Sequence[Member],
+                        weights: Sequence[float] | None = None) -> tuple[np.ndarray, str]:
+    """A multi-label ensemble's thresholds and where they come from: each ``--checkpoint``'s own (a run's, learnt on
+    its validation split; a CV folder's, on its out-of-fold probabilities; else its ``--threshold``), averaged with
+    the ``weights``."""
+    config, kept = members[0].config, []
+    for given in checkpoints:
+        folder = Path(given) if Path(given).is_dir() else Path(given).parent
+        found = read_thresholds(folder, config.data.class_names)
+        if found is None:
+            own = run_config(checkpoint_file(expand_checkpoint(given)[0])).task.threshold
+            if own == "auto":
+                raise ConfigError(f"--checkpoint {given}: its run learns its thresholds after training, but "
+                                  f"{folder / THRESHOLDS_FILE} is missing (the run did not finish?): give --threshold")
+            found = np.full(config.model.num_classes, float(own))
+        kept.append(found)
+    share = np.asarray(weights if weights is not None else [1.0] * len(kept), np.float64)
+    mean = np.tensordot(share / share.sum(), np.stack(kept), axes=1)
+    where = "the run's own" if len(kept) == 1 else f"the mean of the {len(kept)} checkpoints' own"
+    return mean, f"{where} ({', '.join(f'{t:.2f}' for t in mean)})"
+
+
 @contextlib.contextmanager
 def open_test_split(*, data_dir: str | Path | None = None, source: Source | None = None) -> Iterator[Records]:
     """``records(config) -> (files, stored size)``: a records folder's ``test/`` split, or ``source`` converted
-    (once per ``--image-size``, as a run on it stores it) into a temporary folder."""
+    (once per stored size, as a run on it stored its own: ``--store-size``; a run from before it: ``--image-size``)
+    into a temporary folder."""
     if (data_dir is None) == (source is None):
         raise ConfigError("give the test images as --data-dir (TFRecords with a test/ split) or as --test-source "
                           "(an image folder or a CSV of ids), one of them")
@@ -188,7 +227,7 @@ def open_test_split(*, data_dir: str | Path | None = None, source: Source | None
         converted: dict[int, list[str]] = {}
 
         def records(config: TrainConfig) -> tuple[list[str], int]:
-            size = config.model.image_size
+            size = config.model.image_size if config.data.store_size == "auto" else config.data.store_size
             if size not in converted:
                 converted[size] = convert_test_split(source, Path(tmp) / str(size), image_size=size)
             return converted[size], size
@@ -258,11 +297,13 @@ def blend_checkpoints(folder: str | Path) -> list[Path] | None:
 
 
 def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray, config: TrainConfig,
-                      *, probabilities_name: str = "probabilities.csv") -> tuple[Path, Path]:
+                      *, probabilities_name: str = "probabilities.csv", thresholds: np.ndarray | None = None
+                      ) -> tuple[Path, Path]:
     """``submission.csv`` and ``probabilities.csv`` in ``config``'s columns and class names (process 0, atomic).
 
-    The label is the argmax (a class name, else its index); for ``--task multilabel`` every class above
-    ``--threshold``, space-separated. ``probabilities.csv``: the id, then a column per class (for blending).
+    The label is the argmax (a class name, else its index); for ``--task multilabel`` every class above its
+    threshold (``thresholds``, one per class, else ``--threshold``), at least ``--min-labels`` of them,
+    space-separated. ``probabilities.csv``: the id, then a column per class (for blending).
     """
     out_dir, data = Path(out_dir), config.data
     probs = np.asarray(probs, np.float32)
@@ -273,7 +314,10 @@ def write_predictions(out_dir: str | Path, ids: Sequence[str], probs: np.ndarray
         raise ValueError(f"{len(names)} class names for {probs.shape[1]} probability columns")
     id_column = data.id_column or "id"
     if config.task.task == "multilabel":
-        labels = [" ".join(names[c] for c in np.flatnonzero(row > config.task.threshold)) for row in probs]
+        if thresholds is None and config.task.threshold == "auto":
+            raise ValueError("--threshold auto: give the thresholds learnt on the validation split (thresholds.json)")
+        chosen = decide(probs, config.task.threshold if thresholds is None else thresholds, min_labels(config))
+        labels = [" ".join(names[c] for c in np.flatnonzero(row)) for row in chosen]
     else:
         labels = [names[c] for c in probs.argmax(-1)]
     submission, probabilities = out_dir / "submission.csv", out_dir / probabilities_name

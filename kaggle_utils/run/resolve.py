@@ -1,9 +1,10 @@
 """What a config leaves open, filled in for this machine and this data, and every check that needs no data.
 
-``resolve`` turns a config into the one a run records (classes, image size, precision, global batch)
-and the :class:`~kaggle_utils.run.build.Plan` of numbers it implies (steps, warmup, peak learning rate,
-lr groups, stages); ``--batch-per-device auto`` compiles the run's train step to find its batch
-(:mod:`.memory_plan`). A value that cannot run is refused by its flag, never silently replaced.
+``resolve`` turns a config into the one a run records (classes, image size, precision, global batch, the crops
+and multi-label settings chosen from the data: :mod:`.defaults`) and the :class:`~kaggle_utils.run.build.Plan` of
+numbers it implies (steps, warmup, peak learning rate, lr groups, stages); ``--batch-per-device auto`` compiles the
+run's train step to find its batch (:mod:`.memory_plan`). A value that cannot run is refused by its flag, never
+silently replaced.
 """
 import dataclasses
 import json
@@ -19,10 +20,12 @@ from ..surgery import padded_width
 from ..registry import TASKS
 from ..train import Task, group_multipliers, history_columns, make_task, scaled_lr
 from ..train.optim import default_lr, default_weight_decay
+from ..train.tasks import AUTO_THRESHOLD
 from ..train.writers import import_wandb
 from . import memory_plan
 from .build import Plan, build_model, progressive_stages
 from .data import RunData
+from .defaults import settle_data_defaults
 from .saved import check_parent
 
 # a task's attribute -> the task section's field it is set from (what a given task overrides in the record)
@@ -47,6 +50,8 @@ def _reconciled(config: TrainConfig, task: Task | None) -> tuple[TrainConfig, Ta
         if not hasattr(task, attribute):
             continue
         given, used = getattr(config.task, field), getattr(task, attribute)
+        if field == "threshold" and given == "auto" and used == AUTO_THRESHOLD:
+            continue  # what --threshold auto trains with: its per-class thresholds are still learnt after training
         if given != getattr(default, field) and given != used:
             raise ConfigError(f"--{field.replace('_', '-')} {given} and the task given to run.train "
                               f"({type(task).__name__}, {attribute} {used}) disagree: give one of them")
@@ -148,6 +153,7 @@ def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[Tra
         weights=str(Path(weights).resolve()) if weights else None,
         init_from=str(Path(parent).resolve()) if parent else None)
     check_parent(config)
+    config, chosen = settle_data_defaults(config, data)
     batch, k = config.data.batch_size, config.optim.accumulate_steps
     per_device = batch // jax.device_count()
     if per_device % k:
@@ -172,6 +178,5 @@ def _resolve(config: TrainConfig, data: RunData, task: Task | None) -> tuple[Tra
                 peak_lr=math.nan if optim.lr == "auto" else scaled_lr(optim.lr, batch),
                 head_width=padded_width(config.model.num_classes, config.model.head_multiple),
                 mean=tuple(cfg.mean), std=tuple(cfg.std), lr_multipliers=multipliers,
-                precision_reason=precision_reason, stages=progressive_stages(config))
+                precision_reason=precision_reason, stages=progressive_stages(config), data_defaults=chosen)
     return config, plan
-

@@ -22,11 +22,12 @@ from ..data import HostDataset
 from ..train import (FitResult, Hook, MetricWriter, Steps, Task, TensorBoardWriter, WandbWriter, evaluate, fit,
                      inference_state)
 from ..train.writers import close_writers
+from . import thresholds
 from .build import (Plan, Training, build_model, build_training, epoch_config, initial_variables, model_size,
                     train_dataset, val_dataset)
 from .data import RunData, commit_conversion, run_data
 from .lr_find import settle_lr
-from .predict import predict_split, write_predictions
+from .predict import labelled_probabilities, predict_split, write_predictions
 from .resolve import check_config, resolve, run_task
 from .saved import import_recorded_model
 from .teacher import describe as describe_teaching, teach
@@ -118,11 +119,12 @@ def train(config: TrainConfig, out: str | Path, *, task: Task | None = None,
                              writers=[*writers, *opened])  # 5. fit
             best = _best_variables(out, result)  # 6. write: the report, then the test split's predictions
             _report(out, resolved, plan, data, training.steps, result, best)
+            decisions = _thresholds(out, resolved, plan, data, training.steps, best)
             submission, ids = None, []
             if data.splits["test"]:
                 ids, probs = predict_split(training.steps, best, data.splits["test"], resolved,
                                            batch_size=plan.global_batch, stored_size=data.stored_size)
-                submission, _ = write_predictions(out, ids, probs, resolved)
+                submission, _ = write_predictions(out, ids, probs, resolved, thresholds=decisions)
         finally:
             close_writers(opened)
     return RunResult(out, resolved, plan, result, training.steps, submission, tuple(ids))
@@ -251,6 +253,22 @@ def _best_variables(out: Path, result: FitResult) -> dict:
     else:
         variables = jax.tree.map(np.zeros_like, final)
     return multihost_utils.broadcast_one_to_all(variables) if jax.process_count() > 1 else variables
+
+
+def _thresholds(out: Path, config: TrainConfig, plan: Plan, data: RunData, steps: Steps, best: dict
+                ) -> np.ndarray | None:
+    """A multi-label run's per-class thresholds, learnt on the validation split's probabilities from the best
+    checkpoint (``--threshold auto``) or given, written to ``OUT/thresholds.json``; None for other tasks."""
+    if config.task.task != "multilabel":
+        return None
+    with contextlib.closing(val_dataset(config, plan, data)) as batches:
+        probs, labels = labelled_probabilities(steps, best, batches)
+    record = thresholds.settle(config, probs, labels, config.data.class_names,
+                               learnt_on="the validation split, best checkpoint")
+    if jax.process_index() == 0:
+        thresholds.write(out, record)
+        print(thresholds.describe(record))
+    return np.array(list(record["thresholds"].values()))
 
 
 def _report(out: Path, config: TrainConfig, plan: Plan, data: RunData, steps: Steps, result: FitResult,

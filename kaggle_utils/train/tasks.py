@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 from ..config import TaskConfig
-from ..metrics import confusion_counts, macro_f1, multilabel_f1
+from ..metrics import confusion_counts, macro_f1, multilabel_f1, row_f1
 from ..registry import TASKS
 
 UserMetric = Callable[[Mapping[str, np.ndarray]], float]
@@ -213,7 +213,8 @@ class MultiLabelClassification(Task):
     """Several labels per image (multi-hot ``label`` rows): sigmoid BCE, one decision per class (``threshold``).
 
     The loss is the mean over classes (timm's ``BinaryCrossEntropy``): its scale does not grow with the class
-    count. Metrics: exact-match accuracy, macro F1 (scikit-learn's rule), micro F1.
+    count. Metrics: exact-match accuracy, macro F1 (scikit-learn's rule), micro F1, sample F1 (each row's F1,
+    averaged: the metric of Kaggle's multi-label competitions).
     """
 
     threshold: float = 0.5
@@ -240,27 +241,33 @@ class MultiLabelClassification(Task):
         real = mask[:, None]
         sums = _sums(self._losses(logits, labels, losses), jnp.all(preds == truth, axis=-1), mask)
         if full:
-            sums["tp"] = jnp.sum(preds & truth & real, axis=0, dtype=jnp.int32)
-            sums["fp"] = jnp.sum(preds & ~truth & real, axis=0, dtype=jnp.int32)
-            sums["fn"] = jnp.sum(~preds & truth & real, axis=0, dtype=jnp.int32)
+            hits = {"tp": preds & truth & real, "fp": preds & ~truth & real, "fn": ~preds & truth & real}
+            sums.update({name: jnp.sum(hit, axis=0, dtype=jnp.int32) for name, hit in hits.items()})
+            rows = row_f1(*(jnp.sum(hits[name], axis=1, dtype=jnp.float32) for name in ("tp", "fp", "fn")))
+            sums["row_f1_sum"] = jnp.sum(jnp.where(mask, rows, 0.0))
         return sums
 
     def _finish(self, sums):
         out = super()._finish(sums)
         if "tp" in sums:
             out["f1"], out["micro_f1"] = multilabel_f1(sums["tp"], sums["fp"], sums["fn"])
+        if "row_f1_sum" in sums:
+            out["samples_f1"] = _ratio(sums["row_f1_sum"], int(sums["count"]))
         return out
 
     def _metric_names(self, full):
-        return ("loss", "acc", "f1", "micro_f1") if full else ("loss", "acc")
+        return ("loss", "acc", "f1", "micro_f1", "samples_f1") if full else ("loss", "acc")
 
 
 TASKS.register("softmax", lambda task: SoftmaxClassification(label_smoothing=task.label_smoothing),
                help="softmax cross-entropy; accuracy, top-5, macro F1")
 TASKS.register("focal", lambda task: FocalClassification(label_smoothing=task.label_smoothing, gamma=task.focal_gamma),
                help="softmax focal loss, --focal-gamma")
-TASKS.register("multilabel", lambda task: MultiLabelClassification(label_smoothing=task.label_smoothing,
-                                                                   threshold=task.threshold),
+AUTO_THRESHOLD = 0.5  # --threshold auto's decision while training; per-class ones are learnt after it (run.thresholds)
+TASKS.register("multilabel",
+               lambda task: MultiLabelClassification(label_smoothing=task.label_smoothing,
+                                                     threshold=AUTO_THRESHOLD if task.threshold == "auto" else
+                                                     task.threshold),
                help="several labels per image: sigmoid BCE, a class predicted above --threshold")
 
 
