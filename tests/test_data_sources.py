@@ -278,14 +278,16 @@ def test_convert_round_trip_equals_the_source(folders, tmp_path):
     first = (18 - n_val + 1) // 2
     assert sorted(os.listdir(tmp_path / "train")) == [f"00-{SIZE}x{SIZE}-{first}.tfrec",
                                                      f"01-{SIZE}x{SIZE}-{18 - n_val - first}.tfrec"]
-    # same pixels as the source decoded, resized and JPEG round-tripped with the same encoder (exact)
-    source, _ = read_all(train)
+    # same pixels as the source decoded, its shorter side resized, the centre square (the aspect ratio kept), JPEG
+    # round-tripped with the same encoder (exact)
+    square = dict(image_size=None, crop=kd.CenterCrop(SIZE, crop_pct=1.0))
+    source, _ = read_all(train, **square)
     expected = sorted((jpeg_round_trip(im).tobytes(), label) for im, label in zip(source["image"], source["label"]))
     written = sorted(decoded_records(tmp_path / "train", True) + decoded_records(tmp_path / "val", True))
     assert written == expected
     val_labels = [label for _, label in decoded_records(tmp_path / "val", True)]
     assert np.bincount(val_labels, minlength=4).tolist() == per_class_val
-    test_source, _ = read_all(test)
+    test_source, _ = read_all(test, **square)
     assert sorted(decoded_records(tmp_path / "test", False)) == sorted(
         (jpeg_round_trip(im).tobytes(), id_) for im, id_ in zip(test_source["image"], test_source["id"]))
     # the records run through the TFRecord pipeline like the competition's

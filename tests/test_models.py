@@ -58,6 +58,7 @@ def trained(sample, tmp_path_factory):
     return run.train(tiny_config(sample), out, progress=False), out
 
 
+@pytest.mark.slow  # runs a whole training run of tiny_convnet (tests/tiers.py)
 def test_a_registered_module_trains_predicts_and_reloads_through_run_train(trained, sample, tmp_path):
     result, out = trained
     assert len(result.history) == 2 and result.history[-1]["train_loss"] < result.history[0]["train_loss"]
@@ -74,6 +75,7 @@ def test_a_registered_module_trains_predicts_and_reloads_through_run_train(train
     np.testing.assert_allclose(predicted, trained_probs, atol=1e-6)
 
 
+@pytest.mark.slow  # runs a whole training run of tiny_convnet (tests/tiers.py)
 def test_a_run_folder_records_where_its_model_s_builder_lives_and_a_process_without_it_imports_it(trained):
     _, out = trained
     for record in (out / "config.json", out / "best.json"):
@@ -93,6 +95,7 @@ def test_a_run_folder_records_where_its_model_s_builder_lives_and_a_process_with
     ("__main__:Net", "records its builder as __main__:Net, which only the process that trained it had: define it in "
                      "a module of its own"),
 ])
+@pytest.mark.slow  # runs a whole training run of tiny_convnet (tests/tiers.py)
 def test_a_builder_that_cannot_be_imported_is_named_with_what_to_do(trained, tmp_path, builder, words):
     _, out = trained
     folder = tmp_path / "run"
@@ -141,6 +144,7 @@ def test_a_module_of_yours_starts_from_its_own_saved_variables(sample, tmp_path)
         run.check_config(config.replace(weights=str(tmp_path / "other.msgpack")))
 
 
+@pytest.mark.slow  # runs a whole training run of tiny_convnet (tests/tiers.py)
 def test_cross_validation_trains_a_registered_module_per_fold_with_a_task_tx_and_variables_given(sample, tmp_path):
     saved = init_variables(TinyConvNet(num_classes=10), 16, seed=7)
     task = SoftmaxClassification(label_smoothing=0.0).with_metric("error", lambda sums: 1 - sums["correct"] / sums[
