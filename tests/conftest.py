@@ -18,7 +18,8 @@ xdist workers, the jobs tests start, the notebook kernels). Compiling is most of
 time, and many files compile the same programs (a model's init, the job's steps on the
 sample). It is an environment variable so that every process inherits it; the first process
 to load this file (pytest's controller) picks the folder, and removes it at the end. A cache
-size is set because that is what makes JAX lock the folder across processes.
+size is set because that is what makes JAX lock the folder across processes, and every program is kept, however
+quickly it compiled (the default keeps those over a second: most of the quick tier's are under).
 
 And for time too: XLA:CPU's backend optimisation level 1 instead of the default, through ``XLA_FLAGS`` so that
 the same processes inherit it (the notebook kernels too: it sets the compiler's effort, not the devices they see).
@@ -39,7 +40,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 else:
     _SESSION_CACHE = None
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # every program shared, not only slow ones
 TEST_XLA_FLAG = "--xla_backend_optimization_level=1"
+QUICK_XLA_FLAG = "--xla_backend_optimization_level=0"  # the quick tier's, see pytest_configure
 if TEST_XLA_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAG}".strip()
 
@@ -102,6 +105,14 @@ def tiny_tfds(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("tfds"))
     TinyDigits(data_dir=data_dir).download_and_prepare()
     return data_dir
+
+
+def pytest_configure(config):
+    """The quick tier (``-m "not slow"``) compiles at XLA:CPU's level 0: its programs run a handful of steps each, where
+    compiling is nearly all of their time (bench/README.md, "Test suite"); the full suite's learning runs keep level 1.
+    Set before any backend starts, so the xdist workers this process spawns inherit it."""
+    if "not slow" in (config.option.markexpr or ""):
+        os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(TEST_XLA_FLAG, QUICK_XLA_FLAG)
 
 
 def pytest_unconfigure(config):

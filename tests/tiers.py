@@ -9,8 +9,12 @@
 3. trains an EfficientNet, ``test_efficientnet`` included: traces its train step, as every whole run does (``run.train``,
    ``cross_validate``, the job in this process), 5-30 s of compiling each; the engine's own tests train a small CNN;
    or runs a whole training run of any model (``run.train``'s fit: data, compiles, evaluation, prediction, files),
-4. trains more than :data:`MAX_QUICK_STEPS` steps of any model through ``fit``, or
-5. executes a notebook (nbmake's items are marked here).
+4. trains more than :data:`MAX_QUICK_STEPS` steps of any model through ``fit``,
+5. executes a notebook, or
+6. tests a benchmark script (``tests/test_bench.py``: the measuring tools of ``bench/``, run on models and timed;
+   not kit modules, which the quick tier covers each).
+
+5 and 6 are applied here by location (the items are marked slow); 1-4 are checked.
 
 Everything else is the quick tier, ``python -m pytest -m "not slow" -n 2 tests`` (minutes; README, "Tests"). The
 rule is checked while the suite runs: an unmarked test that breaks it fails, naming what it did, so a new slow
@@ -34,6 +38,7 @@ import pytest
 MAX_QUICK_STEPS = 50
 JOB_MODULES = {"kaggle_utils", "weights_port", "ipykernel_launcher", "ipykernel"}
 TINY_MODEL = "test_efficientnet"
+BENCH_TESTS = "test_bench.py"
 
 # test file -> what in it depends on a package whose version differs on Kaggle's image
 KAGGLE_STACK = {
@@ -183,12 +188,16 @@ def pytest_configure(config):
     _install_watchers()
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
 def pytest_collection_modifyitems(items):
     for item in items:
         if type(item).__name__ == "NotebookItem":  # nbmake: a notebook runs in a kernel process
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.kaggle_stack)
-        elif Path(str(item.fspath)).name in KAGGLE_STACK:
+            continue
+        if Path(str(item.fspath)).name == BENCH_TESTS:
+            item.add_marker(pytest.mark.slow)
+        if Path(str(item.fspath)).name in KAGGLE_STACK:
             item.add_marker(pytest.mark.kaggle_stack)
 
 
