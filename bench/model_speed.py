@@ -6,6 +6,7 @@
     python bench/model_speed.py --mode gpu           # GPU: fp16, bf16 and strict fp32, batch 64
     python bench/model_speed.py --mode gpu-fp16      # a T4: Flax fp16 + loss scaling vs timm AMP fp16
     python bench/model_speed.py --mode gpu-bf16 --batch 128 --size 300
+    python bench/model_speed.py --torch-compile default      # beside eager timm, timm + torch.compile (inductor)
 
 Modes (``--mode``):
 
@@ -150,12 +151,14 @@ def flax_cases(name: str, timm_model, images, labels, conv_impl: str, precision:
 
 
 def timm_cases(timm_model, images, labels, *, device: str = "cpu", precision: str = "fp32",
-               train_layout=torch.contiguous_format) -> dict:
+               train_layout=torch.contiguous_format, compile_mode: str | None = None) -> dict:
     """``{"eval": NCHW fn, "eval_cl": channels_last fn, "train": fn, "logits"}`` on ``device``.
 
     On CUDA ``precision`` is ``"bf16"`` (autocast), ``"fp16"`` (autocast + ``GradScaler``, timm's
     default AMP) or ``"fp32"`` (TF32 off, set on every call: the flags are global and the cases
-    of all precisions are interleaved).
+    of all precisions are interleaved). ``compile_mode``: the models under ``torch.compile`` in that mode
+    (inductor), as timm's train.py ``--torch-compile`` compiles the model and leaves the optimizer eager; the first
+    calls (the warm-up's seconds) are the compiles.
     """
     cuda = device == "cuda"
     x = torch.from_numpy(images).to(device)
@@ -165,6 +168,9 @@ def timm_cases(timm_model, images, labels, *, device: str = "cpu", precision: st
     eval_cl = copy.deepcopy(timm_model).to(device, memory_format=torch.channels_last).eval()
     train_model = copy.deepcopy(timm_model).to(device, memory_format=train_layout).train()
     optimizer = torch.optim.AdamW(train_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    if compile_mode is not None:
+        eval_model, eval_cl, train_model = (torch.compile(m, mode=compile_mode)
+                                            for m in (eval_model, eval_cl, train_model))
     scaler = torch.amp.GradScaler("cuda", enabled=cuda and precision == "fp16")
     x_train = x.contiguous(memory_format=train_layout)
 
@@ -232,6 +238,13 @@ def cpu_cases(args, timm_model, images, labels):
     pairs = [("eval forward (timm NCHW)", "flax eval", "timm eval"),
              ("eval forward (timm channels_last)", "flax eval", "timm eval CL"),
              ("train step: fwd + bwd + AdamW", "flax train", "timm train")]
+    for mode in args.torch_compile:  # the compiled peer: channels_last eval, the train step as timm's --torch-compile
+        compiled = timm_cases(timm_model, images, labels, compile_mode=mode)
+        cases[f"timm eval CL compiled-{mode}"] = (compiled["eval_cl"], None)
+        cases[f"timm train compiled-{mode}"] = (compiled["train"], None)
+        pairs += [(f"eval forward (timm channels_last + torch.compile {mode})", "flax eval",
+                   f"timm eval CL compiled-{mode}"),
+                  (f"train step (timm + torch.compile {mode})", "flax train", f"timm train compiled-{mode}")]
     return cases, pairs, {"fp32": _logit_diff(flax["logits"], ref["logits"])}
 
 
@@ -251,6 +264,13 @@ def gpu_cases(args, timm_model, images, labels):
             cases[f"flax {precision} {kind}"] = (flax[kind], jax.block_until_ready)
             cases[f"timm {precision} {kind}"] = (ref[timm_kind], synchronize)
             pairs.append((f"{precision} {label}", f"flax {precision} {kind}", f"timm {precision} {kind}"))
+        for mode in args.torch_compile:  # the compiled peer, same precision and layout
+            compiled = timm_cases(timm_model, images, labels, device="cuda", precision=precision,
+                                  train_layout=torch.channels_last, compile_mode=mode)
+            for kind, timm_kind, label in (("eval", "eval_cl", "eval forward"), ("train", "train", "train step")):
+                cases[f"timm {precision} {kind} compiled-{mode}"] = (compiled[timm_kind], synchronize)
+                pairs.append((f"{precision} {label} vs timm + torch.compile {mode}", f"flax {precision} {kind}",
+                              f"timm {precision} {kind} compiled-{mode}"))
     return cases, pairs, diffs
 
 
@@ -404,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--conv-impl", default="auto", choices=("auto", "cpu", "xla"),
                         help="Flax convolution path (layers.conv2d impl)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and iterations")
+    parser.add_argument("--torch-compile", nargs="*", default=[], choices=("default", "reduce-overhead",
+                                                                           "max-autotune"), metavar="MODE",
+                        help="also time timm under torch.compile in these modes (inductor; the warm-up's seconds "
+                             "are its compiles): the compiled peer beside eager timm")
     return parser
 
 
