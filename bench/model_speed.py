@@ -53,6 +53,10 @@ with default BN statistics gives large logits whose fp32 rounding alone shows;
 tests/test_efficientnet_parity.py is the exactness test). Other processes may share the
 machine, so rounds are interleaved (every case once, then again) and the median per case is
 reported with every round's Flax/timm ratio. Figures and targets: bench/README.md.
+
+Size: one concern, one measurement: the two sides' cases (built to run the same work), the interleaved timing and
+the report of their ratios are read together to trust a figure, and a user runs them as one script copied onto a
+lent machine. What other benches share with it lives beside it (``flops.py``: FLOP counts and card peaks).
 """
 from __future__ import annotations
 
