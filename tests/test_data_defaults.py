@@ -23,6 +23,7 @@ from kaggle_utils.run.build import eval_crop, train_crop
 from kaggle_utils.run.data import SAMPLE, RunData, converted_source
 
 from job_helpers import TEST_MODEL
+from train_helpers import masked_rows
 
 WIDE = (24, 40)  # height, width of the training photos: 5:3, so a squash and a centre square differ
 
@@ -61,13 +62,8 @@ def photos(tmp_path_factory):
 
 
 def _records(folder, size: int) -> tuple[np.ndarray, np.ndarray]:
-    dataset = kd.load_dataset(kd.list_tfrecords(folder), image_size=size, batch_size=8, labeled=False)
-    try:
-        batches = list(dataset)
-    finally:
-        dataset.close()
-    return (np.concatenate([b["image"][b["mask"]] for b in batches]),
-            np.concatenate([b["id"][b["mask"]] for b in batches]))
+    return masked_rows(kd.load_dataset(kd.list_tfrecords(folder), image_size=size, batch_size=8, labeled=False),
+                       "image", "id")
 
 
 def test_the_storage_side_is_the_photos_own_between_the_training_size_and_twice_it():

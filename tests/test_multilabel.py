@@ -22,6 +22,7 @@ from kaggle_utils.data.tfrecords import scan_records
 from kaggle_utils.run.folds import assign_folds, read_folds
 
 from job_helpers import TEST_MODEL
+from train_helpers import masked_rows
 
 CLASSES = ["cloud", "haze", "road"]  # sorted: the class list csv_source makes of the names found
 N, SIZE = 48, 16
@@ -63,13 +64,8 @@ def _source(tagged, name="labels.csv"):
 
 
 def _read(files, **kwargs):
-    dataset = kd.load_dataset(files, labeled=True, image_size=SIZE, batch_size=16, seed=0, **kwargs)
-    try:
-        batches = list(dataset)
-    finally:
-        dataset.close()
-    return (np.concatenate([b["image"][b["mask"]] for b in batches]),
-            np.concatenate([b["label"][b["mask"]] for b in batches]))
+    return masked_rows(kd.load_dataset(files, labeled=True, image_size=SIZE, batch_size=16, seed=0, **kwargs),
+                       "image", "label")
 
 
 # --------------------------------------------------------------------------- records

@@ -56,3 +56,12 @@ def batches(images, labels, batch_size: int, *, shuffle_seed: int | None = None,
         mask[:len(idx)] = True
         idx = np.concatenate([idx, np.zeros(batch_size - len(idx), idx.dtype)])
         yield {"image": images[idx], "label": labels[idx], "mask": mask}
+
+
+def masked_rows(dataset, *keys: str) -> tuple[np.ndarray, ...]:
+    """The real rows (``mask`` True) of every batch of a host dataset, one array per key; the dataset is closed."""
+    try:
+        batches = list(dataset)
+    finally:
+        dataset.close()
+    return tuple(np.concatenate([b[key][b["mask"]] for b in batches]) for key in keys)
