@@ -102,8 +102,8 @@ def test_the_steps_fit_trains_are_counted_and_more_than_the_quick_limit_is_a_rea
 
 @pytest.mark.slow  # a pytest process
 def test_an_unmarked_test_that_breaks_the_rule_fails_naming_it_and_a_marked_one_passes(tmp_path):
-    (tmp_path / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n"
-                                          "pytest_plugins = ['tiers']\n")
+    (tmp_path / "conftest.py").write_text(f"import sys\nsys.path[:0] = [{str(TESTS)!r}, {str(TESTS.parent)!r}]\n"
+                                          "pytest_plugins = ['tiers']\n")  # the kit importable, installed or not
     (tmp_path / "test_inner.py").write_text(textwrap.dedent("""\
         import subprocess, sys
         import pytest
