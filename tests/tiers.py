@@ -238,8 +238,6 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if call.when != "call" or report.outcome != "passed" or item.get_closest_marker("slow") is not None:
         return
-    if type(item).__name__ == "NotebookItem":
-        return
     record = Record()
     record.add(WATCH.stack[0] if WATCH.stack else Record())
     record.add(_fixture_records(item))
