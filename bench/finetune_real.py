@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = ("intel-scenes-mini", "cifar10-mini")
 MODEL = "tf_efficientnet_lite0"
-TIMM_LR, TIMM_WEIGHT_DECAY, TIMM_SMOOTHING, TIMM_CROP_PCT = 1e-3, 0.05, 0.1, 0.875
+TIMM_LR, TIMM_WEIGHT_DECAY, TIMM_SMOOTHING, TIMM_CROP_PCT, TIMM_COLOR_JITTER = 1e-3, 0.05, 0.1, 0.875, 0.4
 
 
 def dataset_folder(name: str) -> Path:
@@ -60,12 +60,13 @@ def dataset_folder(name: str) -> Path:
 
 def timm_recipe_flags(batch: int, task: str = "softmax") -> list[str]:
     """timm's fine-tune as the kit's flags: its absolute lr as a rate per 256 images, its crops (area 0.08-1, Lite0's
-    crop_pct), no dropout, drop path, clip; its random new head; label smoothing 0.1, or (multi-label) plain BCE and
-    one 0.5 threshold, empty rows allowed."""
+    crop_pct) and colour jitter 0.4, no dropout, drop path, clip; its random new head; label smoothing 0.1, or
+    (multi-label) plain BCE and one 0.5 threshold, empty rows allowed."""
     task_flags = (["--label-smoothing", str(TIMM_SMOOTHING)] if task != "multilabel" else
                   ["--label-smoothing", "0", "--threshold", "0.5", "--min-labels", "0"])
     return ["--lr", f"{TIMM_LR * 256 / batch:g}", "--weight-decay", str(TIMM_WEIGHT_DECAY), *task_flags,
             "--train-crop", "random-resized", "--crop-scale", "0.08", "--crop-pct", str(TIMM_CROP_PCT),
+            "--augment", "color-jitter", "--color-jitter", str(TIMM_COLOR_JITTER),
             "--drop-rate", "0", "--drop-path-rate", "0", "--clip-norm", "none", "--ema-decay", "0",
             "--warmup-epochs", "1", "--no-zero-head"]
 
@@ -247,7 +248,8 @@ def run_timm(args, paths: dict, arm: str, seed: int) -> dict:
     settings = dict(files=files, labels=labels, classes=classes, test=str(paths["test"]), size=args.size,
                     epochs=args.epochs, batch=args.batch, seed=seed, weights=str(paths["torch_weights"]),
                     warmup_steps=min(steps_per_epoch, int(0.2 * total)), steps_per_epoch=steps_per_epoch,
-                    threads=args.threads, zero_head="zero-head" in arm, color_jitter=0.0 if "no-jitter" in arm else 0.4,
+                    threads=args.threads, zero_head="zero-head" in arm,
+                    color_jitter=0.0 if "no-jitter" in arm else TIMM_COLOR_JITTER,
                     multilabel=args.task == "multilabel")
     started = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--out", args.out, "--torch-worker", json.dumps(settings)],

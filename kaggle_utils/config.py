@@ -71,6 +71,7 @@ def learning_rate(text: str) -> float:
 AT_LEAST_1 = (lambda v: v >= 1, "must be at least 1")
 POSITIVE = (lambda v: v > 0 and math.isfinite(v), "must be a finite number > 0")
 NOT_NEGATIVE = (lambda v: v >= 0 and math.isfinite(v), "must be >= 0 (0: off)")
+RANDAUGMENT_ROUTES = ("randaugment", "imgaug", "randaugment-device")  # the --augment choices that read the magnitude
 
 
 def within(interval: str, why: str = ""):
@@ -189,11 +190,15 @@ class DataConfig(_Section):
                                                "a GPU or TPU reports; a CPU needs it)", resume_may_change=True,
                                          valid=POSITIVE)
     augment: str = _field("none", "none | randaugment (TF, host) | imgaug (worker processes) | randaugment-device "
-                                  "(JAX, in the jitted step)",
-                          choices=("none", "randaugment", "imgaug", "randaugment-device"))
-    randaugment_magnitude: float = _field(15.0, "RandAugment's magnitude on imgaug's 0-30 scale, every --augment "
+                                  "(JAX, in the jitted step) | color-jitter (timm's default brightness, contrast and "
+                                  "saturation jitter; TF, host)",
+                          choices=("none", *RANDAUGMENT_ROUTES, "color-jitter"))
+    randaugment_magnitude: float = _field(15.0, "RandAugment's magnitude on imgaug's 0-30 scale, every RandAugment "
                                                 "route (with --progressive-stages: the last stage's)",
                                           valid=within("[0, 30]", "imgaug's scale"))
+    color_jitter: float = _field(0.4, "with --augment color-jitter: the strength of each of brightness, contrast and "
+                                      "saturation (factors in [1 - s, 1 + s]; timm's --color-jitter)",
+                                 valid=within("(0, 1]"))
     mixup_alpha: float = _field(0.0, "Mixup's Beta(alpha, alpha) (0: off); on the device", valid=NOT_NEGATIVE)
     cutmix_alpha: float = _field(0.0, "CutMix's Beta(alpha, alpha) (0: off)", valid=NOT_NEGATIVE)
     mix_prob: float = _field(1.0, "probability of mixing a batch", valid=within("[0, 1]"))
@@ -235,9 +240,12 @@ class DataConfig(_Section):
         if repeated:
             raise ConfigError(f"--class-names repeats {', '.join(map(repr, repeated))}: the submission could not "
                               "tell those classes apart; give each class its own name")
-        if self.augment == "none" and self.randaugment_magnitude != DataConfig.randaugment_magnitude:
+        if self.augment not in RANDAUGMENT_ROUTES and self.randaugment_magnitude != DataConfig.randaugment_magnitude:
             raise ConfigError("--randaugment-magnitude needs --augment randaugment, imgaug or randaugment-device: "
-                              "with --augment none nothing would use it")
+                              f"with --augment {self.augment} nothing would use it")
+        if self.augment != "color-jitter" and self.color_jitter != DataConfig.color_jitter:
+            raise ConfigError(f"--color-jitter needs --augment color-jitter: with --augment {self.augment} nothing "
+                              "would use it")
         if self.batch_size is not None and self.batch_per_device is not None:
             raise ConfigError("--batch-size (global) and --batch-per-device exclude each other: give one")
         if isinstance(self.batch_per_device, str) and self.batch_per_device != "auto":

@@ -120,6 +120,57 @@ def test_randaugment_rejects_out_of_range_settings():
         kd.RandAugment(2, 10, ops=["rotate", "cutout"])
 
 
+# ------------------------------------------------------------------ timm's colour jitter
+def jitter(image: np.ndarray, seed: int, strength: float = 0.4) -> np.ndarray:
+    return kd.ColorJitter(strength)(tf.constant(image), tf.constant([seed, 7], tf.int64)).numpy()
+
+
+def test_colour_jitter_scales_a_grey_image_by_a_brightness_factor_within_its_strength():
+    """A flat grey image: contrast and saturation blend it with itself, so only brightness moves it, to
+    round(100 * b) with b in [0.6, 1.4] for strength 0.4; seeds draw across that range."""
+    grey = np.full((8, 8, 3), 100, np.uint8)
+    values = []
+    for seed in range(40):
+        out = jitter(grey, seed)
+        assert out.dtype == np.uint8 and out.shape == grey.shape and len(np.unique(out)) == 1
+        values.append(int(out[0, 0, 0]))
+    assert 60 <= min(values) < 75 and 125 < max(values) <= 140
+
+
+def test_colour_jitter_keeps_an_image_at_a_tiny_strength_and_is_reproducible_per_seed():
+    images = natural_batch(4)
+    for image in images:
+        assert np.abs(jitter(image, 3, strength=1e-6).astype(int) - image).max() <= 1
+        np.testing.assert_array_equal(jitter(image, 3), jitter(image, 3))
+    changed = [np.abs(jitter(image, 3).astype(int) - image).mean() > 1 for image in images]
+    assert sum(changed) >= 3
+
+
+def test_colour_jitter_at_full_strength_can_take_the_colour_out():
+    """Strength 1: saturation factors near 0 make a pixel's channels (nearly) its grey; a coloured image's channel
+    spread falls below its original for some seed, and never rises above 2x plus clipping room."""
+    image = natural_batch(1)[0]
+    spread = lambda x: (x.max(-1).astype(int) - x.min(-1)).mean()  # noqa: E731
+    spreads = [spread(jitter(image, seed, strength=1.0)) for seed in range(30)]
+    assert min(spreads) < 0.3 * spread(image)
+
+
+def test_colour_jitter_in_the_pipeline_keeps_batches_and_labels(tmp_path):
+    kd.write_split(tmp_path / "train", natural_batch(12), labels=list(range(12)), num_files=2)
+    common = dict(labeled=True, image_size=SIZE, batch_size=6, seed=0)
+    plain = list(kd.load_dataset(tmp_path / "train", **common))
+    jittered = list(kd.load_dataset(tmp_path / "train", augment="color-jitter", **common))
+    assert kd.resolve_augment("color-jitter").per_image == kd.ColorJitter(0.4)
+    for a, b in zip(plain, jittered, strict=True):
+        assert b["image"].dtype == np.uint8 and b["image"].shape == a["image"].shape
+        np.testing.assert_array_equal(b["label"], a["label"])
+    changed = np.abs(np.concatenate([b["image"] for b in jittered]).astype(int)
+                     - np.concatenate([a["image"] for a in plain])).mean(axis=(1, 2, 3)) > 1
+    assert changed.sum() >= 9
+    with pytest.raises(ValueError, match="strength must be in"):
+        kd.ColorJitter(0)
+
+
 # ------------------------------------------------------------------ imgaug on NumPy 2
 def test_imgaug_randaugment_works_on_numpy_2_without_patching_numpy():
     assert int(np.__version__.split(".")[0]) >= 2

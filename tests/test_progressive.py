@@ -96,6 +96,9 @@ def test_the_plan_computes_the_stages_and_its_line_lists_them(tmp_path):
      r"--progressive-stages 2 \(--progressive-min-size 24, --image-size 32\): every stage from 24 to 32 px rounds"),
     ({"randaugment_magnitude": 31}, r"--randaugment-magnitude 31: must be in \[0, 30\]"),
     ({"augment": "none", "randaugment_magnitude": 9}, "--randaugment-magnitude needs --augment"),
+    ({"augment": "color-jitter", "randaugment_magnitude": 9}, "--randaugment-magnitude needs --augment .* with "
+                                                              "--augment color-jitter nothing"),
+    ({"augment": "randaugment", "color_jitter": 0.3}, "--color-jitter needs --augment color-jitter"),
 ])
 def test_a_schedule_that_cannot_be_is_refused_by_flag(tmp_path, changes, message):
     config = TrainConfig().replace(**{"batch_size": 64, "epochs": 3, "image_size": 32, "progressive_stages": 3,

@@ -3,8 +3,8 @@
 TensorFlow is imported on first use, with the accelerators hidden from it (:func:`tensorflow_on_host`), so the
 augmentation workers, which import this package, stay light.
 """
-from .augment import (RANDAUGMENT_OPS, ImgaugRandAugment, RandAugment, augment_images, import_imgaug_augmenters,
-                      resolve_augment, show_augmented)
+from .augment import (RANDAUGMENT_OPS, ColorJitter, ImgaugRandAugment, RandAugment, augment_images,
+                      import_imgaug_augmenters, resolve_augment, show_augmented)
 from .augment_workers import AugmentWorkerError, ProcessPoolAugmenter, default_worker_count
 from .fields import ExampleFields, record_key
 from .pipeline import HostDataset, check_tfrecords, load_dataset, load_source, scan_labels
@@ -18,7 +18,7 @@ from .tfrecords import (FLOWER_NUM_CLASSES, BadRecordError, DataError, NoTFRecor
 from .transforms import CenterCrop, RandomResizedCrop, Resize
 
 __all__ = [
-    "AugmentWorkerError", "BadRecordError", "CenterCrop", "DataError", "ExampleFields", "FLOWER_NUM_CLASSES",
+    "AugmentWorkerError", "BadRecordError", "CenterCrop", "ColorJitter", "DataError", "ExampleFields", "FLOWER_NUM_CLASSES",
     "HostDataset",
     "ImgaugRandAugment", "NoTFRecordsError", "ProcessPoolAugmenter", "RANDAUGMENT_OPS", "RandAugment",
     "RandomResizedCrop", "RecordProblem", "Resize", "SampleDataset", "Source", "augment_images", "check_tfrecords",

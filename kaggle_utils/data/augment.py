@@ -6,7 +6,8 @@ all), the ops (:mod:`kaggle_utils.randaugment_ops`) the device RandAugment's on 
 (:class:`ImgaugRandAugment`) or any numpy callable ``uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]``: once per batch
 through ``tf.py_function``, by default in worker processes (one per core) that also decode the JPEGs;
 ``augment_workers=0`` runs it in the tf.data thread, where the GIL holds it to one core however many there are
-(bench/README.md). ``random`` and ``np.random`` are seeded per batch either way.
+(bench/README.md). ``random`` and ``np.random`` are seeded per batch either way. ``"color-jitter"`` /
+a :class:`ColorJitter`: timm's default colour jitter, TF ops in the decode map like RandAugment.
 """
 
 import importlib
@@ -164,6 +165,43 @@ class ImgaugRandAugment:
 
 
 @dataclass(frozen=True)
+class ColorJitter:
+    """timm's default training colour jitter (``--color-jitter 0.4``, hue off; torchvision's ColorJitter on PIL
+    images): brightness, contrast and saturation factors each uniform in ``[max(0, 1 - strength), 1 + strength]``,
+    in a random order, each a blend with black, the mean grey or the pixel's grey (ITU-R 601 luma), clipped to
+    0..255; ``image uint8 [H, W, 3], seed [2] -> uint8``. timm applies it only when no RandAugment is chosen, so it is
+    one ``--augment`` choice."""
+    strength: float = 0.4
+
+    def __post_init__(self):
+        if not 0 < self.strength <= 1:
+            raise ValueError(f"colour jitter strength must be in (0, 1], got {self.strength}")
+
+    def __call__(self, image, seed):
+        order_seed, *factor_seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 4))
+        low, high = max(0.0, 1 - self.strength), 1 + self.strength
+        brightness, contrast, saturation = (tf.random.stateless_uniform([], s, low, high) for s in factor_seeds)
+        grey = lambda x: tf.reduce_sum(x * tf.constant([0.299, 0.587, 0.114]), axis=-1, keepdims=True)  # noqa: E731
+        blend = lambda x, other, f: tf.clip_by_value(f * x + (1 - f) * other, 0.0, 255.0)  # noqa: E731
+        ops = (lambda x: blend(x, 0.0, brightness),
+               lambda x: blend(x, tf.reduce_mean(grey(x)), contrast),
+               lambda x: blend(x, grey(x), saturation))
+        orders = ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
+
+        def in_order(order):
+            def run():
+                x = tf.cast(image, tf.float32)
+                for k in order:
+                    x = ops[k](x)
+                return x
+            return run
+
+        which = tf.random.stateless_uniform([], order_seed, 0, len(orders), dtype=tf.int32)
+        jittered = tf.switch_case(which, [in_order(order) for order in orders])
+        return tf.ensure_shape(tf.cast(tf.round(jittered), tf.uint8), image.shape)
+
+
+@dataclass(frozen=True)
 class AugmentPlan:
     per_image: Callable | None = None  # TF (image, seed) -> image, inside the decode map
     per_batch: Callable | None = None  # numpy batch -> batch: a ProcessPoolAugmenter, or run in the tf.data thread
@@ -183,11 +221,14 @@ def resolve_augment(augment, *, workers: int | None = None) -> AugmentPlan:
     if isinstance(augment, str):
         if augment == "randaugment":
             return AugmentPlan(per_image=RandAugment())
+        if augment == "color-jitter":
+            return AugmentPlan(per_image=ColorJitter())
         if augment != "imgaug":
-            raise ValueError(f"augment={augment!r} is not known: use None, 'randaugment', 'imgaug', a RandAugment, "
-                             "a numpy callable uint8 [B,H,W,3] -> uint8 [B,H,W,3], or a ProcessPoolAugmenter")
+            raise ValueError(f"augment={augment!r} is not known: use None, 'randaugment', 'imgaug', 'color-jitter', "
+                             "a RandAugment, a ColorJitter, a numpy callable uint8 [B,H,W,3] -> uint8 [B,H,W,3], or a "
+                             "ProcessPoolAugmenter")
         augment = ImgaugRandAugment()
-    if isinstance(augment, RandAugment):
+    if isinstance(augment, (RandAugment, ColorJitter)):
         return AugmentPlan(per_image=augment)
     if isinstance(augment, ProcessPoolAugmenter):
         return AugmentPlan(per_batch=augment)

@@ -17,8 +17,9 @@ import optax
 from flax import linen as nn
 
 from .. import checkpoint, models, surgery
-from ..config import ConfigError, TrainConfig
-from ..data import CenterCrop, HostDataset, ImgaugRandAugment, RandAugment, RandomResizedCrop, Resize, load_dataset
+from ..config import RANDAUGMENT_ROUTES, ConfigError, TrainConfig
+from ..data import (CenterCrop, ColorJitter, HostDataset, ImgaugRandAugment, RandAugment, RandomResizedCrop, Resize,
+                    load_dataset)
 from ..device_augment import MixConfig, RandAugmentConfig, make_device_augment, mix
 from ..efficientnet import efficientnet_v2_pretrained
 from ..precision import Precision
@@ -243,7 +244,7 @@ def describe_stages(config: TrainConfig, stages: tuple[Stage, ...]) -> str:
     data = config.data
     values = [(name, show) for name, show, used in (
         ("size", lambda s: f"{s.image_size}px", True),
-        ("RandAugment magnitude", lambda s: f"m {s.magnitude:.3g}", data.augment != "none"),
+        ("RandAugment magnitude", lambda s: f"m {s.magnitude:.3g}", data.augment in RANDAUGMENT_ROUTES),
         ("mixup alpha", lambda s: f"mixup {s.mixup_alpha:.3g}", data.mixup_alpha > 0),
         ("cutmix alpha", lambda s: f"cutmix {s.cutmix_alpha:.3g}", data.cutmix_alpha > 0),
         ("dropout", lambda s: f"dropout {s.drop_rate:.3g}", config.loop.progressive_dropout)) if used]
@@ -280,10 +281,11 @@ def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Res
 
 def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) -> HostDataset:
     """This process's training batches for ``epoch``: repeated, shuffled by epoch, cropped, host-augmented (imgaug's
-    RandAugment takes the magnitude rounded)."""
+    RandAugment takes the magnitude rounded; colour jitter its strength)."""
     augment, magnitude = config.data.augment, config.data.randaugment_magnitude
     host_augment = (RandAugment(magnitude=magnitude) if augment == "randaugment" else
-                    ImgaugRandAugment(m=round(magnitude)) if augment == "imgaug" else None)
+                    ImgaugRandAugment(m=round(magnitude)) if augment == "imgaug" else
+                    ColorJitter(config.data.color_jitter) if augment == "color-jitter" else None)
     return load_dataset(data.splits["train"], image_size=data.stored_size,
                         batch_size=plan.global_batch // jax.process_count(), training=True,
                         seed=config.seed * 100_003 + epoch, crop=train_crop(config, data.stored_size),
