@@ -253,3 +253,27 @@ def test_finetune_real_scores_exact_match_macro_and_sample_f1():
     assert scores["test_acc"] == 0.5 and scores["empty_rows"] == 1 and scores["test_images"] == 4
     assert scores["test_samples_f1"] == pytest.approx((1 + 2 / 3 + 0 + 1) / 4)
     assert scores["test_f1"] == pytest.approx((0.5 + 1 + 1) / 3)  # cat: 1 right, 1 extra, 1 missed; dog, owl right
+
+
+# --------------------------------------------------------------------------- distill.py
+
+def test_distill_scores_a_submission_against_the_test_labels_and_tables_each_arm_against_plain(tmp_path):
+    distill = load_script("distill")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test_labels.csv").write_text("id,label\nimg_1.jpg,cat\nimg_2.jpg,dog\nimg_3.jpg,cat\nimg_4.jpg,dog\n")
+    (tmp_path / "submission.csv").write_text("id,label\nimg_1,cat\nimg_2,cat\nimg_3,cat\nimg_4,dog\n")
+    assert distill.test_accuracy(data, tmp_path / "submission.csv") == 0.75
+
+    results = tmp_path / "results.jsonl"
+    for arm, seed, acc in (("plain", 0, 0.50), ("plain", 1, 0.60), ("distilled", 0, 0.70), ("distilled", 1, 0.64)):
+        distill.record(results, {"key": ["cifar10-mini", arm, "", seed, 64, 3], "dataset": "cifar10-mini",
+                                 "arm": arm, "seed": seed, "size": 64, "test_acc": acc})
+    distill.record(results, {"key": ["cifar10-mini", "teacher", 5, 96, 3], "dataset": "cifar10-mini",
+                             "arm": "teacher", "seed": 0, "size": 96, "test_acc": 0.8, "oof_acc": 0.75})
+    assert ("cifar10-mini", "plain", "", 1, 64, 3) in distill.done_keys(results)  # a rerun skips it
+    lines = distill.table(results).splitlines()[2:]
+    rows = {cells[1]: cells for cells in (line.strip("| ").split(" | ") for line in lines)}
+    assert rows["plain"][3:5] == ["0.500 0.600", "0.550"]
+    assert rows["distilled"][3:6] == ["0.700 0.640", "0.670", "+0.120"]  # (0.70 + 0.64) / 2 - (0.50 + 0.60) / 2
+    assert rows["teacher (oof 0.750)"][3:6] == ["0.800", "0.800", "+0.250"]
