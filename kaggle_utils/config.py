@@ -26,7 +26,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from .registry import OPTIMIZERS, SCHEDULES, TASKS, TRAIN_CROPS, Registry
+from .registry import INTERPOLATIONS, OPTIMIZERS, SCHEDULES, TASKS, TRAIN_CROPS, Registry
 
 
 class ConfigError(ValueError):
@@ -210,6 +210,9 @@ class DataConfig(_Section):
                                              "the smallest crop keeps the training size in real pixels, within "
                                              "[0.08, 1]", parse=_or_word(float, "auto", "auto", "number or auto"),
                                      valid=within("(0, 1]"))
+    interpolation: str = _field("bilinear", "the resize filter of the training crops and the evaluation resize "
+                                            "(antialiased where it shrinks, as PIL): bilinear, or bicubic, timm's for "
+                                            "most pretrained weights", choices=INTERPOLATIONS)
     eval_image_size: int | None = _field(None, "image side for evaluation and prediction (FixRes; default "
                                                "--image-size)", valid=AT_LEAST_1)
     crop_pct: float | str | None = _field("auto", "evaluation center crop: resize to size / crop_pct, crop the "

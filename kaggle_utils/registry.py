@@ -82,6 +82,7 @@ class Registry:
 OPTIMIZERS = Registry("optimizer", "kaggle_utils.train.optim")
 SCHEDULES = Registry("schedule", "kaggle_utils.train.optim")
 TASKS = Registry("task", "kaggle_utils.train.tasks")
+INTERPOLATIONS = ("bilinear", "bicubic")  # the crops' resize filters (tf.image.resize's names), a parameter of each
 TRAIN_CROPS = Registry("train crop", "kaggle_utils.data.transforms", settled={
     "auto": "from the data: random-resized for photos stored larger than --image-size, else flip; none on the digits "
             "sample"})

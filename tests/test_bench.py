@@ -240,7 +240,8 @@ def test_finetune_real_gives_the_kit_timms_recipe_by_flags_the_job_accepts(task)
     assert (config.optim.lr, config.optim.weight_decay, config.model.zero_head) == (1e-3 * 256 / 32, 0.05, False)
     assert (config.data.train_crop, config.data.crop_scale, config.data.crop_pct) == ("random-resized", 0.08, 0.875)
     assert (config.model.drop_rate, config.model.drop_path_rate, config.optim.ema_decay) == (0, 0, 0)
-    assert (config.data.augment, config.data.color_jitter) == ("color-jitter", 0.4)  # timm's create_transform
+    assert (config.data.augment, config.data.color_jitter, config.data.interpolation) == (
+        "color-jitter", 0.4, "bicubic")  # timm's create_transform with Lite0's pretrained cfg
     expected = (0.1, "auto", "auto") if task == "softmax" else (0.0, 0.5, 0)  # BCE: no smoothing, one 0.5 threshold
     assert (config.task.label_smoothing, config.task.threshold, config.task.min_labels) == expected
 

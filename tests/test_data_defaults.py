@@ -152,6 +152,17 @@ def test_photos_stored_larger_get_random_resized_crops_and_the_pretrained_crop_p
     assert (eval_crop(resolved, 24).size, eval_crop(resolved, 24).crop_pct) == (16, 0.95)
 
 
+@pytest.mark.parametrize("train_crop_flag", ["random-resized", "flip", "none"])
+def test_interpolation_reaches_every_train_crop_and_the_eval_resize(train_crop_flag):
+    """bilinear unless asked; --interpolation bicubic (timm's) in the training crop and the evaluation crop alike."""
+    default, _, _ = _resolved(_data(24), train_crop=train_crop_flag)
+    resolved, _, _ = _resolved(_data(24), train_crop=train_crop_flag, interpolation="bicubic")
+    assert (train_crop(default, 24).interpolation, eval_crop(default, 24).interpolation) == ("bilinear",) * 2
+    assert (train_crop(resolved, 24).interpolation, eval_crop(resolved, 24).interpolation) == ("bicubic",) * 2
+    plain, _, _ = _resolved(_data(24), train_crop=train_crop_flag, interpolation="bicubic", crop_pct=None)
+    assert type(eval_crop(plain, 24)).__name__ == "Resize" and eval_crop(plain, 24).interpolation == "bicubic"
+
+
 def test_a_large_store_floors_the_crop_area_at_timms():
     resolved, _, line = _resolved(_data(80))
     assert resolved.data.crop_scale == 0.08 and "random-resized 0.08-1 + flip" in line

@@ -8,11 +8,10 @@ resizes are antialiased as PIL's, so an eval crop matches timm's PIL transform w
 import math
 from dataclasses import dataclass
 
-from ..registry import TRAIN_CROPS
+from ..registry import INTERPOLATIONS, TRAIN_CROPS
 from .jpeg import DCT_METHOD
 from .tfhost import tf
 
-INTERPOLATIONS = ("bilinear", "bicubic")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _RRC_ATTEMPTS = 10  # torchvision / timm try 10 random boxes before falling back to a centre crop
 
@@ -144,10 +143,12 @@ class RandomResizedCrop:
 
 # --train-crop: (the size trained at, the stored size, --crop-scale) -> the crop (None: the stored image as it is);
 # --crop-scale is the smallest share of the area a crop keeps, "auto" (not settled from the data) timm's 0.08
-TRAIN_CROPS.register("none", lambda size, stored, scale: Resize(size) if size != stored else None,
+# each builder: (image size, stored size, --crop-scale, --interpolation) -> a transform, or None for the image as stored
+TRAIN_CROPS.register("none", lambda size, stored, scale, filt: Resize(size, filt) if size != stored else None,
                      help="the stored image, resized to --image-size")
-TRAIN_CROPS.register("flip", lambda size, stored, scale: RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0)),
+TRAIN_CROPS.register("flip", lambda size, stored, scale, filt: RandomResizedCrop(size, scale=(1.0, 1.0),
+                                                                                 ratio=(1.0, 1.0), interpolation=filt),
                      help="the same, flipped left-right half the time")
-TRAIN_CROPS.register("random-resized", lambda size, stored, scale: RandomResizedCrop(
-                         size, **({} if scale == "auto" else {"scale": (scale, 1.0)})),
+TRAIN_CROPS.register("random-resized", lambda size, stored, scale, filt: RandomResizedCrop(
+                         size, **({} if scale == "auto" else {"scale": (scale, 1.0)}), interpolation=filt),
                      help="timm's RandomResizedCrop + flip, area --crop-scale to 1", reads=("crop_scale",))

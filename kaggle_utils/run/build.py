@@ -267,8 +267,8 @@ def eval_crop(config: TrainConfig, stored_size: int) -> CenterCrop | Resize | No
     """Evaluation and prediction: a center crop by ``crop_pct``, a resize to the eval size, or as stored."""
     size, pct = config.data.eval_image_size or config.model.image_size, settled(config, "crop_pct")
     if pct is not None:
-        return CenterCrop(size, crop_pct=pct)
-    return Resize(size) if size != stored_size else None
+        return CenterCrop(size, crop_pct=pct, interpolation=config.data.interpolation)
+    return Resize(size, config.data.interpolation) if size != stored_size else None
 
 
 def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Resize | None:
@@ -276,7 +276,7 @@ def train_crop(config: TrainConfig, stored_size: int) -> RandomResizedCrop | Res
     run.resolve): timm's RandomResizedCrop (area ``--crop-scale``), the whole image flipped half the time (``flip``),
     a resize, or as stored."""
     return TRAIN_CROPS[settled(config, "train_crop")].build(config.model.image_size, stored_size,
-                                                            config.data.crop_scale)
+                                                            config.data.crop_scale, config.data.interpolation)
 
 
 def train_dataset(config: TrainConfig, plan: Plan, data: RunData, epoch: int) -> HostDataset:
