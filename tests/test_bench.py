@@ -10,6 +10,7 @@
   piece of the network is timed on both sides, at the shape timm's forward gives it.
 """
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -274,7 +275,31 @@ def test_distill_scores_a_submission_against_the_test_labels_and_tables_each_arm
                              "arm": "teacher", "seed": 0, "size": 96, "test_acc": 0.8, "oof_acc": 0.75})
     assert ("cifar10-mini", "plain", "", 1, 64, 3) in distill.done_keys(results)  # a rerun skips it
     lines = distill.table(results).splitlines()[2:]
-    rows = {cells[1]: cells for cells in (line.strip("| ").split(" | ") for line in lines)}
+    rows = {cells[1]: cells for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in lines)}
     assert rows["plain"][3:5] == ["0.500 0.600", "0.550"]
     assert rows["distilled"][3:6] == ["0.700 0.640", "0.670", "+0.120"]  # (0.70 + 0.64) / 2 - (0.50 + 0.60) / 2
     assert rows["teacher (oof 0.750)"][3:6] == ["0.800", "0.800", "+0.250"]
+
+
+# --------------------------------------------------------------------------- predict_speed.py
+
+def test_predict_speed_runs_each_case_with_its_cache_cold_or_kept_and_tables_timm_over_kit(tmp_path):
+    speed = load_script("predict_speed")
+    args = speed.parse_args(["--out", str(tmp_path)])
+    (tmp_path / "kit-cache-cold").mkdir()
+    (tmp_path / "kit-cache-cold" / "program").write_text("compiled before")
+    cmd, env = speed.command(args, "kit cold", tmp_path, tmp_path / "run", tmp_path / "images", tmp_path / "out")
+    assert cmd[1:4] == ["-m", "kaggle_utils", "predict"] and "--no-tta" in cmd
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "kit-cache-cold")
+    assert not (tmp_path / "kit-cache-cold").exists()  # cold: emptied before the run
+    cmd, env = speed.command(args, "timm warm tta", tmp_path, tmp_path / "run", tmp_path / "images", tmp_path / "out")
+    assert cmd[-1] == "tta" and env == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "timm-cache")}
+
+    results = tmp_path / "results.jsonl"
+    walls = {"kit cold": [30, 20, 25], "timm cold": [100, 90, 120], "kit warm": [10, 12, 11], "timm warm": [22, 20, 21]}
+    results.write_text("".join(json.dumps({"case": case, "images": 1000, "wall_s": w}) + "\n"
+                               for case, ws in walls.items() for w in ws))
+    lines = speed.table(results).splitlines()[2:]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in lines)}
+    assert rows["kit cold"][1:5] == ["3", "25.0 (20.0-30.0)", "40.0", "**4.00**"]  # 100 / 25, medians
+    assert rows["kit warm"][4] == "**1.91**" and rows["timm warm"][4] == ""  # 21 / 11
