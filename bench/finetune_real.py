@@ -62,14 +62,15 @@ def dataset_folder(name: str) -> Path:
 def timm_recipe_flags(batch: int, task: str = "softmax") -> list[str]:
     """timm's fine-tune as the kit's flags: its absolute lr as a rate per 256 images, its crops (area 0.08-1, Lite0's
     crop_pct, bicubic) and colour jitter 0.4, no dropout, drop path, clip; its random new head; label smoothing 0.1, or
-    (multi-label) plain BCE and one 0.5 threshold, empty rows allowed."""
+    (multi-label) plain BCE and one 0.5 threshold, empty rows allowed; and its last epoch's model scored (the kit
+    keeps the best epoch by validation: ``--monitor step`` makes the last evaluation the best)."""
     task_flags = (["--label-smoothing", str(TIMM_SMOOTHING)] if task != "multilabel" else
                   ["--label-smoothing", "0", "--threshold", "0.5", "--min-labels", "0"])
     return ["--lr", f"{TIMM_LR * 256 / batch:g}", "--weight-decay", str(TIMM_WEIGHT_DECAY), *task_flags,
             "--train-crop", "random-resized", "--crop-scale", "0.08", "--crop-pct", str(TIMM_CROP_PCT),
             "--augment", "color-jitter", "--color-jitter", str(TIMM_COLOR_JITTER), "--interpolation", TIMM_INTERPOLATION,
             "--drop-rate", "0", "--drop-path-rate", "0", "--clip-norm", "none", "--ema-decay", "0",
-            "--warmup-epochs", "1", "--no-zero-head"]
+            "--warmup-epochs", "1", "--no-zero-head", "--monitor", "step"]
 
 
 def parse_args(argv=None):

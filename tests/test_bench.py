@@ -243,6 +243,7 @@ def test_finetune_real_gives_the_kit_timms_recipe_by_flags_the_job_accepts(task)
     assert (config.model.drop_rate, config.model.drop_path_rate, config.optim.ema_decay) == (0, 0, 0)
     assert (config.data.augment, config.data.color_jitter, config.data.interpolation) == (
         "color-jitter", 0.4, "bicubic")  # timm's create_transform with Lite0's pretrained cfg
+    assert config.loop.monitor == "step"  # timm's script scores its last epoch, not the best by validation
     expected = (0.1, "auto", "auto") if task == "softmax" else (0.0, 0.5, 0)  # BCE: no smoothing, one 0.5 threshold
     assert (config.task.label_smoothing, config.task.threshold, config.task.min_labels) == expected
 
