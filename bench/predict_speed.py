@@ -126,9 +126,8 @@ CASES = ("kit cold", "kit warm", "kit warm tta", "timm cold", "timm warm", "timm
 def command(args, case: str, work: Path, run: Path, images: Path, out: Path) -> tuple[list[str], dict]:
     """The case's command line and environment: its compile cache empty (cold) or the one kept (warm)."""
     side, warmth = case.split()[:2]
-    cache = work / f"{side}-cache"
+    cache = work / (f"{side}-cache-cold" if warmth == "cold" else f"{side}-cache")
     if warmth == "cold":
-        cache = work / f"{side}-cache-cold"
         shutil.rmtree(cache, ignore_errors=True)
     if side == "kit":
         return ([sys.executable, "-m", "kaggle_utils", "predict", "--checkpoint", str(run), "--test-source",

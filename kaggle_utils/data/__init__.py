@@ -18,8 +18,8 @@ from .tfrecords import (FLOWER_NUM_CLASSES, BadRecordError, DataError, NoTFRecor
 from .transforms import CenterCrop, RandomResizedCrop, Resize
 
 __all__ = [
-    "AugmentWorkerError", "BadRecordError", "CenterCrop", "ColorJitter", "DataError", "ExampleFields", "FLOWER_NUM_CLASSES",
-    "HostDataset",
+    "AugmentWorkerError", "BadRecordError", "CenterCrop", "ColorJitter", "DataError", "ExampleFields",
+    "FLOWER_NUM_CLASSES", "HostDataset",
     "ImgaugRandAugment", "NoTFRecordsError", "ProcessPoolAugmenter", "RANDAUGMENT_OPS", "RandAugment",
     "RandomResizedCrop", "RecordProblem", "Resize", "SampleDataset", "Source", "augment_images", "check_tfrecords",
     "class_folders", "count_data_items", "count_from_name", "count_records", "csv_source", "default_worker_count",

@@ -141,9 +141,9 @@ class RandomResizedCrop:
         return tf.ensure_shape(tf.cond(flip, lambda: tf.reverse(crop, [1]), lambda: crop), [self.size, self.size, 3])
 
 
-# --train-crop: (the size trained at, the stored size, --crop-scale) -> the crop (None: the stored image as it is);
-# --crop-scale is the smallest share of the area a crop keeps, "auto" (not settled from the data) timm's 0.08
-# each builder: (image size, stored size, --crop-scale, --interpolation) -> a transform, or None for the image as stored
+# --train-crop: (the size trained at, the stored size, --crop-scale, --interpolation) -> the crop (None: the stored
+# image as it is); --crop-scale is the smallest share of the area a crop keeps, "auto" (not settled from the data)
+# timm's 0.08
 TRAIN_CROPS.register("none", lambda size, stored, scale, filt: Resize(size, filt) if size != stored else None,
                      help="the stored image, resized to --image-size")
 TRAIN_CROPS.register("flip", lambda size, stored, scale, filt: RandomResizedCrop(size, scale=(1.0, 1.0),
