@@ -59,7 +59,8 @@ def parse_args(argv=None):
 
 def job(args, command: list[str], log: Path) -> float:
     """``python -m kaggle_utils COMMAND`` in its own process; its wall seconds (the log kept beside its folder)."""
-    threads = f"--xla_cpu_multi_thread_eigen={str(args.threads > 1).lower()} intra_op_parallelism_threads={args.threads}"
+    threads = (f"--xla_cpu_multi_thread_eigen={str(args.threads > 1).lower()} "
+               f"intra_op_parallelism_threads={args.threads}")
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "kaggle_utils", *command, "--no-progress",
                            "--compile-cache", str(Path(args.out) / "jax_cache")], cwd=args.kit_root,

@@ -68,7 +68,8 @@ def timm_recipe_flags(batch: int, task: str = "softmax") -> list[str]:
                   ["--label-smoothing", "0", "--threshold", "0.5", "--min-labels", "0"])
     return ["--lr", f"{TIMM_LR * 256 / batch:g}", "--weight-decay", str(TIMM_WEIGHT_DECAY), *task_flags,
             "--train-crop", "random-resized", "--crop-scale", "0.08", "--crop-pct", str(TIMM_CROP_PCT),
-            "--augment", "color-jitter", "--color-jitter", str(TIMM_COLOR_JITTER), "--interpolation", TIMM_INTERPOLATION,
+            "--augment", "color-jitter", "--color-jitter", str(TIMM_COLOR_JITTER),
+            "--interpolation", TIMM_INTERPOLATION,
             "--drop-rate", "0", "--drop-path-rate", "0", "--clip-norm", "none", "--ema-decay", "0",
             "--warmup-epochs", "1", "--no-zero-head", "--monitor", "step"]
 
