@@ -11,7 +11,9 @@
 Modes (``--mode``):
 
 * ``cpu`` (default): fp32 on the CPU. timm eval both in NCHW (contiguous) and ``channels_last``;
-  timm runs with ``torch.set_num_threads(--threads)``, XLA with its default thread pool.
+  timm runs with ``torch.set_num_threads(--threads)``, XLA with its default thread pool. The kit's
+  CPU settings hold as in its own steps (``kaggle_utils.xla_cpu``, printed in the header); glibc's is
+  process-wide, so timm's allocations in this process are kept and reused as well.
 * ``gpu-bf16``: each side's mixed precision, as one would train on a GPU. Flax computes in
   bfloat16 with fp32 parameters and statistics (``create_model(dtype=bfloat16)``, the kit's
   recipe); timm runs under ``torch.autocast("cuda", bfloat16)`` in ``channels_last``.
@@ -233,6 +235,9 @@ def cpu_cases(args, timm_model, images, labels):
     """(cases, pairs, logit diffs) of the CPU mode: each case a ``(fn, finish)``; Flax calls block."""
     import jax
 
+    from kaggle_utils import xla_cpu
+
+    xla_cpu.keep_scratch_memory()  # as the kit's CPU steps have it (make_steps); process-wide: timm's too
     flax = flax_cases(args.model, timm_model, images, labels, args.conv_impl)
     ref = timm_cases(timm_model, images, labels)
     blocking = {k: (lambda f=flax[k]: jax.block_until_ready(f())) for k in ("eval", "train")}
@@ -352,6 +357,8 @@ def versions() -> str:
 
 
 def report(result: dict, args) -> None:
+    from kaggle_utils import xla_cpu
+
     runs = result["runs"]
     diffs = "; ".join(f"{p}: {d:.1e}" for p, d in result["logit_diffs"].items())
     print(f"\n{args.model} {args.size}x{args.size} batch {args.batch}, mode {args.mode} "
@@ -359,7 +366,7 @@ def report(result: dict, args) -> None:
           f"device: {device_description(args.mode)}\nversions: {versions()}\n"
           f"torch threads {args.threads}; {args.rounds} rounds x {args.iters} iters after {args.warmup} warm-up "
           f"calls; setup {result['setup_s']:.0f} s; loadavg {result['load_start']:.1f} -> {os.getloadavg()[0]:.1f}; "
-          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}\n"
+          f"{xla_cpu.describe()}\n"
           f"eval logits max |Flax - timm| / max |timm|: {diffs}\n")
     print("| case | Flax img/s | timm img/s | Flax/timm (medians) | per-round Flax/timm |")
     print("|---|---|---|---|---|")

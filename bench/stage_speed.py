@@ -2,12 +2,14 @@
 
     python bench/stage_speed.py                       # tf_efficientnetv2_s, 224, batch 8, fp32, CPU
     python bench/stage_speed.py --model tf_efficientnetv2_b0 --size 128 --batch 16
+    python bench/stage_speed.py --torch-compile default   # timm's pieces under torch.compile (inductor)
 
 ``bench/model_speed.py`` says how a whole training step compares; this script says where the
 difference lives. The network is cut where timm cuts it (the stem, each ``blocks[i]`` stage, the
 head) and each piece runs on its own, at the shape it sees inside the network, as one jitted
 ``grad`` of ``sum(output)`` in Flax (the kit's blocks, BN in training mode) and as
-``piece(x).backward(ones)`` in timm (``model.train()``, NCHW as in model_speed's training step).
+``piece(x).backward(ones)`` in timm (``model.train()``, NCHW as in model_speed's training step; with
+``--torch-compile MODE`` each piece under ``torch.compile``, so the peer is inductor's code, not eager timm's).
 Both take the gradient of the piece's parameters and, except for the stem (the image needs none), of
 its input, as inside a real step. The optimizer and the loss are left out, so the pieces do not sum
 to the step exactly. Rounds are interleaved piece by piece (other processes may share the machine);
@@ -77,6 +79,8 @@ def cases(args) -> list[tuple[str, tuple, callable, callable]]:
             out_shape = tuple(piece(x).shape)
         t_in = x.clone().requires_grad_(name != "stem")
         ones = torch.ones(out_shape)
+        if args.torch_compile:
+            piece = torch.compile(piece, mode=args.torch_compile)
 
         def timm_call(piece=piece, t_in=t_in, ones=ones):
             piece(t_in).backward(ones)
@@ -101,8 +105,11 @@ def cases(args) -> list[tuple[str, tuple, callable, callable]]:
 
 def run(args) -> list[dict]:
     """Per piece: its input shape and, per side, one ``timed_run`` result per round (``ms`` per call)."""
+    from kaggle_utils import xla_cpu
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    xla_cpu.keep_scratch_memory()  # as the kit's CPU steps have it (make_steps); process-wide: timm's too
     built = cases(args)
     for _, _, flax_call, timm_call in built:  # compile, allocate, settle caches
         for _ in range(args.warmup):
@@ -116,9 +123,12 @@ def run(args) -> list[dict]:
 
 
 def report(rows: list[dict], args, load_start: float) -> None:
-    print(f"\n{args.model} {args.size}x{args.size} batch {args.batch}, fp32, conv_impl={args.conv_impl}, "
-          f"torch threads {args.threads}; {args.rounds} rounds x {args.iters} calls after {args.warmup}; "
-          f"loadavg {load_start:.1f} -> {os.getloadavg()[0]:.1f}\n")
+    from kaggle_utils import xla_cpu
+
+    peer = f"timm + torch.compile {args.torch_compile}" if args.torch_compile else "eager timm"
+    print(f"\n{args.model} {args.size}x{args.size} batch {args.batch}, fp32, conv_impl={args.conv_impl}, timm side: "
+          f"{peer}, torch threads {args.threads}; {args.rounds} rounds x {args.iters} calls after {args.warmup}; "
+          f"loadavg {load_start:.1f} -> {os.getloadavg()[0]:.1f}\n{xla_cpu.describe()}\n")
     print("| piece | input (NCHW) | Flax ms | timm ms | timm / Flax | Flax - timm ms | per-round timm / Flax "
           "| system ms Flax / timm | page faults Flax / timm |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -146,6 +156,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for timm")
     parser.add_argument("--conv-impl", default="auto", choices=("auto", "cpu", "xla"),
                         help="Flax convolution path (layers.conv2d impl)")
+    parser.add_argument("--torch-compile", default=None, choices=("default", "reduce-overhead", "max-autotune"),
+                        help="timm's pieces under torch.compile in this mode (inductor); default: eager timm")
     args = parser.parse_args(argv)
     bad = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
            if k in ("batch", "rounds", "iters", "warmup", "threads") and v < 1]

@@ -197,6 +197,24 @@ def test_stage_speed_times_every_piece_of_the_network_on_both_sides(stage_speed,
     assert table.count("\n| stage ") == stages and "| all pieces |" in table
 
 
+def test_stage_speed_compiled_peer_runs_every_timm_piece_under_torch_compile(stage_speed, monkeypatch, capsys):
+    compiled = []
+
+    def fake_compile(module, mode):  # records what would be compiled; inductor itself takes minutes here
+        compiled.append((module, mode))
+        return module
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    args = stage_speed.parse_args(["--model", "test_efficientnet", "--size", "32", "--batch", "2",
+                                   "--rounds", "1", "--iters", "1", "--warmup", "1", "--torch-compile", "default"])
+    rows = stage_speed.run(args)
+    assert len(compiled) == len(rows) and {mode for _, mode in compiled} == {"default"}
+    assert all(isinstance(module, torch.nn.Module) for module, _ in compiled)
+    stage_speed.report(rows, args, 0.0)
+    assert "timm side: timm + torch.compile default" in capsys.readouterr().out
+    assert stage_speed.parse_args([]).torch_compile is None  # eager timm unless asked
+
+
 def test_stage_speed_refuses_bad_numbers_naming_the_flags(stage_speed, capsys):
     with pytest.raises(SystemExit) as stop:
         stage_speed.parse_args(["--rounds", "0", "--size", "4"])

@@ -22,7 +22,7 @@ from flax import struct
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .. import variable_trees
+from .. import variable_trees, xla_cpu
 from ..config import OptimConfig
 from ..parallel import AXIS, check_mode, local_devices, make_mesh, prefetch_to_device, shard_batch
 from ..precision import LossScale, all_finite
@@ -286,6 +286,8 @@ def make_steps(model, tx: optax.GradientTransformation, config: StepConfig, *, m
     """Compiles the three steps for ``mode`` ("pmap" or "jit") over ``mesh`` (all devices by default)."""
     check_mode(mode)
     mesh = make_mesh() if mesh is None else mesh
+    if mesh.devices.flat[0].platform == "cpu":  # each call's scratch memory reused, not faulted in afresh
+        xla_cpu.keep_scratch_memory()
 
     def distribute(step, donate=(), **more):
         fn = functools.partial(step, model=model, config=config, **more)
