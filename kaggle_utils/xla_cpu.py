@@ -68,7 +68,7 @@ def dispatch_inline(environ=os.environ) -> bool:
     programs, so this changes nothing there.
     """
     if environ.get(OPT_OUT, "1") == "0" or _backends_started():
-        return False  # a started backend keeps its dispatch: apply() has warned already when it matters
+        return False  # a started backend keeps its dispatch (apply() warns of a late import on measured jaxlibs)
     import jax
 
     try:
@@ -87,7 +87,7 @@ def keep_scratch_memory(environ=os.environ) -> bool:
     """
     if _scratch_kept[0]:
         return True
-    if environ.get(OPT_OUT, "1") == "0" or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if environ.get(OPT_OUT, "1") == "0" or platform.libc_ver()[0] != "glibc":  # glibc: Linux only
         return False
     libc = ctypes.CDLL(None)
     _scratch_kept[0] = bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, -1))

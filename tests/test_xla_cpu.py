@@ -105,7 +105,6 @@ SCRATCH_PROBE = textwrap.dedent("""
     import kaggle_utils
     import jax, jax.numpy as jnp
     from jax import lax
-    from jax._src import xla_bridge
     from kaggle_utils.efficientnet import create_model
     from kaggle_utils.train.steps import StepConfig, make_steps
 
@@ -123,7 +122,7 @@ SCRATCH_PROBE = textwrap.dedent("""
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         f(x).block_until_ready()
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    print("async:", xla_bridge._CPU_ENABLE_ASYNC_DISPATCH.value)
+    print("async:", jax.config.values["jax_cpu_enable_async_dispatch"])
     print("faults:", " ".join(map(str, faults)))
     print("pages:", f.lower(x).compile().memory_analysis().temp_size_in_bytes // resource.getpagesize())
 """)
