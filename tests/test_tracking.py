@@ -227,12 +227,6 @@ def test_a_run_with_wandb_offline_is_read_back_with_its_config_history_tables_an
 
     records = wandb_records(folder)
     kinds = [r.WhichOneof("record_type") for r in records]
-    import collections; print("KINDS", collections.Counter(kinds), file=sys.__stderr__)
-    for r in records:
-        k = r.WhichOneof("record_type")
-        if k in ("run", "config"):
-            items = (r.run.config.update if k == "run" else r.config.update)
-            print("REC", k, [i.key for i in items][:8], len(items), file=sys.__stderr__)
     config_items = {i.key: json.loads(i.value_json) for r in records if r.HasField("run") for i in r.run.config.update}
     assert config_items["model"] == TEST_MODEL and config_items["steps"] == 4 and config_items["freeze"] == ["stem"]
     history = [{i.key or "/".join(i.nested_key): i.value_json for i in r.history.item} for r in records
